@@ -1,0 +1,90 @@
+"""Every environment variable psfleet reads, declared in one place.
+
+Each :class:`EnvVar` carries its default and meaning; :func:`markdown_table` renders
+the table in README.md ("Environment variables"). Code elsewhere reads variables only
+through :func:`read` so nothing is read that is not documented here.
+
+Names follow the seeds (PaddlePaddle Fleet's ``PADDLE_*`` variables) so scripts and
+cluster tooling written for them work unchanged; psfleet's own start with ``PSFLEET_``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["EnvVar", "VARIABLES", "read", "markdown_table"]
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable: its name, default (None: unset) and meaning."""
+
+    name: str
+    default: str | None
+    meaning: str
+
+
+VARIABLES: tuple[EnvVar, ...] = (
+    EnvVar("TRAINING_ROLE", None, "Role of this process: PSERVER (server) or TRAINER (worker)."),
+    EnvVar("PADDLE_TRAINING_ROLE", None, "Same as TRAINING_ROLE (newer seeds' name)."),
+    EnvVar(
+        "PADDLE_PSERVERS_IP_PORT_LIST",
+        None,
+        "Comma-separated server endpoints host:port, in server-index order.",
+    ),
+    EnvVar("PADDLE_TRAINERS_NUM", None, "Number of workers (worker_num)."),
+    EnvVar("PADDLE_TRAINER_ID", None, "This worker's index, 0 .. worker_num-1."),
+    EnvVar("POD_IP", None, "IP address this process binds (servers) or reports."),
+    EnvVar("PADDLE_CURRENT_IP", None, "Same as POD_IP (newer seeds' name)."),
+    EnvVar("PADDLE_PORT", None, "Port a server binds; 0 asks the OS for a free port."),
+    EnvVar(
+        "PSFLEET_SERVER_INDEX",
+        None,
+        "This server's index when its endpoint is not known in advance (fleetrun on one "
+        "host binds port 0 and reports the port).",
+    ),
+    EnvVar(
+        "PSFLEET_ENDPOINT_FILE",
+        None,
+        "File a server writes its bound host:port into once listening (set by fleetrun).",
+    ),
+    EnvVar("PSFLEET_RPC_DEADLINE_S", "180", "Deadline of every remote call, seconds."),
+    EnvVar(
+        "PSFLEET_SERVER_WAIT_TIMEOUT_S",
+        "300",
+        "How long a worker waits for all servers to become ready, seconds.",
+    ),
+    EnvVar("PSFLEET_AUTH_TOKEN", None, "Shared secret every remote call must carry, if set."),
+    EnvVar("PSFLEET_LOG_LEVEL", "INFO", "Logging level of psfleet's loggers."),
+)
+
+_BY_NAME = {v.name: v for v in VARIABLES}
+
+
+def read(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Return the value of the declared variable ``name`` (or its default).
+
+    Args:
+        name: a name declared in :data:`VARIABLES`.
+        environ: the environment to read; ``os.environ`` when None.
+
+    Raises:
+        KeyError: ``name`` is not declared here (a programming error).
+    """
+    var = _BY_NAME[name]
+    env = os.environ if environ is None else environ
+    value = env.get(name)
+    if value is None or value == "":
+        return var.default
+    return value
+
+
+def markdown_table() -> str:
+    """Render :data:`VARIABLES` as a Markdown table (for README.md)."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for v in VARIABLES:
+        default = "" if v.default is None else f"`{v.default}`"
+        rows.append(f"| `{v.name}` | {default} | {v.meaning} |")
+    return "\n".join(rows)

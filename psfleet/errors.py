@@ -1,0 +1,66 @@
+"""The psfleet error hierarchy, grouped by what the caller should do.
+
+- :class:`ConfigError`: the input is wrong (a config key, an environment variable,
+  a data file); fix it and run again. Retrying does not help.
+- :class:`RetryableError`: a transient failure (a server not reachable yet, a
+  deadline); the same call may succeed later. Callers retry with backoff.
+- :class:`FatalError`: the job cannot continue (a server never came up, a child
+  process died); give up and report.
+
+Every exception here pickles (it may cross a process boundary) because each keeps
+its whole message in ``args``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PsfleetError",
+    "ConfigError",
+    "DataError",
+    "RetryableError",
+    "RpcError",
+    "ServerNotReadyError",
+    "FatalError",
+    "RemoteError",
+    "LaunchError",
+]
+
+
+class PsfleetError(Exception):
+    """Base class of every error psfleet raises on purpose."""
+
+
+class ConfigError(PsfleetError, ValueError):
+    """A configuration value, environment variable or argument is invalid.
+
+    The message names the field path (``runner.sync_mode``), the offending value
+    and the allowed values.
+    """
+
+
+class DataError(PsfleetError, ValueError):
+    """A data file or directory is missing, empty or unreadable (names the file)."""
+
+
+class RetryableError(PsfleetError):
+    """A transient failure: the same call may succeed later."""
+
+
+class RpcError(RetryableError):
+    """A remote call failed after its retries (names the endpoint and method)."""
+
+
+class FatalError(PsfleetError):
+    """The job cannot continue; the message says which part failed."""
+
+
+class ServerNotReadyError(FatalError):
+    """Servers did not become ready within the wait timeout (lists the endpoints)."""
+
+
+class RemoteError(FatalError):
+    """A server rejected a request (bad table id, shape mismatch); not retried."""
+
+
+class LaunchError(FatalError):
+    """A process started by the launcher failed (names the role, index and log)."""

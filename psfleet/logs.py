@@ -1,0 +1,48 @@
+"""Logging for psfleet processes: one format with the role prefix, set up once.
+
+Library modules only create loggers (``logging.getLogger(__name__)``). The process's
+entry point (``fleet.init``, the CLI, the launcher) calls :func:`setup_logging`, which
+adds a handler to the ``psfleet`` logger unless the application configured logging
+itself (the root logger has handlers), and :func:`set_role` to prefix every line
+with ``[server:1]`` / ``[worker:0]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from psfleet import env
+
+__all__ = ["setup_logging", "set_role"]
+
+_ROLE = {"prefix": "-"}
+_FORMAT = "%(asctime)s [%(psfleet_role)s] %(levelname)s %(name)s: %(message)s"
+
+
+class _RoleFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.psfleet_role = _ROLE["prefix"]
+        return True
+
+
+def setup_logging(level: str | None = None) -> None:
+    """Send psfleet's logs to stderr with the role prefix. Idempotent.
+
+    Args:
+        level: a logging level name; ``PSFLEET_LOG_LEVEL`` (default INFO) when None.
+    """
+    logger = logging.getLogger("psfleet")
+    logger.setLevel((level or env.read("PSFLEET_LOG_LEVEL") or "INFO").upper())
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_RoleFilter())
+    handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
+def set_role(prefix: str) -> None:
+    """Prefix every later psfleet log line with ``[prefix]``, e.g. ``worker:0``."""
+    _ROLE["prefix"] = prefix
