@@ -1,0 +1,16 @@
+"""The transport: one gRPC service, raw-buffer messages, deadlines, retries, auth."""
+
+from psfleet.rpc.client import PendingCall, RpcClient, wait_servers_ready
+from psfleet.rpc.server import RunningServer, ServiceHandler, serve
+from psfleet.rpc.types import RpcConfig, parse_endpoint
+
+__all__ = [
+    "PendingCall",
+    "RpcClient",
+    "RpcConfig",
+    "RunningServer",
+    "ServiceHandler",
+    "parse_endpoint",
+    "serve",
+    "wait_servers_ready",
+]

@@ -1,0 +1,158 @@
+"""Call one server: deadlines, bounded retries with backoff, auth, parallel calls.
+
+:class:`RpcClient` is thread safe (one gRPC channel, shared). :meth:`RpcClient.start`
+issues a call without blocking so a caller can fan out to every server at once and
+then collect the results (``PendingCall.result``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from psfleet.errors import ConfigError, RemoteError, RpcError, ServerNotReadyError
+from psfleet.rpc import psfleet_pb2_grpc as pb_grpc
+from psfleet.rpc.server import AUTH_METADATA_KEY
+from psfleet.rpc.types import RpcConfig
+
+__all__ = ["RpcClient", "PendingCall", "wait_servers_ready"]
+
+logger = logging.getLogger(__name__)
+
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+
+
+class RpcClient:
+    """A connection to one server endpoint.
+
+    Args:
+        endpoint: ``host:port`` of the server.
+        config: deadline, retries, message limits, auth token.
+    """
+
+    def __init__(self, endpoint: str, config: RpcConfig) -> None:
+        self.endpoint = endpoint
+        self.config = config
+        self._channel = grpc.insecure_channel(endpoint, options=config.channel_options())
+        self._stub = pb_grpc.ParameterServerStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._metadata: tuple[tuple[str, str], ...] = (
+            ((AUTH_METADATA_KEY, config.auth_token),) if config.auth_token else ()
+        )
+
+    def call(self, method: str, request: Any, deadline_s: float | None = None) -> Any:
+        """Call ``method`` and block for its response.
+
+        Args:
+            method: an rpc name of ``psfleet.proto`` (``PullSparse``, ...).
+            request: the request message.
+            deadline_s: this call's deadline; ``config.deadline_s`` when None.
+
+        Raises:
+            RpcError: the server stayed UNAVAILABLE through every retry, or the
+                deadline passed (names endpoint and method).
+            ConfigError: the server rejected the request's content or the auth token.
+            RemoteError: the server failed the request for another reason.
+        """
+        return self.start(method, request, deadline_s).result()
+
+    def start(self, method: str, request: Any, deadline_s: float | None = None) -> PendingCall:
+        """Issue ``method`` without blocking; ``result()`` waits (with retries)."""
+        return PendingCall(self, method, request, deadline_s or self.config.deadline_s)
+
+    def _invoke(self, method: str, request: Any, timeout_s: float) -> Any:
+        rpc = getattr(self._stub, method)
+        return rpc.future(request, timeout=timeout_s, metadata=self._metadata)
+
+    def is_serving(self, timeout_s: float = 2.0) -> bool:
+        """True when the server's health service answers SERVING within ``timeout_s``."""
+        try:
+            reply = self._health.Check(health_pb2.HealthCheckRequest(service=""),
+                                       timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def close(self) -> None:
+        """Close the channel; calls in flight fail."""
+        self._channel.close()
+
+
+class PendingCall:
+    """A call in flight. ``result()`` blocks and retries UNAVAILABLE with backoff."""
+
+    def __init__(self, client: RpcClient, method: str, request: Any, deadline_s: float) -> None:
+        self._client = client
+        self._method = method
+        self._request = request
+        self._deadline = time.monotonic() + deadline_s
+        self._future = client._invoke(method, request, deadline_s)
+
+    def result(self) -> Any:
+        """The response message (see :meth:`RpcClient.call` for the errors raised)."""
+        config = self._client.config
+        backoff = config.backoff_initial_s
+        for attempt in range(config.max_retries + 1):
+            try:
+                return self._future.result()
+            except grpc.RpcError as exc:
+                code = exc.code()
+                remaining = self._deadline - time.monotonic()
+                if code not in _RETRYABLE or attempt == config.max_retries or remaining <= 0:
+                    raise _translate(exc, self._client.endpoint, self._method) from None
+                logger.warning("%s on %s: %s; retry %d/%d in %.1f s", self._method,
+                               self._client.endpoint, code.name, attempt + 1,
+                               config.max_retries, backoff)
+                time.sleep(min(backoff, remaining))
+                backoff = min(backoff * 2, config.backoff_max_s)
+                remaining = max(self._deadline - time.monotonic(), 0.001)
+                self._future = self._client._invoke(self._method, self._request, remaining)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _translate(exc: grpc.RpcError, endpoint: str, method: str) -> Exception:
+    code = exc.code()
+    details = exc.details() or ""
+    where = f"{method} on server {endpoint}"
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return RpcError(f"{where}: server unavailable after retries ({details})")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return RpcError(f"{where}: deadline exceeded ({details}); raise PSFLEET_RPC_DEADLINE_S "
+                        "if the server is slow rather than dead")
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED):
+        return ConfigError(f"{where} rejected: {details}")
+    return RemoteError(f"{where} failed ({code.name}): {details}")
+
+
+def wait_servers_ready(clients: list[RpcClient], timeout_s: float,
+                       retry_interval_s: float = 3.0) -> None:
+    """Block until every server answers its health check, logging each retry.
+
+    Args:
+        clients: one client per server endpoint.
+        timeout_s: give up after this many seconds.
+        retry_interval_s: wait between rounds of checks, seconds.
+
+    Raises:
+        ServerNotReadyError: some servers were not ready in time (lists them).
+    """
+    deadline = time.monotonic() + timeout_s
+    pending = list(clients)
+    while True:
+        pending = [c for c in pending if not c.is_serving()]
+        if not pending:
+            return
+        missing = [c.endpoint for c in pending]
+        if time.monotonic() + retry_interval_s > deadline:
+            raise ServerNotReadyError(
+                f"servers not ready after {timeout_s:.0f} s: {missing}. Check that they "
+                "were started, their logs (serverlog.N), and PADDLE_PSERVERS_IP_PORT_LIST; "
+                "raise PSFLEET_SERVER_WAIT_TIMEOUT_S if they start slowly"
+            )
+        logger.warning("server not ready, wait %.0f sec to retry...", retry_interval_s)
+        logger.warning("not ready endpoints: %s", missing)
+        time.sleep(retry_interval_s)

@@ -1,0 +1,121 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Empty(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CreateTableRequest(_message.Message):
+    __slots__ = ("table_id", "config_json", "init_values")
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    INIT_VALUES_FIELD_NUMBER: _ClassVar[int]
+    table_id: int
+    config_json: str
+    init_values: bytes
+    def __init__(self, table_id: _Optional[int] = ..., config_json: _Optional[str] = ..., init_values: _Optional[bytes] = ...) -> None: ...
+
+class CreateTableResponse(_message.Message):
+    __slots__ = ("created",)
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    created: bool
+    def __init__(self, created: _Optional[bool] = ...) -> None: ...
+
+class PullSparseRequest(_message.Message):
+    __slots__ = ("table_id", "keys", "create")
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    CREATE_FIELD_NUMBER: _ClassVar[int]
+    table_id: int
+    keys: bytes
+    create: bool
+    def __init__(self, table_id: _Optional[int] = ..., keys: _Optional[bytes] = ..., create: _Optional[bool] = ...) -> None: ...
+
+class PullSparseResponse(_message.Message):
+    __slots__ = ("values", "dim")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    values: bytes
+    dim: int
+    def __init__(self, values: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
+
+class PushSparseRequest(_message.Message):
+    __slots__ = ("table_id", "keys", "grads", "worker_index", "step")
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    GRADS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    table_id: int
+    keys: bytes
+    grads: bytes
+    worker_index: int
+    step: int
+    def __init__(self, table_id: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+
+class PullDenseRequest(_message.Message):
+    __slots__ = ("table_id",)
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    table_id: int
+    def __init__(self, table_id: _Optional[int] = ...) -> None: ...
+
+class PullDenseResponse(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: bytes
+    def __init__(self, values: _Optional[bytes] = ...) -> None: ...
+
+class PushDenseRequest(_message.Message):
+    __slots__ = ("table_id", "grads", "worker_index", "step")
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    GRADS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    table_id: int
+    grads: bytes
+    worker_index: int
+    step: int
+    def __init__(self, table_id: _Optional[int] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+
+class BarrierRequest(_message.Message):
+    __slots__ = ("name", "worker_index", "worker_num")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    WORKER_NUM_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    worker_index: int
+    worker_num: int
+    def __init__(self, name: _Optional[str] = ..., worker_index: _Optional[int] = ..., worker_num: _Optional[int] = ...) -> None: ...
+
+class StopRequest(_message.Message):
+    __slots__ = ("worker_index",)
+    WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    worker_index: int
+    def __init__(self, worker_index: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TableStats(_message.Message):
+    __slots__ = ("table_id", "name", "rows", "memory_bytes")
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    table_id: int
+    name: str
+    rows: int
+    memory_bytes: int
+    def __init__(self, table_id: _Optional[int] = ..., name: _Optional[str] = ..., rows: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("tables",)
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedCompositeFieldContainer[TableStats]
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,150 @@
+"""Serve a :class:`ServiceHandler` over gRPC, with the standard health service.
+
+The handler (``psfleet.ps.server.PsHandler``) implements one Python method per rpc of
+``psfleet.proto``; this module adapts it to grpc, maps psfleet errors to status codes,
+checks the auth token, and binds the port (0: a free port chosen by the OS).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent import futures
+from typing import Any, Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from psfleet.errors import ConfigError, PsfleetError, RemoteError
+from psfleet.rpc import psfleet_pb2 as pb
+from psfleet.rpc import psfleet_pb2_grpc as pb_grpc
+from psfleet.rpc.types import RpcConfig
+
+__all__ = ["ServiceHandler", "RunningServer", "serve", "AUTH_METADATA_KEY"]
+
+logger = logging.getLogger(__name__)
+
+AUTH_METADATA_KEY = "psfleet-auth-token"
+SERVICE_NAME = "psfleet.ParameterServer"
+
+
+class ServiceHandler(Protocol):
+    """One method per rpc; each takes the request message and returns the response.
+
+    Methods may raise :class:`~psfleet.errors.ConfigError` or
+    :class:`~psfleet.errors.RemoteError` (sent as INVALID_ARGUMENT /
+    FAILED_PRECONDITION with the message); anything else becomes INTERNAL.
+    They are called from many threads at once and must be thread safe.
+    """
+
+    def CreateTable(self, request: pb.CreateTableRequest) -> pb.CreateTableResponse: ...  # noqa: N802
+    def PullSparse(self, request: pb.PullSparseRequest) -> pb.PullSparseResponse: ...  # noqa: N802
+    def PushSparse(self, request: pb.PushSparseRequest) -> pb.Empty: ...  # noqa: N802
+    def PullDense(self, request: pb.PullDenseRequest) -> pb.PullDenseResponse: ...  # noqa: N802
+    def PushDense(self, request: pb.PushDenseRequest) -> pb.Empty: ...  # noqa: N802
+    def Barrier(self, request: pb.BarrierRequest) -> pb.Empty: ...  # noqa: N802
+    def Stats(self, request: pb.StatsRequest) -> pb.StatsResponse: ...  # noqa: N802
+    def Stop(self, request: pb.StopRequest) -> pb.Empty: ...  # noqa: N802
+
+
+_METHODS = ("CreateTable", "PullSparse", "PushSparse", "PullDense", "PushDense", "Barrier",
+            "Stats", "Stop")
+
+
+def _make_servicer(handler: ServiceHandler, auth_token: str | None) -> Any:
+    """Build a ParameterServerServicer whose methods call ``handler``."""
+
+    def wrap(name: str) -> Any:
+        method = getattr(handler, name)
+
+        def call(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+            if auth_token is not None:
+                sent = dict(context.invocation_metadata()).get(AUTH_METADATA_KEY)
+                if sent != auth_token:
+                    context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                  "missing or wrong auth token (set PSFLEET_AUTH_TOKEN "
+                                  "to the same value on every server and worker)")
+            try:
+                return method(request)
+            except ConfigError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except RemoteError as exc:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            except PsfleetError as exc:
+                context.abort(grpc.StatusCode.ABORTED, str(exc))
+            except Exception as exc:  # a bug: log it whole, send its summary
+                logger.exception("%s failed", name)
+                context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(exc).__name__}: {exc}")
+
+        call.__name__ = name
+        return call
+
+    cls = type("Servicer", (pb_grpc.ParameterServerServicer,),
+               {name: wrap(name) for name in _METHODS})
+    return cls()
+
+
+class RunningServer:
+    """A started gRPC server. ``port`` is the bound port (the OS's when 0 was asked)."""
+
+    def __init__(self, server: grpc.Server, host: str, port: int,
+                 health_servicer: health.HealthServicer) -> None:
+        self._server = server
+        self._health = health_servicer
+        self.host = host
+        self.port = port
+        self._stopped = threading.Event()
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` workers connect to."""
+        return f"{self.host}:{self.port}"
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Stop accepting calls; calls in flight get ``grace_s`` seconds. Idempotent."""
+        if self._stopped.is_set():
+            return
+        self._health.enter_graceful_shutdown()
+        self._server.stop(grace_s).wait()
+        self._stopped.set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until :meth:`stop` has completed; False on timeout."""
+        return self._stopped.wait(timeout_s)
+
+
+def serve(handler: ServiceHandler, host: str, port: int, config: RpcConfig) -> RunningServer:
+    """Start serving ``handler`` on ``host:port`` and return at once.
+
+    Args:
+        handler: the service implementation.
+        host: address to bind, e.g. ``127.0.0.1`` or ``0.0.0.0``.
+        port: port to bind; 0 lets the OS choose (read it from the result).
+        config: thread count, message limits and auth token.
+
+    Raises:
+        ConfigError: the port cannot be bound (in use, or not allowed); names it.
+    """
+    options = [*config.channel_options(), ("grpc.so_reuseport", 0)]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.server_threads,
+                                                    thread_name_prefix="psfleet-rpc"),
+                         options=options)
+    pb_grpc.add_ParameterServerServicer_to_server(
+        _make_servicer(handler, config.auth_token), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    address = f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise ConfigError(
+            f"cannot bind {address}: {exc}. The port is in use or not allowed; "
+            "choose another port (PADDLE_PORT) or 0 for a free one"
+        ) from None
+    if bound == 0:
+        raise ConfigError(f"cannot bind {address}: port in use; choose another port or 0")
+    server.start()
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    logger.info("Server listening on %s:%d", host, bound)
+    return RunningServer(server, host, bound, health_servicer)

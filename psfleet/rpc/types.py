@@ -1,0 +1,87 @@
+"""Vocabulary of the transport: its configuration and the handler contract.
+
+Only this package imports grpc. Layers above see :class:`RpcConfig`,
+:class:`RpcClient` (``client.py``), :func:`serve` (``server.py``) and the message
+classes of ``psfleet.proto`` re-exported as :mod:`psfleet.rpc.messages`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psfleet import env
+from psfleet.errors import ConfigError
+
+__all__ = ["RpcConfig", "parse_endpoint", "DEFAULT_MAX_MESSAGE_BYTES"]
+
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 30  # 1 GiB: a pull of 10^7 rows of dim 9 is 360 MB
+
+
+@dataclass(frozen=True)
+class RpcConfig:
+    """How every remote call behaves.
+
+    Attributes:
+        deadline_s: deadline of each call, seconds (the seeds' ``rpc_deadline``, 180 s).
+        max_retries: retries of a call that failed with UNAVAILABLE (server not up,
+            connection reset) before :class:`~psfleet.errors.RpcError` is raised.
+        backoff_initial_s: first wait between retries; doubled each retry.
+        backoff_max_s: cap of the wait between retries, seconds.
+        max_message_bytes: send and receive limit of one message, bytes.
+        auth_token: shared secret sent as metadata with every call and checked by the
+            server; None disables the check.
+        server_threads: handler threads of a server (a Barrier holds one per worker).
+    """
+
+    deadline_s: float = 180.0
+    max_retries: int = 5
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 5.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    auth_token: str | None = None
+    server_threads: int = 32
+
+    def __post_init__(self) -> None:
+        if self.deadline_s <= 0:
+            raise ConfigError(f"rpc.deadline_s: {self.deadline_s!r} must be > 0 seconds")
+        if self.max_retries < 0:
+            raise ConfigError(f"rpc.max_retries: {self.max_retries!r} must be >= 0")
+        if self.server_threads < 2:
+            raise ConfigError(f"rpc.server_threads: {self.server_threads!r} must be >= 2")
+
+    @classmethod
+    def from_env(cls) -> RpcConfig:
+        """Build from ``PSFLEET_RPC_DEADLINE_S`` and ``PSFLEET_AUTH_TOKEN``.
+
+        Raises:
+            ConfigError: the deadline is not a positive number.
+        """
+        raw = env.read("PSFLEET_RPC_DEADLINE_S")
+        try:
+            deadline = float(raw or 180.0)
+        except ValueError:
+            raise ConfigError(
+                f"PSFLEET_RPC_DEADLINE_S: {raw!r} is not a number of seconds"
+            ) from None
+        return cls(deadline_s=deadline, auth_token=env.read("PSFLEET_AUTH_TOKEN"))
+
+    def channel_options(self) -> list[tuple[str, int]]:
+        """gRPC channel/server options raising the message-size limits."""
+        return [
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+        ]
+
+
+def parse_endpoint(endpoint: str, what: str = "endpoint") -> tuple[str, int]:
+    """Split ``host:port`` into its parts.
+
+    Raises:
+        ConfigError: not of the form host:port with a port in 0..65535 (names ``what``).
+    """
+    host, sep, port_text = endpoint.strip().rpartition(":")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(
+            f"{what}: {endpoint!r} is not host:port (for example 127.0.0.1:6170)"
+        )
+    return host, int(port_text)
