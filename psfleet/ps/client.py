@@ -1,0 +1,171 @@
+"""The worker's view of the tables: create, pull, push, barrier, stop.
+
+:class:`TableClient` is the contract the communicator and ``SparseEmbedding`` use.
+:class:`RemoteClient` implements it over the servers (keys routed by virtual bucket,
+calls to all servers issued at once); ``local_client.LocalClient`` implements it in
+process for single-machine training, with the same tables and rules.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
+
+from psfleet.ps.routing import BucketRouter, DenseLayout
+from psfleet.ps.types import DenseTableConfig, RuleConfig, SparseTableConfig
+from psfleet.rpc import RpcClient, RpcConfig, codec, wait_servers_ready
+from psfleet.rpc import messages as msg
+
+__all__ = ["TableClient", "RemoteClient"]
+
+logger = logging.getLogger(__name__)
+
+
+class TableClient(ABC):
+    """Tables as a worker sees them. Implementations are thread safe."""
+
+    @abstractmethod
+    def create_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
+        """Create the table on every server (no-op where it exists with this config).
+
+        Raises:
+            ConfigError: it exists with another config.
+        """
+
+    @abstractmethod
+    def create_dense_table(self, table_id: int, name: str, sizes: Sequence[int],
+                           rule: RuleConfig, init_values: np.ndarray) -> None:
+        """Create a dense table holding parameters of ``sizes`` elements.
+
+        Args:
+            init_values (float32[sum(sizes)]): used only by the first creator.
+        """
+
+    @abstractmethod
+    def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool = True) -> np.ndarray:
+        """Rows of ``keys`` (uint64[N]): float32[N, dim]. Blocks."""
+
+    @abstractmethod
+    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
+        """Send gradients float32[N, dim] of distinct keys uint64[N]. Blocks."""
+
+    @abstractmethod
+    def pull_dense(self, table_id: int) -> np.ndarray:
+        """The whole dense vector, float32[total]. Blocks."""
+
+    @abstractmethod
+    def push_dense(self, table_id: int, grads: np.ndarray) -> None:
+        """Send the gradient float32[total] of the whole dense vector. Blocks."""
+
+    @abstractmethod
+    def barrier(self, name: str, worker_index: int, worker_num: int) -> None:
+        """Block until all ``worker_num`` workers called barrier ``name``."""
+
+    @abstractmethod
+    def stop_servers(self, worker_index: int) -> None:
+        """Tell every server to stop serving."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+class RemoteClient(TableClient):
+    """Tables on servers reached over rpc.
+
+    Args:
+        endpoints: server endpoints ``host:port`` in server-index order.
+        config: rpc settings.
+    """
+
+    def __init__(self, endpoints: Sequence[str], config: RpcConfig) -> None:
+        self.endpoints = list(endpoints)
+        self._clients = [RpcClient(e, config) for e in self.endpoints]
+        self._routers: dict[int, BucketRouter] = {}
+        self._dims: dict[int, int] = {}
+        self._layouts: dict[int, DenseLayout] = {}
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until every server is serving (see ``rpc.wait_servers_ready``)."""
+        wait_servers_ready(self._clients, timeout_s)
+
+    def _all(self, method: str, requests: Sequence[object]) -> list[object]:
+        pending = [c.start(method, r) for c, r in zip(self._clients, requests, strict=True)]
+        return [p.result() for p in pending]
+
+    def create_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
+        request = msg.CreateTableRequest(table_id=table_id, config_json=config.model_dump_json())
+        self._all("CreateTable", [request] * len(self._clients))
+        self._routers[table_id] = BucketRouter(config.num_buckets, len(self._clients))
+        self._dims[table_id] = config.dim
+
+    def create_dense_table(self, table_id: int, name: str, sizes: Sequence[int],
+                           rule: RuleConfig, init_values: np.ndarray) -> None:
+        layout = DenseLayout(sizes, len(self._clients))
+        parts = layout.scatter(np.asarray(init_values, dtype=np.float32))
+        requests = [
+            msg.CreateTableRequest(
+                table_id=table_id,
+                config_json=DenseTableConfig(name=name, size=layout.server_size(s),
+                                             rule=rule).model_dump_json(),
+                init_values=codec.floats_to_bytes(parts[s]))
+            for s in range(len(self._clients))
+        ]
+        self._all("CreateTable", requests)
+        self._layouts[table_id] = layout
+
+    def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool = True) -> np.ndarray:
+        dim = self._dims[table_id]
+        positions = self._routers[table_id].split(keys)
+        pending = [
+            (pos, c.start("PullSparse", msg.PullSparseRequest(
+                table_id=table_id, keys=codec.keys_to_bytes(keys[pos]), create=create)))
+            for c, pos in zip(self._clients, positions, strict=True) if pos.size
+        ]
+        if len(pending) == 1 and pending[0][0].size == keys.size:
+            return codec.floats_from_bytes(pending[0][1].result().values, dim).copy()
+        out = np.empty((keys.size, dim), dtype=np.float32)
+        for pos, call in pending:
+            out[pos] = codec.floats_from_bytes(call.result().values, dim)
+        return out
+
+    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
+        positions = self._routers[table_id].split(keys)
+        pending = [
+            c.start("PushSparse", msg.PushSparseRequest(
+                table_id=table_id, keys=codec.keys_to_bytes(keys[pos]),
+                grads=codec.floats_to_bytes(grads[pos])))
+            for c, pos in zip(self._clients, positions, strict=True) if pos.size
+        ]
+        for call in pending:
+            call.result()
+
+    def pull_dense(self, table_id: int) -> np.ndarray:
+        replies = self._all("PullDense", [msg.PullDenseRequest(table_id=table_id)]
+                            * len(self._clients))
+        parts = [codec.floats_from_bytes(r.values) for r in replies]  # type: ignore[attr-defined]
+        return self._layouts[table_id].gather(parts)
+
+    def push_dense(self, table_id: int, grads: np.ndarray) -> None:
+        parts = self._layouts[table_id].scatter(grads)
+        self._all("PushDense", [msg.PushDenseRequest(table_id=table_id,
+                                                     grads=codec.floats_to_bytes(p))
+                                for p in parts])
+
+    def barrier(self, name: str, worker_index: int, worker_num: int) -> None:
+        self._clients[0].call("Barrier", msg.BarrierRequest(
+            name=name, worker_index=worker_index, worker_num=worker_num))
+
+    def stop_servers(self, worker_index: int) -> None:
+        self._all("Stop", [msg.StopRequest(worker_index=worker_index)] * len(self._clients))
+        logger.info("told servers %s to stop", self.endpoints)
+
+    def stats(self) -> list[msg.StatsResponse]:
+        """Each server's table statistics (rows, bytes)."""
+        return self._all("Stats", [msg.StatsRequest()] * len(self._clients))  # type: ignore[return-value]
+
+    def close(self) -> None:
+        for c in self._clients:
+            c.close()

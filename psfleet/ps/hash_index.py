@@ -1,0 +1,119 @@
+"""A vectorised open-addressing hash index: uint64 key -> row number.
+
+Linear probing over a power-of-two slot array, kept at most half full. Lookups and
+inserts process a whole batch of keys per numpy operation: each round compares every
+still-pending key with its current slot, resolves hits and empties, and advances the
+rest by one slot, so the number of Python-level rounds is the longest probe sequence
+(a handful at load <= 0.5), not the number of keys.
+
+Not thread safe: the sparse table holds a lock per shard around it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from psfleet.ps.hashing import mix64
+from psfleet.ps.types import RESERVED_KEY
+
+__all__ = ["HashIndex"]
+
+_EMPTY = np.uint64(RESERVED_KEY)
+_MAX_LOAD = 0.5
+
+
+class HashIndex:
+    """Maps uint64 keys to row numbers 0..len-1 in order of insertion.
+
+    Args:
+        capacity: initial number of slots (rounded up to a power of two, >= 16).
+    """
+
+    def __init__(self, capacity: int = 1024) -> None:
+        bits = max(4, int(np.ceil(np.log2(max(capacity, 16)))))
+        self._alloc(bits)
+        self._size = 0
+
+    def _alloc(self, bits: int) -> None:
+        self._bits = bits
+        self._shift = np.uint64(64 - bits)
+        self._mask = np.int64((1 << bits) - 1)
+        self._keys = np.full(1 << bits, _EMPTY, dtype=np.uint64)
+        self._rows = np.zeros(1 << bits, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by the slot arrays."""
+        return int(self._keys.nbytes + self._rows.nbytes)
+
+    def _home(self, keys: np.ndarray) -> np.ndarray:
+        # Top bits of the mix: independent of the low bits that pick bucket and shard.
+        return (mix64(keys) >> self._shift).astype(np.int64)
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Row numbers of ``keys`` (uint64[N]); -1 where a key is absent. int64[N]."""
+        n = keys.shape[0]
+        out = np.full(n, -1, dtype=np.int64)
+        pos = self._home(keys)
+        pending = np.arange(n)
+        while pending.size:
+            slot_keys = self._keys[pos]
+            hit = slot_keys == keys[pending]
+            if hit.any():
+                out[pending[hit]] = self._rows[pos[hit]]
+            more = ~(hit | (slot_keys == _EMPTY))
+            pending = pending[more]
+            pos = (pos[more] + 1) & self._mask
+        return out
+
+    def insert_new(self, keys: np.ndarray) -> np.ndarray:
+        """Insert keys known to be absent and unique; return their new row numbers.
+
+        Args:
+            keys (uint64[M]): absent, distinct keys, none equal to RESERVED_KEY.
+
+        Returns:
+            int64[M]: rows ``len(self) .. len(self)+M-1`` in the order of ``keys``.
+        """
+        m = keys.shape[0]
+        rows = np.arange(self._size, self._size + m, dtype=np.int64)
+        if (self._size + m) > _MAX_LOAD * (1 << self._bits):
+            self._grow(self._size + m)
+        self._place(keys, rows)
+        self._size += m
+        return rows
+
+    def _place(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        pending = np.arange(keys.shape[0])
+        pos = self._home(keys)
+        while pending.size:
+            free = self._keys[pos] == _EMPTY
+            # Among keys whose slot is free, the first one to name a slot claims it.
+            cand = np.flatnonzero(free)
+            _, first = np.unique(pos[cand], return_index=True)
+            won = cand[first]
+            self._keys[pos[won]] = keys[pending[won]]
+            self._rows[pos[won]] = rows[pending[won]]
+            lost = np.ones(pending.size, dtype=bool)
+            lost[won] = False
+            pending = pending[lost]
+            pos = (pos[lost] + 1) & self._mask
+
+    def _grow(self, needed: int) -> None:
+        live = self._keys != _EMPTY
+        old_keys, old_rows = self._keys[live], self._rows[live]
+        bits = self._bits
+        while needed > _MAX_LOAD * (1 << bits):
+            bits += 1
+        self._alloc(bits)
+        self._place(old_keys, old_rows)
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """All (keys uint64[n], rows int64[n]) held, ordered by row."""
+        live = self._keys != _EMPTY
+        keys, rows = self._keys[live], self._rows[live]
+        order = np.argsort(rows, kind="stable")
+        return keys[order], rows[order]

@@ -1,0 +1,61 @@
+"""Tables in the worker's own process: single-machine training with the same math.
+
+With no servers (``server_num: 0``) the worker keeps its sparse and dense tables in
+process and applies the same rules as a server would, so a single-process run is the
+reference the distributed modes are compared against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from psfleet.errors import ConfigError
+from psfleet.ps.client import TableClient
+from psfleet.ps.dense_table import DenseTable
+from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.types import DenseTableConfig, RuleConfig, SparseTableConfig
+
+__all__ = ["LocalClient"]
+
+
+class LocalClient(TableClient):
+    """In-process tables for one worker. Thread safe (the tables are)."""
+
+    def __init__(self) -> None:
+        self.sparse: dict[int, SparseTable] = {}
+        self.dense: dict[int, DenseTable] = {}
+
+    def create_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
+        existing = self.sparse.get(table_id)
+        if existing is not None and existing.config != config:
+            raise ConfigError(f"sparse table {table_id} exists with another config")
+        if existing is None:
+            self.sparse[table_id] = SparseTable(config)
+
+    def create_dense_table(self, table_id: int, name: str, sizes: Sequence[int],
+                           rule: RuleConfig, init_values: np.ndarray) -> None:
+        if table_id not in self.dense:
+            config = DenseTableConfig(name=name, size=int(sum(sizes)), rule=rule)
+            self.dense[table_id] = DenseTable(config, np.asarray(init_values, np.float32))
+
+    def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool = True) -> np.ndarray:
+        return self.sparse[table_id].pull(keys, create=create)
+
+    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
+        self.sparse[table_id].push(keys, grads)
+
+    def pull_dense(self, table_id: int) -> np.ndarray:
+        return self.dense[table_id].pull()
+
+    def push_dense(self, table_id: int, grads: np.ndarray) -> None:
+        self.dense[table_id].push(grads)
+
+    def barrier(self, name: str, worker_index: int, worker_num: int) -> None:
+        if worker_num != 1:
+            raise ConfigError(f"barrier {name!r}: in-process tables serve one worker, "
+                              f"got worker_num={worker_num}; start servers for more")
+
+    def stop_servers(self, worker_index: int) -> None:
+        """Nothing to stop: there are no servers."""

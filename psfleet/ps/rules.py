@@ -1,0 +1,123 @@
+"""Optimizer rules applied by the server to pushed gradients, registered by name.
+
+A rule updates rows in place: ``w`` float32[N, D] (the values), ``state``
+float32[N, S] (its per-row state, S = ``state_width(D)``) and the gradient ``g``
+float32[N, D]. A sparse table applies it to the rows pushed; a dense table is one
+row of D = its size, so a dense rule is exactly the per-element rule of torch.optim.
+
+Per-row step counts (sparse Adam) follow Paddle's SparseAdamSGDRule, which keeps the
+bias-correction powers per row: a rare feature's first update is bias-corrected as a
+first step, not as step 10^6 of the job. DESIGN.md explains why that is the right
+default for sparse tables. The step count is a float32 column, exact to 2^24 updates.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import numpy as np
+
+from psfleet.errors import ConfigError
+from psfleet.ps.types import RuleConfig
+
+__all__ = ["Rule", "SgdRule", "AdagradRule", "AdamRule", "make_rule", "RULES"]
+
+
+class Rule(ABC):
+    """An optimizer rule; stateless itself, its state lives in the table's rows."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: RuleConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def state_width(self, dim: int) -> int:
+        """float32 state values kept per row of ``dim`` values."""
+
+    def init_state(self, n: int, dim: int) -> np.ndarray:
+        """Initial state of ``n`` new rows: float32[n, state_width(dim)]."""
+        return np.zeros((n, self.state_width(dim)), dtype=np.float32)
+
+    @abstractmethod
+    def update(self, w: np.ndarray, state: np.ndarray, g: np.ndarray) -> None:
+        """Apply one step in place to ``w`` [N, D] and ``state`` [N, S] given ``g`` [N, D]."""
+
+
+class SgdRule(Rule):
+    """w -= lr * g (torch.optim.SGD without momentum)."""
+
+    name = "sgd"
+
+    def state_width(self, dim: int) -> int:
+        return 0
+
+    def update(self, w: np.ndarray, state: np.ndarray, g: np.ndarray) -> None:
+        w -= np.float32(self.config.learning_rate) * g
+
+
+class AdagradRule(Rule):
+    """Adagrad (Duchi, Hazan & Singer 2011) as torch.optim.Adagrad computes it.
+
+    G += g^2; w -= lr * g / (sqrt(G) + eps). State: G [D].
+    """
+
+    name = "adagrad"
+
+    def state_width(self, dim: int) -> int:
+        return dim
+
+    def init_state(self, n: int, dim: int) -> np.ndarray:
+        return np.full((n, dim), self.config.initial_accumulator, dtype=np.float32)
+
+    def update(self, w: np.ndarray, state: np.ndarray, g: np.ndarray) -> None:
+        state += g * g
+        w -= np.float32(self.config.learning_rate) * g / (np.sqrt(state) + np.float32(
+            self.config.epsilon))
+
+
+class AdamRule(Rule):
+    """Adam (Kingma & Ba 2015, Algorithm 1) as torch.optim.Adam computes it.
+
+    m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; t += 1;
+    w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+    State: m [D], v [D], t [1]; t counts this row's updates (per-row bias correction).
+    """
+
+    name = "adam"
+
+    def state_width(self, dim: int) -> int:
+        return 2 * dim + 1
+
+    def update(self, w: np.ndarray, state: np.ndarray, g: np.ndarray) -> None:
+        c = self.config
+        d = w.shape[1]
+        m, v, t = state[:, :d], state[:, d:2 * d], state[:, 2 * d:]
+        b1, b2 = np.float32(c.beta1), np.float32(c.beta2)
+        m *= b1
+        m += (1 - b1) * g
+        v *= b2
+        v += (1 - b2) * g * g
+        t += 1
+        steps = t.astype(np.float64)  # [N, 1]
+        step_size = (c.learning_rate / (1.0 - c.beta1 ** steps)).astype(np.float32)
+        inv_sqrt_bc2 = (1.0 / np.sqrt(1.0 - c.beta2 ** steps)).astype(np.float32)
+        w -= step_size * m / (np.sqrt(v) * inv_sqrt_bc2 + np.float32(c.epsilon))
+
+
+RULES: dict[str, type[Rule]] = {cls.name: cls for cls in (SgdRule, AdagradRule, AdamRule)}
+
+
+def make_rule(config: RuleConfig) -> Rule:
+    """Build the rule named by ``config.name``.
+
+    Raises:
+        ConfigError: unknown rule name (lists the known ones).
+    """
+    try:
+        return RULES[config.name](config)
+    except KeyError:
+        raise ConfigError(
+            f"rule.name: {config.name!r} is not one of {', '.join(sorted(RULES))}"
+        ) from None

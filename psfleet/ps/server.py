@@ -1,0 +1,196 @@
+"""The server: tables behind the rpc service, and the process's serving loop.
+
+:class:`PsHandler` implements every rpc of ``psfleet.proto`` over a registry of
+tables; :func:`run_server` serves it until a worker sends ``Stop`` or the process
+gets SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from psfleet.errors import ConfigError, RemoteError
+from psfleet.ps.dense_table import DenseTable
+from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.types import DenseTableConfig, SparseTableConfig, table_config_from_json
+from psfleet.rpc import RpcConfig, RunningServer, codec, serve
+from psfleet.rpc import messages as msg
+
+__all__ = ["PsHandler", "start_server", "run_server"]
+
+logger = logging.getLogger(__name__)
+
+Table = SparseTable | DenseTable
+
+
+class _Barrier:
+    """A reusable barrier for ``worker_num`` workers, keyed by name on server 0."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._arrived: dict[str, set[int]] = {}
+        self._generation: dict[str, int] = {}
+
+    def wait(self, name: str, worker_index: int, worker_num: int, timeout_s: float) -> None:
+        with self._cond:
+            arrived = self._arrived.setdefault(name, set())
+            generation = self._generation.get(name, 0)
+            arrived.add(worker_index)
+            if len(arrived) >= worker_num:
+                self._arrived[name] = set()
+                self._generation[name] = generation + 1
+                self._cond.notify_all()
+                return
+            done = self._cond.wait_for(lambda: self._generation.get(name, 0) != generation,
+                                       timeout=timeout_s)
+            if not done:
+                missing = sorted(set(range(worker_num)) - self._arrived.get(name, set()))
+                raise RemoteError(
+                    f"barrier {name!r}: workers {missing} did not arrive within "
+                    f"{timeout_s:.0f} s; check their logs (workerlog.N)"
+                )
+
+
+class PsHandler:
+    """The rpc methods of one server. Thread safe.
+
+    Args:
+        barrier_timeout_s: how long a Barrier call waits for the other workers.
+    """
+
+    def __init__(self, barrier_timeout_s: float = 180.0) -> None:
+        self.tables: dict[int, Table] = {}
+        self._tables_lock = threading.Lock()
+        self._barrier = _Barrier()
+        self._barrier_timeout_s = barrier_timeout_s
+        self.stop_requested = threading.Event()
+
+    def _table(self, table_id: int, kind: type[Table]) -> Table:
+        table = self.tables.get(table_id)
+        if table is None:
+            raise RemoteError(f"no table {table_id} on this server; workers create tables "
+                              "in init_worker() before pulling or pushing")
+        if not isinstance(table, kind):
+            raise RemoteError(f"table {table_id} is not a {kind.__name__}")
+        return table
+
+    def CreateTable(self, request: msg.CreateTableRequest) -> msg.CreateTableResponse:  # noqa: N802
+        try:
+            config = table_config_from_json(request.config_json)
+        except ValidationError as exc:
+            raise ConfigError(f"table {request.table_id}: invalid config: {exc}") from None
+        with self._tables_lock:
+            existing = self.tables.get(request.table_id)
+            if existing is not None:
+                if existing.config != config:
+                    raise ConfigError(
+                        f"table {request.table_id} exists with config {existing.config!r}; "
+                        f"a worker sent {config!r}. Every worker must build the same model"
+                    )
+                return msg.CreateTableResponse(created=False)
+            table: Table
+            if isinstance(config, SparseTableConfig):
+                table = SparseTable(config)
+            else:
+                assert isinstance(config, DenseTableConfig)
+                table = DenseTable(config, codec.floats_from_bytes(request.init_values))
+            self.tables[request.table_id] = table
+        logger.info("created table %d: %r", request.table_id, config)
+        return msg.CreateTableResponse(created=True)
+
+    def PullSparse(self, request: msg.PullSparseRequest) -> msg.PullSparseResponse:  # noqa: N802
+        table = self._table(request.table_id, SparseTable)
+        assert isinstance(table, SparseTable)
+        values = table.pull(codec.keys_from_bytes(request.keys), create=request.create)
+        return msg.PullSparseResponse(values=codec.floats_to_bytes(values), dim=table.dim)
+
+    def PushSparse(self, request: msg.PushSparseRequest) -> msg.Empty:  # noqa: N802
+        table = self._table(request.table_id, SparseTable)
+        assert isinstance(table, SparseTable)
+        table.push(codec.keys_from_bytes(request.keys),
+                   codec.floats_from_bytes(request.grads, table.dim))
+        return msg.Empty()
+
+    def PullDense(self, request: msg.PullDenseRequest) -> msg.PullDenseResponse:  # noqa: N802
+        table = self._table(request.table_id, DenseTable)
+        assert isinstance(table, DenseTable)
+        return msg.PullDenseResponse(values=codec.floats_to_bytes(table.pull()))
+
+    def PushDense(self, request: msg.PushDenseRequest) -> msg.Empty:  # noqa: N802
+        table = self._table(request.table_id, DenseTable)
+        assert isinstance(table, DenseTable)
+        table.push(codec.floats_from_bytes(request.grads))
+        return msg.Empty()
+
+    def Barrier(self, request: msg.BarrierRequest) -> msg.Empty:  # noqa: N802
+        if request.worker_index >= request.worker_num:
+            raise ConfigError(f"barrier {request.name!r}: worker_index {request.worker_index}"
+                              f" >= worker_num {request.worker_num}")
+        self._barrier.wait(request.name, request.worker_index, request.worker_num,
+                           self._barrier_timeout_s)
+        return msg.Empty()
+
+    def Stats(self, request: msg.StatsRequest) -> msg.StatsResponse:  # noqa: N802
+        with self._tables_lock:
+            items = list(self.tables.items())
+        return msg.StatsResponse(tables=[
+            msg.TableStats(table_id=tid, name=t.config.name, rows=len(t),
+                           memory_bytes=t.memory_bytes) for tid, t in items])
+
+    def Stop(self, request: msg.StopRequest) -> msg.Empty:  # noqa: N802
+        logger.info("stop requested by worker %d", request.worker_index)
+        self.stop_requested.set()
+        return msg.Empty()
+
+
+def start_server(host: str, port: int, config: RpcConfig,
+                 handler: PsHandler | None = None) -> tuple[PsHandler, RunningServer]:
+    """Start a server in this process and return at once (tests, embedding).
+
+    Raises:
+        ConfigError: the port cannot be bound.
+    """
+    handler = handler or PsHandler(barrier_timeout_s=config.deadline_s)
+    return handler, serve(handler, host, port, config)
+
+
+def _write_endpoint_file(path: Path, endpoint: str) -> None:
+    """Write ``endpoint`` to ``path`` atomically (the launcher polls for it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(endpoint + "\n")
+    os.replace(tmp, path)
+
+
+def run_server(host: str, port: int, config: RpcConfig,
+               endpoint_file: Path | None = None) -> None:
+    """Serve until a worker sends Stop or the process gets SIGTERM/SIGINT. Blocks.
+
+    Args:
+        host: address to bind.
+        port: port to bind; 0 asks the OS for a free one.
+        config: rpc settings.
+        endpoint_file: where to write the bound ``host:port`` once listening.
+
+    Raises:
+        ConfigError: the port cannot be bound.
+    """
+    handler, server = start_server(host, port, config)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: handler.stop_requested.set())
+    if endpoint_file is not None:
+        _write_endpoint_file(endpoint_file, server.endpoint)
+    try:
+        while not handler.stop_requested.wait(0.5):
+            pass
+    finally:
+        server.stop(grace_s=2.0)
+        stats = {tid: len(t) for tid, t in handler.tables.items()}
+        logger.info("server %s stopped; rows per table: %s", server.endpoint, stats)

@@ -1,0 +1,159 @@
+"""The sparse table: uint64 key -> row of ``dim`` float32 plus optimizer state.
+
+A table is split into internal shards by virtual bucket (``bucket % num_shards``),
+each with its own lock, hash index and row matrix, so handler threads working on
+different keys do not serialise on one lock. Rows live in one float32 matrix per
+shard, ``[capacity, dim + state_width]``: values first, rule state after, so a pull is
+one gather and a push one gather, update and scatter. Every operation is vectorised
+over the batch; there is no Python loop per key.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from psfleet.errors import RemoteError
+from psfleet.ps.hash_index import HashIndex
+from psfleet.ps.hashing import init_rows
+from psfleet.ps.routing import bucket_of
+from psfleet.ps.rules import make_rule
+from psfleet.ps.types import RESERVED_KEY, SparseTableConfig
+
+__all__ = ["SparseTable"]
+
+_GROWTH = 1.5
+
+
+class _Shard:
+    """One lock, one hash index, one row matrix. Callers hold ``lock``."""
+
+    def __init__(self, width: int) -> None:
+        self.lock = threading.Lock()
+        self.index = HashIndex()
+        self.data = np.zeros((0, width), dtype=np.float32)
+
+    def reserve(self, rows: int) -> None:
+        if rows > self.data.shape[0]:
+            capacity = max(rows, int(self.data.shape[0] * _GROWTH), 1024)
+            grown = np.zeros((capacity, self.data.shape[1]), dtype=np.float32)
+            grown[: len(self.index)] = self.data[: len(self.index)]
+            self.data = grown
+
+
+class SparseTable:
+    """A sparse table's shards on one server. Thread safe.
+
+    Args:
+        config: dim, rule, initializer, bucket and shard counts.
+    """
+
+    def __init__(self, config: SparseTableConfig) -> None:
+        self.config = config
+        self.dim = config.dim
+        self.rule = make_rule(config.rule)
+        self.state_width = self.rule.state_width(config.dim)
+        self._shards = [_Shard(self.dim + self.state_width) for _ in range(config.num_shards)]
+
+    def __len__(self) -> int:
+        return sum(len(s.index) for s in self._shards)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by row matrices and hash indexes."""
+        return sum(s.data.nbytes + s.index.memory_bytes for s in self._shards)
+
+    def _split(self, keys: np.ndarray) -> list[tuple[_Shard, np.ndarray]]:
+        """(shard, positions in ``keys``) for every shard that has keys."""
+        if keys.size and (keys == np.uint64(RESERVED_KEY)).any():
+            raise RemoteError(f"table {self.config.name!r}: key 2^64-1 is reserved")
+        shard_ids = bucket_of(keys, self.config.num_buckets) % len(self._shards)
+        if len(self._shards) == 1:
+            return [(self._shards[0], np.arange(keys.size))]
+        order = np.argsort(shard_ids, kind="stable")
+        bounds = np.searchsorted(shard_ids[order], np.arange(len(self._shards) + 1))
+        return [(self._shards[i], order[bounds[i]:bounds[i + 1]])
+                for i in range(len(self._shards)) if bounds[i + 1] > bounds[i]]
+
+    def pull(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
+        """Values of the rows of ``keys``.
+
+        Args:
+            keys (uint64[N]): keys; duplicates allowed.
+            create: insert missing rows with their initial values (training); when
+                False, missing rows read as their initial values and are not stored.
+
+        Returns:
+            float32[N, dim]: a new array.
+
+        Raises:
+            RemoteError: a key equals the reserved 2^64-1.
+        """
+        out = np.empty((keys.size, self.dim), dtype=np.float32)
+        for shard, pos in self._split(keys):
+            k = keys[pos]
+            with shard.lock:
+                rows = shard.index.lookup(k)
+                missing = rows < 0
+                if missing.any():
+                    if create:
+                        rows[missing] = self._insert(shard, k[missing])
+                    else:
+                        out[pos[missing]] = self._initial(k[missing])
+                found = rows >= 0
+                out[pos[found]] = shard.data[rows[found], : self.dim]
+        return out
+
+    def push(self, keys: np.ndarray, grads: np.ndarray) -> None:
+        """Apply the rule to the rows of ``keys`` with gradients ``grads``.
+
+        Args:
+            keys (uint64[N]): distinct keys (the communicator merges duplicates).
+            grads (float32[N, dim]): their gradients.
+
+        Missing rows are created first (a push may follow a pull that another
+        server restart lost). Raises RemoteError on a shape mismatch.
+        """
+        if grads.shape != (keys.size, self.dim):
+            raise RemoteError(
+                f"table {self.config.name!r}: push of {keys.size} keys with gradients of "
+                f"shape {tuple(grads.shape)}, expected ({keys.size}, {self.dim})"
+            )
+        for shard, pos in self._split(keys):
+            k = keys[pos]
+            with shard.lock:
+                rows = shard.index.lookup(k)
+                missing = rows < 0
+                if missing.any():
+                    rows[missing] = self._insert(shard, k[missing])
+                block = shard.data[rows]  # [M, dim + state]
+                self.rule.update(block[:, : self.dim], block[:, self.dim:], grads[pos])
+                shard.data[rows] = block
+
+    def _initial(self, keys: np.ndarray) -> np.ndarray:
+        c = self.config
+        return init_rows(keys, self.dim, c.initializer, c.initial_range, c.seed)
+
+    def _insert(self, shard: _Shard, keys: np.ndarray) -> np.ndarray:
+        """Create rows for absent keys (possibly repeated); return each key's row."""
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        start = len(shard.index)
+        shard.reserve(start + uniq.size)
+        rows = shard.index.insert_new(uniq)
+        shard.data[rows, : self.dim] = self._initial(uniq)
+        shard.data[rows, self.dim:] = self.rule.init_state(uniq.size, self.dim)
+        return rows[inverse]
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every (keys uint64[n], rows float32[n, dim + state_width]), sorted by key."""
+        keys, data = [], []
+        for shard in self._shards:
+            with shard.lock:
+                k, rows = shard.index.items()
+                keys.append(k)
+                data.append(shard.data[rows].copy())
+        all_keys = np.concatenate(keys)
+        all_data = np.concatenate(data)
+        order = np.argsort(all_keys)
+        return all_keys[order], all_data[order]

@@ -1,0 +1,101 @@
+"""Vocabulary of the parameter server: table and optimizer-rule configurations.
+
+A table is created from a :data:`TableConfig` sent by the workers as JSON
+(``CreateTable``); two workers sending different configs for one table id is an
+error. Field names follow Paddle's table/accessor protos where they exist.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+__all__ = [
+    "RuleConfig",
+    "SparseTableConfig",
+    "DenseTableConfig",
+    "TableConfig",
+    "table_config_from_json",
+    "RESERVED_KEY",
+]
+
+#: uint64 key that cannot be stored (the hash index marks empty slots with it).
+RESERVED_KEY = 0xFFFF_FFFF_FFFF_FFFF
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RuleConfig(_Frozen):
+    """An optimizer rule applied by the server, per row (sparse) or per element (dense).
+
+    Attributes:
+        name: ``sgd``, ``adagrad`` or ``adam`` (see ``psfleet.ps.rules``).
+        learning_rate: step size (> 0).
+        beta1, beta2, epsilon: Adam's constants (Kingma & Ba 2015).
+        initial_accumulator: Adagrad's initial sum of squared gradients
+            (torch.optim.Adagrad's ``initial_accumulator_value``).
+    """
+
+    name: Literal["sgd", "adagrad", "adam"] = "adam"
+    learning_rate: float = Field(0.001, gt=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.999, ge=0, lt=1)
+    epsilon: float = Field(1e-8, gt=0)
+    initial_accumulator: float = Field(0.0, ge=0)
+
+
+class SparseTableConfig(_Frozen):
+    """A sparse table: uint64 feature key -> row of ``dim`` float32 plus rule state.
+
+    Attributes:
+        name: the table's name (the SparseEmbedding's).
+        dim: floats per row.
+        rule: the optimizer rule applied to pushed gradients, per row.
+        initializer: ``uniform`` in [-initial_range, initial_range], ``normal`` with
+            std initial_range, or ``zeros``; drawn from a generator seeded by the key
+            (and ``seed``), so a row's first value does not depend on arrival order
+            or on the number of servers.
+        num_buckets: virtual buckets keys are hashed into (DESIGN.md "Routing");
+            fixed at creation.
+        num_shards: internal shards per server, each with its own lock.
+    """
+
+    kind: Literal["sparse"] = "sparse"
+    name: str = Field(min_length=1)
+    dim: int = Field(gt=0, le=65536)
+    rule: RuleConfig = RuleConfig()
+    initializer: Literal["uniform", "normal", "zeros"] = "uniform"
+    initial_range: float = Field(0.01, ge=0)
+    seed: int = Field(0, ge=0)
+    num_buckets: int = Field(4096, gt=0)
+    num_shards: int = Field(8, gt=0, le=1024)
+
+
+class DenseTableConfig(_Frozen):
+    """A dense table: the flat float32 vector of a model's dense parameters.
+
+    Each server holds some blocks of it; ``size`` is the number of floats this
+    server holds (the worker-side ``DenseLayout`` decides which).
+    """
+
+    kind: Literal["dense"] = "dense"
+    name: str = Field(min_length=1)
+    size: int = Field(ge=0)
+    rule: RuleConfig = RuleConfig()
+
+
+TableConfig = Annotated[SparseTableConfig | DenseTableConfig, Field(discriminator="kind")]
+
+_ADAPTER: TypeAdapter[SparseTableConfig | DenseTableConfig] = TypeAdapter(TableConfig)
+
+
+def table_config_from_json(text: str) -> SparseTableConfig | DenseTableConfig:
+    """Parse a table config sent over the wire.
+
+    Raises:
+        pydantic.ValidationError: a field is missing, unknown or out of range.
+    """
+    return _ADAPTER.validate_json(text)
