@@ -1,0 +1,58 @@
+"""The fleet API: one process-wide Fleet and its methods as module functions."""
+
+from psfleet.fleet.fleet import Fleet
+from psfleet.fleet.optimizer import DistributedOptimizer, rule_from_optimizer
+from psfleet.fleet.role_maker import (
+    PaddleCloudRoleMaker,
+    Role,
+    RoleInfo,
+    RoleMaker,
+    UserDefinedRoleMaker,
+)
+from psfleet.fleet.strategy import AsyncSettings, DistributedStrategy
+
+_fleet = Fleet()
+
+init = _fleet.init
+is_server = _fleet.is_server
+is_worker = _fleet.is_worker
+is_first_worker = _fleet.is_first_worker
+worker_index = _fleet.worker_index
+worker_num = _fleet.worker_num
+server_num = _fleet.server_num
+server_endpoints = _fleet.server_endpoints
+init_server = _fleet.init_server
+run_server = _fleet.run_server
+init_worker = _fleet.init_worker
+stop_worker = _fleet.stop_worker
+barrier_worker = _fleet.barrier_worker
+distributed_optimizer = _fleet.distributed_optimizer
+flush = _fleet.flush
+
+__all__ = [
+    "AsyncSettings",
+    "DistributedOptimizer",
+    "DistributedStrategy",
+    "Fleet",
+    "PaddleCloudRoleMaker",
+    "Role",
+    "RoleInfo",
+    "RoleMaker",
+    "UserDefinedRoleMaker",
+    "barrier_worker",
+    "distributed_optimizer",
+    "flush",
+    "init",
+    "init_server",
+    "init_worker",
+    "is_first_worker",
+    "is_server",
+    "is_worker",
+    "rule_from_optimizer",
+    "run_server",
+    "server_endpoints",
+    "server_num",
+    "stop_worker",
+    "worker_index",
+    "worker_num",
+]

@@ -1,0 +1,222 @@
+"""The Fleet: one API for servers and workers, as the seeds' ``fleet`` object.
+
+The paradigm (the same script runs as server and as worker, and alone on a laptop)::
+
+    fleet.init()                                      # role from the environment
+    model = DNN(SparseEmbedding(dim=9), ...)
+    optimizer = fleet.distributed_optimizer(torch.optim.Adam(model.parameters()))
+    if fleet.is_server():
+        fleet.init_server()
+        fleet.run_server()                            # blocks until workers stop it
+    else:
+        fleet.init_worker()                           # connect, create tables
+        for batch in reader:
+            loss = ...; optimizer.zero_grad(); loss.backward(); optimizer.step()
+        fleet.stop_worker()                           # flush, stop servers
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from psfleet import env, logs
+from psfleet.errors import ConfigError, FatalError
+from psfleet.fleet.optimizer import DistributedOptimizer
+from psfleet.fleet.role_maker import PaddleCloudRoleMaker, Role, RoleInfo, RoleMaker
+from psfleet.fleet.strategy import DistributedStrategy
+from psfleet.nn import live_embeddings
+from psfleet.ps import LocalClient, RemoteClient, TableClient, run_server
+from psfleet.ps.communicator import Communicator, make_communicator
+from psfleet.rpc import RpcConfig, parse_endpoint
+
+__all__ = ["Fleet"]
+
+logger = logging.getLogger(__name__)
+
+
+class Fleet:
+    """Process-wide training state: role, strategy, tables, communicator."""
+
+    def __init__(self) -> None:
+        self._role: RoleInfo | None = None
+        self.strategy = DistributedStrategy()
+        self.rpc_config = RpcConfig()
+        self._optimizer: DistributedOptimizer | None = None
+        self._client: TableClient | None = None
+        self._communicator: Communicator | None = None
+
+    # -- role -------------------------------------------------------------------------
+    def init(self, role_maker: RoleMaker | None = None,
+             strategy: DistributedStrategy | None = None, is_collective: bool = False) -> None:
+        """Decide this process's role (from the environment by default).
+
+        Raises:
+            ConfigError: called twice, collective mode asked for, or the environment
+                is inconsistent (names the variable).
+        """
+        if self._role is not None:
+            raise ConfigError("fleet.init() was already called in this process")
+        if is_collective:
+            raise ConfigError("is_collective=True: collective mode is not available in this "
+                              "release; use the parameter server (the default)")
+        self._role = (role_maker or PaddleCloudRoleMaker()).generate_role()
+        self.strategy = strategy or self.strategy
+        self.rpc_config = RpcConfig.from_env()
+        logs.setup_logging()
+        role = self._role
+        logs.set_role(f"server:{role.server_index}" if role.role is Role.SERVER
+                      else f"worker:{role.worker_index}")
+        logger.info("fleet.init: %s, strategy %s", role, self.strategy.model_dump())
+
+    @property
+    def role(self) -> RoleInfo:
+        """This process's role. Raises FatalError before :meth:`init`."""
+        if self._role is None:
+            raise FatalError("call fleet.init() first")
+        return self._role
+
+    def is_server(self) -> bool:
+        return self.role.role is Role.SERVER
+
+    def is_worker(self) -> bool:
+        return self.role.role is Role.WORKER
+
+    def is_first_worker(self) -> bool:
+        return self.is_worker() and self.role.worker_index == 0
+
+    def worker_index(self) -> int:
+        return self.role.worker_index
+
+    def worker_num(self) -> int:
+        return self.role.worker_num
+
+    def server_num(self) -> int:
+        return len(self.role.server_endpoints)
+
+    def server_endpoints(self) -> list[str]:
+        return list(self.role.server_endpoints)
+
+    # -- server -----------------------------------------------------------------------
+    def init_server(self, dirname: str | None = None) -> None:
+        """Prepare the server. Tables are created by the workers at init_worker.
+
+        Raises:
+            ConfigError: ``dirname`` given (loading a saved model is not available in
+                this release) or this process is not a server.
+        """
+        if not self.is_server():
+            raise ConfigError("init_server() called on a worker")
+        if dirname is not None:
+            raise ConfigError("init_server(dirname=...): loading saved tables is not "
+                              "available in this release")
+
+    def run_server(self) -> None:
+        """Serve tables until a worker's stop_worker() (or SIGTERM). Blocks."""
+        role = self.role
+        if role.bind_endpoint is None:
+            raise ConfigError("run_server() called on a worker")
+        host, port = parse_endpoint(role.bind_endpoint, "POD_IP:PADDLE_PORT")
+        run_server(host, port, self.rpc_config, role.endpoint_file)
+
+    # -- worker -----------------------------------------------------------------------
+    def distributed_optimizer(self, optimizer: torch.optim.Optimizer,
+                              strategy: DistributedStrategy | None = None
+                              ) -> DistributedOptimizer:
+        """Wrap ``optimizer``; its type and settings become the tables' rule.
+
+        Raises:
+            ConfigError: the optimizer has no table rule.
+        """
+        if strategy is not None:
+            self.strategy = strategy
+        self._optimizer = DistributedOptimizer(optimizer)
+        return self._optimizer
+
+    def init_worker(self) -> None:
+        """Connect to the servers (or in-process tables) and create the tables.
+
+        Waits for every server with a visible, bounded retry; creates one sparse
+        table per SparseEmbedding and one dense table for the optimizer's
+        parameters; every worker starts from the dense values the servers hold.
+
+        Raises:
+            FatalError: distributed_optimizer() was not called first.
+            ServerNotReadyError: servers not ready within the wait timeout.
+        """
+        role = self.role
+        if role.role is not Role.WORKER:
+            raise ConfigError("init_worker() called on a server")
+        if self._optimizer is None:
+            raise FatalError("call fleet.distributed_optimizer(optimizer) before "
+                             "fleet.init_worker(): the optimizer decides the tables' rule")
+        client: TableClient
+        if role.is_local:
+            client, mode = LocalClient(), "local"
+        else:
+            remote = RemoteClient(role.server_endpoints, self.rpc_config)
+            remote.wait_ready(self._wait_timeout_s())
+            client, mode = remote, self.strategy.mode
+        communicator = make_communicator(mode, client, self.strategy.async_config())
+        embeddings = live_embeddings()
+        for table_id, embedding in enumerate(embeddings):
+            client.create_sparse_table(table_id, embedding.table_config(self._optimizer.rule))
+            embedding.bind(communicator, table_id)
+        dense_id = len(embeddings)
+        opt = self._optimizer
+        client.create_dense_table(dense_id, "dense", [p.numel() for p in opt.params],
+                                  opt.rule, opt.flat_values())
+        client.barrier("init_worker", role.worker_index, role.worker_num)
+        if opt.params:
+            opt.install(client.pull_dense(dense_id))
+        opt.bind(communicator, embeddings, dense_id)
+        communicator.start()
+        self._client, self._communicator = client, communicator
+        logger.info("worker %d/%d ready: %s mode, %d sparse tables, %d dense parameters, "
+                    "servers %s", role.worker_index, role.worker_num, mode, len(embeddings),
+                    sum(p.numel() for p in opt.params), list(role.server_endpoints))
+
+    def _wait_timeout_s(self) -> float:
+        if self.strategy.server_wait_timeout_s is not None:
+            return self.strategy.server_wait_timeout_s
+        raw = env.read("PSFLEET_SERVER_WAIT_TIMEOUT_S") or "300"
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"PSFLEET_SERVER_WAIT_TIMEOUT_S: {raw!r} is not seconds") from None
+
+    @property
+    def client(self) -> TableClient:
+        """The tables (after init_worker)."""
+        if self._client is None:
+            raise FatalError("call fleet.init_worker() first")
+        return self._client
+
+    def barrier_worker(self) -> None:
+        """Block until every worker reaches this call."""
+        self.client.barrier("barrier_worker", self.role.worker_index, self.role.worker_num)
+
+    def flush(self) -> None:
+        """Block until this worker's pushes so far are applied; install fresh dense values.
+
+        Other workers' pushes may still be in flight: call :meth:`barrier_worker`
+        after every worker flushed, then ``optimizer.refresh()``, to see them all.
+        """
+        if self._communicator is not None:
+            self._communicator.flush()
+        if self._optimizer is not None:
+            self._optimizer.refresh()
+
+    def stop_worker(self) -> None:
+        """Flush pushes, wait for every worker, then (worker 0) stop the servers."""
+        if self._communicator is not None:
+            self._communicator.stop()
+        if self._client is not None:
+            role = self.role
+            self._client.barrier("stop_worker", role.worker_index, role.worker_num)
+            if role.worker_index == 0:
+                self._client.stop_servers(role.worker_index)
+            self._client.close()
+        self._client = self._communicator = None
+

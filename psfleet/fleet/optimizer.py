@@ -1,0 +1,141 @@
+"""DistributedOptimizer: a torch optimizer whose step() drives the communicator.
+
+The wrapped optimizer is not stepped: its type and hyper-parameters choose the rule
+the tables apply (Adam -> adam, SGD -> sgd, Adagrad -> adagrad), as Paddle's
+distributed optimizer turns the optimizer into server-side rules. ``step()`` hands
+the sparse rows' gradients and the flat dense gradient to the communicator and
+installs the freshest dense values it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from psfleet.errors import ConfigError, FatalError
+from psfleet.nn import SparseEmbedding
+from psfleet.ps.communicator import Communicator
+from psfleet.ps.types import RuleConfig
+
+__all__ = ["DistributedOptimizer", "rule_from_optimizer"]
+
+
+def _hyper(optimizer: torch.optim.Optimizer, name: str) -> object:
+    values = {repr(group.get(name)) for group in optimizer.param_groups}
+    if len(values) > 1:
+        raise ConfigError(f"optimizer: param groups differ in {name!r} ({sorted(values)}); "
+                          "the tables apply one rule: use a single group")
+    return optimizer.param_groups[0].get(name)
+
+
+def rule_from_optimizer(optimizer: torch.optim.Optimizer) -> RuleConfig:
+    """The table rule equivalent to ``optimizer``.
+
+    Raises:
+        ConfigError: the optimizer or one of its options has no table rule (lists
+            the supported ones).
+    """
+    def unsupported(option: str, default: object) -> None:
+        value = _hyper(optimizer, option)
+        if value not in (None, default):
+            raise ConfigError(f"optimizer {type(optimizer).__name__}: {option}={value!r} is "
+                              f"not supported by the tables (only {default!r})")
+
+    lr = float(_hyper(optimizer, "lr"))  # type: ignore[arg-type]
+    unsupported("weight_decay", 0)
+    unsupported("maximize", False)
+    if isinstance(optimizer, torch.optim.Adam):
+        unsupported("amsgrad", False)
+        betas: tuple[float, float] = _hyper(optimizer, "betas")  # type: ignore[assignment]
+        return RuleConfig(name="adam", learning_rate=lr, beta1=betas[0], beta2=betas[1],
+                          epsilon=float(_hyper(optimizer, "eps")))  # type: ignore[arg-type]
+    if isinstance(optimizer, torch.optim.Adagrad):
+        unsupported("lr_decay", 0)
+        return RuleConfig(name="adagrad", learning_rate=lr,
+                          epsilon=float(_hyper(optimizer, "eps")),  # type: ignore[arg-type]
+                          initial_accumulator=float(
+                              _hyper(optimizer, "initial_accumulator_value")))  # type: ignore[arg-type]
+    if isinstance(optimizer, torch.optim.SGD):
+        unsupported("momentum", 0)
+        unsupported("nesterov", False)
+        return RuleConfig(name="sgd", learning_rate=lr)
+    raise ConfigError(f"optimizer: {type(optimizer).__name__} has no table rule; use "
+                      "torch.optim.Adam, torch.optim.SGD or torch.optim.Adagrad")
+
+
+class DistributedOptimizer:
+    """Wraps a torch optimizer for parameter-server training.
+
+    Args:
+        optimizer: the user's optimizer over the model's dense parameters.
+
+    Raises:
+        ConfigError: the optimizer has no table rule.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.inner = optimizer
+        self.rule = rule_from_optimizer(optimizer)
+        self.params: list[torch.Tensor] = [p for g in optimizer.param_groups
+                                           for p in g["params"]]
+        self._communicator: Communicator | None = None
+        self._embeddings: Sequence[SparseEmbedding] = ()
+        self._dense_table_id = -1
+        self.steps = 0
+
+    def bind(self, communicator: Communicator, embeddings: Sequence[SparseEmbedding],
+             dense_table_id: int) -> None:
+        """Connect to the tables (called by ``fleet.init_worker``)."""
+        self._communicator = communicator
+        self._embeddings = embeddings
+        self._dense_table_id = dense_table_id
+
+    def flat_values(self) -> np.ndarray:
+        """The dense parameters flattened in order: float32[total] (a copy)."""
+        with torch.no_grad():
+            return torch.cat([p.reshape(-1) for p in self.params]).numpy().copy()
+
+    def install(self, values: np.ndarray) -> None:
+        """Copy flat float32[total] values into the dense parameters, in place."""
+        flat = torch.from_numpy(values)
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                p.copy_(flat[offset:offset + n].view_as(p))
+                offset += n
+
+    def refresh(self) -> None:
+        """Install the dense values the tables hold now (blocks on a pull)."""
+        if self._communicator is not None and self.params:
+            self.install(self._communicator.client.pull_dense(self._dense_table_id))
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the dense parameters' gradients."""
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        """Push this step's gradients; install fresh dense values if any arrived.
+
+        Raises:
+            FatalError: ``fleet.init_worker()`` was not called, or sending failed.
+        """
+        if self._communicator is None:
+            raise FatalError("call fleet.init_worker() before optimizer.step()")
+        for embedding in self._embeddings:
+            embedding.push_grads()
+        if self.params:
+            grads = torch.cat([p.grad.reshape(-1) if p.grad is not None
+                               else torch.zeros(p.numel()) for p in self.params])
+            self._communicator.push_dense(self._dense_table_id, grads.numpy())
+            fresh = self._communicator.fresh_dense(self._dense_table_id)
+            if fresh is not None:
+                self.install(fresh)
+        self.steps += 1
+
+    def minimize(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` then :meth:`step` (the seeds' spelling)."""
+        loss.backward()
+        self.step()
