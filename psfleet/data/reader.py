@@ -1,0 +1,241 @@
+"""In-memory reader of raw Criteo files, split across workers by line.
+
+Worker ``k`` of ``worker_num`` reads the lines whose global line number (0-based,
+counted across the file list in order) is ``k`` modulo ``worker_num``, so every line
+is read by exactly one worker whatever the file sizes. The worker's share is parsed
+once (:func:`psfleet.data.criteo.parse_lines`) and kept in memory; each epoch yields
+:class:`~psfleet.data.types.Batch` objects, shuffled with ``shuffle_seed + epoch`` when
+a seed is given. A streaming QueueDataset for data that does not fit in memory is a
+separate component.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from psfleet.data.criteo import parse_lines
+from psfleet.data.types import Batch
+from psfleet.errors import ConfigError, DataError
+
+__all__ = ["CriteoReader", "list_data_files"]
+
+logger = logging.getLogger(__name__)
+
+
+def list_data_files(path: str | Path) -> list[Path]:
+    """List the data files at ``path``.
+
+    Args:
+        path: a file, or a directory whose regular, non-hidden files are the data.
+
+    Returns:
+        ``[path]`` for a file; the directory's regular files not starting with ``.``,
+        sorted by name, for a directory (subdirectories are not searched).
+
+    Raises:
+        DataError: if ``path`` does not exist or the directory holds no data file.
+    """
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.exists():
+        raise DataError(
+            f"data path {str(path)!r} does not exist; check the path (relative paths are "
+            f"resolved from {str(Path.cwd())!r})"
+        )
+    if not path.is_dir():
+        raise DataError(f"data path {str(path)!r} is neither a regular file nor a directory")
+    files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise DataError(
+            f"data directory {str(path)!r} holds no data files (hidden files and "
+            "subdirectories are ignored); put the data files directly in it"
+        )
+    return files
+
+
+def _read_lines(path: Path) -> list[str]:
+    """All lines of ``path`` without their ``\\n`` (invalid UTF-8 bytes become U+FFFD)."""
+    if path.is_dir():
+        raise DataError(
+            f"data file {str(path)!r} is a directory; pass its files, e.g. list_data_files(path)"
+        )
+    if not path.is_file():
+        raise DataError(f"data file {str(path)!r} does not exist; check the path")
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise DataError(f"data file {str(path)!r} cannot be read: {exc}") from exc
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise DataError(f"data file {str(path)!r} is empty (no lines); remove it from the list")
+    return lines
+
+
+class CriteoReader:
+    """Batches of one worker's share of raw Criteo files, held in memory.
+
+    Reads and parses the files when constructed (blocks). Iterating is not thread
+    safe; iterate from one thread. All workers must pass the same ``files`` in the same
+    order and the same ``worker_num``.
+
+    Args:
+        files: raw Criteo TSV files, in a fixed order (see :func:`list_data_files`).
+        batch_size: examples per batch, >= 1.
+        worker_index: this worker, ``0 <= worker_index < worker_num``.
+        worker_num: number of workers sharing the files.
+        shuffle_seed: if given, each epoch's order is a permutation seeded with
+            ``shuffle_seed + epoch`` (see :meth:`set_epoch`); otherwise file order.
+        drop_last: drop the last batch when it is smaller than ``batch_size``.
+        strict: raise on a malformed line instead of skipping it.
+
+    Raises:
+        ConfigError: if ``batch_size``, ``worker_index`` or ``worker_num`` is invalid
+            or ``files`` is empty.
+        DataError: if a file is missing, a directory, unreadable or empty, or (with
+            ``strict``) holds a malformed line.
+    """
+
+    def __init__(
+        self,
+        files: Sequence[str | Path],
+        batch_size: int,
+        worker_index: int = 0,
+        worker_num: int = 1,
+        shuffle_seed: int | None = None,
+        drop_last: bool = False,
+        *,
+        strict: bool = False,
+    ) -> None:
+        if isinstance(files, (str, Path)):
+            files = [files]
+        if not files:
+            raise ConfigError("files: the file list is empty; pass at least one data file")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size: {batch_size!r} must be >= 1")
+        if worker_num < 1:
+            raise ConfigError(f"worker_num: {worker_num!r} must be >= 1")
+        if not 0 <= worker_index < worker_num:
+            raise ConfigError(
+                f"worker_index: {worker_index!r} must be in 0..{worker_num - 1} "
+                f"(worker_num={worker_num})"
+            )
+        self.files = [Path(f) for f in files]
+        self.batch_size = batch_size
+        self.worker_index = worker_index
+        self.worker_num = worker_num
+        self.shuffle_seed = shuffle_seed
+        self.drop_last = drop_last
+        self._epoch = 0
+        self._malformed = 0
+        self._total_lines = 0
+        self._labels, self._dense, self._sparse = self._load(strict)
+
+    def _load(self, strict: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        labels: list[npt.NDArray[np.float32]] = []
+        dense: list[npt.NDArray[np.float32]] = []
+        sparse: list[npt.NDArray[np.uint64]] = []
+        global_offset = 0
+        for path in self.files:
+            lines = _read_lines(path)
+            start = (self.worker_index - global_offset) % self.worker_num
+            chunk = parse_lines(
+                lines[start :: self.worker_num],
+                str(path),
+                first_line_no=start + 1,
+                line_step=self.worker_num,
+                strict=strict,
+            )
+            if chunk.malformed:
+                logger.warning(
+                    "%s: skipped %d malformed lines of %d read by worker %d",
+                    path,
+                    chunk.malformed,
+                    chunk.malformed + len(chunk),
+                    self.worker_index,
+                )
+            self._malformed += chunk.malformed
+            labels.append(chunk.labels)
+            dense.append(chunk.dense)
+            sparse.append(chunk.sparse)
+            global_offset += len(lines)
+        self._total_lines = global_offset
+        keys = np.concatenate(sparse).view(np.int64)
+        if len(keys) == 0:
+            logger.warning(
+                "worker %d of %d has no examples in %d files (%d lines in all)",
+                self.worker_index,
+                self.worker_num,
+                len(self.files),
+                global_offset,
+            )
+        logger.info(
+            "worker %d of %d: %d examples from %d files (%d malformed lines skipped)",
+            self.worker_index,
+            self.worker_num,
+            len(keys),
+            len(self.files),
+            self._malformed,
+        )
+        return (
+            torch.from_numpy(np.concatenate(labels)),
+            torch.from_numpy(np.concatenate(dense)),
+            torch.from_numpy(keys),
+        )
+
+    @property
+    def num_examples(self) -> int:
+        """Well-formed examples in this worker's share."""
+        return int(self._labels.shape[0])
+
+    @property
+    def total_lines(self) -> int:
+        """Lines in all files, every worker's share included (for global throughput)."""
+        return self._total_lines
+
+    @property
+    def malformed_lines(self) -> int:
+        """Lines of this worker's share skipped as malformed."""
+        return self._malformed
+
+    @property
+    def epoch(self) -> int:
+        """The epoch set by :meth:`set_epoch` (0 initially)."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the shuffle permutation of the next iterations (``shuffle_seed + epoch``).
+
+        Has no effect on the order without ``shuffle_seed``.
+        """
+        self._epoch = epoch
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        full, rest = divmod(self.num_examples, self.batch_size)
+        return full if self.drop_last or rest == 0 else full + 1
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Yield one epoch of batches (CPU tensors; unshuffled batches are views)."""
+        size = self.num_examples
+        order: torch.Tensor | None = None
+        if self.shuffle_seed is not None:
+            rng = np.random.default_rng(self.shuffle_seed + self._epoch)
+            order = torch.from_numpy(rng.permutation(size))
+        for begin in range(0, len(self) * self.batch_size, self.batch_size):
+            end = min(begin + self.batch_size, size)
+            if order is None:
+                yield Batch(
+                    self._labels[begin:end], self._dense[begin:end], self._sparse[begin:end]
+                )
+            else:
+                index = order[begin:end]
+                yield Batch(self._labels[index], self._dense[index], self._sparse[index])
