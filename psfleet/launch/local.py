@@ -1,0 +1,334 @@
+"""Run a parameter-server job on this host: servers first, then workers, then clean up.
+
+:func:`launch_local` is the Python API (the YAML runner calls it); ``fleetrun`` parses
+its flags into a :class:`~psfleet.launch.types.LaunchConfig` and calls :func:`run_job`.
+The lifecycle, failure handling and exit codes are described in the manual,
+:mod:`psfleet.launch.main`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from psfleet.errors import ConfigError, LaunchError
+from psfleet.launch._signals import SignalCatcher
+from psfleet.launch.endpoints import clean_endpoint_dir, read_endpoint
+from psfleet.launch.process import ChildProcess, describe_exit, read_tail
+from psfleet.launch.specs import server_spec, worker_spec
+from psfleet.launch.types import LOCAL_HOST, LaunchConfig, ProcessSpec
+
+__all__ = ["launch_local", "run_job", "EXIT_FAILURE"]
+
+logger = logging.getLogger(__name__)
+
+#: Exit code of a job in which a child failed or the servers never came up.
+EXIT_FAILURE = 1
+
+_POLL_INTERVAL_S = 0.05
+_REPORT_INTERVAL_S = 3.0
+_KILL_WAIT_S = 3.0
+_TAIL_LINES = 20
+
+
+def launch_local(
+    command: Sequence[str],
+    server_num: int,
+    worker_num: int,
+    log_dir: Path,
+    *,
+    server_wait_timeout_s: float = 300.0,
+    stop_grace_s: float = 10.0,
+    python_executable: str | None = None,
+    tee_worker_0: bool = True,
+) -> int:
+    """Run ``server_num`` servers and ``worker_num`` workers on this host; return the exit code.
+
+    Every child runs ``python_executable *command``. Blocks until the job ends and every
+    child's process group is gone. Catches SIGINT / SIGTERM while it runs when called
+    from the main thread (forwarding them to the children).
+
+    Args:
+        command: the argv after the interpreter, e.g. ``["train.py", "--epochs", "2"]``
+            or ``["-m", "psfleet.cli.main", "train", "-m", "cfg.yaml"]``.
+        server_num: number of servers, >= 0.
+        worker_num: number of workers, >= 1.
+        log_dir: directory for ``serverlog.N`` / ``workerlog.N``; created if missing.
+        server_wait_timeout_s: bound on waiting for the servers' endpoints.
+        stop_grace_s: time processes get to exit before they are killed.
+        python_executable: interpreter of the children; ``sys.executable`` when None.
+        tee_worker_0: also copy worker 0's output to this process's stdout.
+
+    Returns:
+        0 when every worker exited 0; 1 when a child failed or a server never reported
+        its endpoint (the root cause is logged); 128 + signum after SIGINT / SIGTERM.
+
+    Raises:
+        ConfigError: an argument is out of range or ``log_dir`` cannot be created.
+        OSError: a child could not be started (after stopping the ones started).
+    """
+    kwargs = {} if python_executable is None else {"python_executable": python_executable}
+    config = LaunchConfig(
+        command=tuple(command),
+        server_num=server_num,
+        worker_num=worker_num,
+        log_dir=Path(log_dir),
+        server_wait_timeout_s=server_wait_timeout_s,
+        stop_grace_s=stop_grace_s,
+        tee_worker_0=tee_worker_0,
+        **kwargs,
+    )
+    return run_job(config)
+
+
+def run_job(config: LaunchConfig, tee_stream: BinaryIO | None = None) -> int:
+    """Run the job ``config`` describes; see :func:`launch_local` for the contract.
+
+    Args:
+        config: the validated launch configuration.
+        tee_stream: where worker 0's output is copied; this process's stdout when None.
+    """
+    config = dataclasses.replace(config, log_dir=config.log_dir.resolve())
+    log_dir = config.log_dir
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        clean_endpoint_dir(config.endpoint_dir)
+    except OSError as e:
+        raise ConfigError(
+            f"--log_dir: cannot create or clean {str(log_dir)!r} ({e}); give a writable directory"
+        ) from e
+    logger.info(
+        "launching %d server(s) and %d worker(s) on %s: %s %s "
+        "(log_dir=%s, server_wait_timeout_s=%s, stop_grace_s=%s)",
+        config.server_num,
+        config.worker_num,
+        LOCAL_HOST,
+        config.python_executable,
+        " ".join(config.command),
+        log_dir,
+        config.server_wait_timeout_s,
+        config.stop_grace_s,
+    )
+    logger.info(
+        "logs: %s/serverlog.N and %s/workerlog.N%s",
+        log_dir,
+        log_dir,
+        "; worker 0's output follows" if config.tee_worker_0 else "",
+    )
+    job = _Job(config, tee_stream)
+    with SignalCatcher() as signals:
+        try:
+            return job.run(signals)
+        except LaunchError as e:
+            logger.error("fleetrun: %s", e)
+            return EXIT_FAILURE
+        finally:
+            job.stop_all(signals)
+
+
+class _Job:
+    """The children of one job and the steps that drive them (one thread)."""
+
+    def __init__(self, config: LaunchConfig, tee_stream: BinaryIO | None) -> None:
+        self.config = config
+        self.tee_stream = tee_stream
+        self.servers: list[ChildProcess] = []
+        self.workers: list[ChildProcess] = []
+        self._seen_exit: set[int] = set()
+        self._stop_signal = signal.SIGTERM
+
+    @property
+    def children(self) -> list[ChildProcess]:
+        return self.servers + self.workers
+
+    # -- the steps --------------------------------------------------------------------
+
+    def run(self, signals: SignalCatcher) -> int:
+        """Start servers, wait for their endpoints, start workers, supervise; exit code."""
+        started = time.monotonic()
+        for i in range(self.config.server_num):
+            if signals.signum is not None:
+                return self._interrupted(signals.signum)
+            self.servers.append(self._start(server_spec(self.config, i)))
+        endpoints = self._wait_for_endpoints(signals)
+        if isinstance(endpoints, int):
+            return endpoints
+        if endpoints:
+            logger.info("all %d server(s) ready: %s", len(endpoints), ",".join(endpoints))
+        for k in range(self.config.worker_num):
+            if signals.signum is not None:
+                return self._interrupted(signals.signum)
+            self.workers.append(self._start(worker_spec(self.config, k, endpoints)))
+        code = self._supervise(signals)
+        if code == 0:
+            logger.info("job succeeded in %.1f s", time.monotonic() - started)
+        return code
+
+    def _wait_for_endpoints(self, signals: SignalCatcher) -> list[str] | int:
+        """Endpoints of all servers in index order, or the exit code if the job must end."""
+        config = self.config
+        started = time.monotonic()
+        deadline = started + config.server_wait_timeout_s
+        next_report = started + _REPORT_INTERVAL_S
+        endpoints: dict[int, str] = {}
+        while True:
+            if signals.signum is not None:
+                return self._interrupted(signals.signum)
+            for server in self.servers:
+                index = server.spec.index
+                if index not in endpoints:
+                    endpoint = read_endpoint(config.endpoint_file(index))
+                    if endpoint is not None:
+                        endpoints[index] = endpoint
+                        logger.info("%s listens on %s", server.name, endpoint)
+                    elif server.poll() is not None:
+                        return self._report_failure(
+                            server, f"before writing its endpoint to {config.endpoint_file(index)}"
+                        )
+            if len(endpoints) == len(self.servers):
+                return [endpoints[i] for i in range(len(self.servers))]
+            missing = [s for s in self.servers if s.spec.index not in endpoints]
+            now = time.monotonic()
+            if now >= deadline:
+                logger.error(
+                    "fleetrun: %d of %d server(s) did not report an endpoint within "
+                    "--server_wait_timeout_s=%s: %s. A server started with PADDLE_PORT=0 must "
+                    "write 'host:port' to $PSFLEET_ENDPOINT_FILE once it listens; check its "
+                    "log, or raise --server_wait_timeout_s if it is just slow to start.",
+                    len(missing),
+                    len(self.servers),
+                    config.server_wait_timeout_s,
+                    "; ".join(f"{s.name} (log {s.spec.log_path})" for s in missing),
+                )
+                return EXIT_FAILURE
+            if now >= next_report:
+                next_report = now + _REPORT_INTERVAL_S
+                logger.info(
+                    "waiting for servers, %.0f s of %s s: not ready: %s",
+                    now - started,
+                    config.server_wait_timeout_s,
+                    ", ".join(s.name for s in missing),
+                )
+            time.sleep(_POLL_INTERVAL_S)
+
+    def _supervise(self, signals: SignalCatcher) -> int:
+        """Watch every child until the workers are done (0), one fails (1) or a signal."""
+        config = self.config
+        grace_deadline: float | None = None
+        while True:
+            if signals.signum is not None:
+                return self._interrupted(signals.signum)
+            for child in self.children:
+                code = child.poll()
+                if code is None or child.pid in self._seen_exit:
+                    continue
+                self._seen_exit.add(child.pid)
+                if code != 0:
+                    return self._report_failure(child, "")
+                logger.info("%s exited 0", child.name)
+            if grace_deadline is None and all(w.returncode == 0 for w in self.workers):
+                if not self.servers:
+                    return 0
+                logger.info(
+                    "all %d worker(s) exited 0; giving the servers up to %s s to exit",
+                    len(self.workers),
+                    config.stop_grace_s,
+                )
+                grace_deadline = time.monotonic() + config.stop_grace_s
+            if grace_deadline is not None and (
+                all(s.returncode is not None for s in self.servers)
+                or time.monotonic() >= grace_deadline
+            ):
+                return 0
+            time.sleep(_POLL_INTERVAL_S)
+
+    def stop_all(self, signals: SignalCatcher) -> None:
+        """Signal every child group still alive, wait up to the grace, SIGKILL the rest.
+
+        Safe to call more than once; closes all log files.
+        """
+        alive = [c for c in self.children if c.group_alive()]
+        if alive:
+            logger.info(
+                "sending %s to the process groups of %s",
+                signal.Signals(self._stop_signal).name,
+                ", ".join(c.name for c in alive),
+            )
+            for child in alive:
+                child.signal_group(self._stop_signal)
+            alive = self._wait_gone(alive, self.config.stop_grace_s, signals)
+        if alive:
+            logger.warning(
+                "%s still running %s s after %s; sending SIGKILL",
+                ", ".join(c.name for c in alive),
+                self.config.stop_grace_s,
+                signal.Signals(self._stop_signal).name,
+            )
+            for child in alive:
+                child.signal_group(signal.SIGKILL)
+            alive = self._wait_gone(alive, _KILL_WAIT_S, None)
+        if alive:
+            logger.error(
+                "process groups of %s survived SIGKILL; pids to check: %s",
+                ", ".join(c.name for c in alive),
+                ", ".join(str(c.pid) for c in alive),
+            )
+        for child in self.children:
+            child.close()
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _wait_gone(
+        self, children: list[ChildProcess], timeout_s: float, signals: SignalCatcher | None
+    ) -> list[ChildProcess]:
+        deadline = time.monotonic() + timeout_s
+        while children:
+            children = [c for c in children if c.group_alive()]
+            if not children or time.monotonic() >= deadline:
+                break
+            if signals is not None and signals.repeated:
+                logger.warning("second signal received; not waiting any longer")
+                break
+            time.sleep(_POLL_INTERVAL_S)
+        return children
+
+    def _interrupted(self, signum: int) -> int:
+        self._stop_signal = signal.Signals(signum)
+        logger.warning(
+            "fleetrun received %s; forwarding it to all processes and stopping the job",
+            self._stop_signal.name,
+        )
+        return 128 + signum
+
+    def _report_failure(self, child: ChildProcess, when: str) -> int:
+        """Log the root-cause summary of ``child``'s failure; return the job's exit code."""
+        code = child.returncode
+        assert code is not None  # only called once the child was reaped
+        child.flush_log()
+        tail = read_tail(child.spec.log_path, _TAIL_LINES)
+        others = [c.name for c in self.children if c is not child and c.returncode is None]
+        lines = [
+            f"fleetrun: {child.name} (pid {child.pid}) failed with {describe_exit(code)}"
+            + (f" {when}" if when else "")
+            + "; this is the first failure (the root cause).",
+            f"  log: {child.spec.log_path}",
+        ]
+        if tail:
+            lines.append(f"  last {len(tail)} line(s) of its log:")
+            lines.extend(f"    | {line}" for line in tail)
+        else:
+            lines.append("  its log is empty")
+        if others:
+            lines.append(f"  stopping the other processes: {', '.join(others)}")
+        logger.error("%s", "\n".join(lines))
+        return EXIT_FAILURE
+
+    def _start(self, spec: ProcessSpec) -> ChildProcess:
+        child = ChildProcess(spec, self.tee_stream)
+        logger.info("started %s (pid %d), log %s", spec.name, child.pid, spec.log_path)
+        return child

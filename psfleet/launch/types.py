@@ -1,0 +1,153 @@
+"""Vocabulary of the launcher: roles, the launch configuration, one child's spec.
+
+:class:`LaunchConfig` is what ``fleetrun`` parses from its flags and what
+:func:`psfleet.launch.launch_local` builds from its arguments; it is validated when
+created, so a bad value fails before any process starts. :class:`ProcessSpec` is
+everything needed to start one child: its role, index, argv, environment and log file.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from psfleet.errors import ConfigError
+
+__all__ = ["LOCAL_HOST", "Role", "LaunchConfig", "ProcessSpec"]
+
+#: The address every child binds and reports on a one-host job.
+LOCAL_HOST = "127.0.0.1"
+
+
+class Role(enum.Enum):
+    """The role of a child process (DESIGN.md "Words")."""
+
+    SERVER = "server"
+    WORKER = "worker"
+
+    @property
+    def paddle_name(self) -> str:
+        """The value of ``TRAINING_ROLE`` for this role (the seeds' spelling)."""
+        return "PSERVER" if self is Role.SERVER else "TRAINER"
+
+    @property
+    def log_prefix(self) -> str:
+        """Prefix of this role's log files: ``serverlog`` or ``workerlog``."""
+        return f"{self.value}log"
+
+
+def _check_count(flag: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{flag}: got {value!r}; allowed: an integer >= {minimum}")
+
+
+def _check_seconds(flag: str, value: object, *, allow_zero: bool) -> None:
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value >= 0 if allow_zero else value > 0)
+    )
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{flag}: got {value!r}; allowed: a finite number of seconds {bound}")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How to run one job on this host: what to run, how many of each role, where to log.
+
+    Attributes:
+        command: the argv after the interpreter, the same for every child, e.g.
+            ``("train.py", "--epochs", "2")`` or ``("-m", "psfleet.cli.main", "train")``.
+        server_num: number of servers (``--server_num``), >= 0; 0 runs workers only.
+        worker_num: number of workers (``--worker_num``), >= 1.
+        log_dir: directory of ``serverlog.N`` / ``workerlog.N`` (``--log_dir``); created
+            if missing. Endpoint files go to ``log_dir/.endpoints``.
+        server_wait_timeout_s: how long to wait for every server to report its endpoint
+            (``--server_wait_timeout_s``), > 0.
+        stop_grace_s: how long processes get to exit after the workers are done or after
+            SIGTERM before they are killed (``--stop_grace_s``), >= 0.
+        python_executable: the interpreter every child runs (``sys.executable``).
+        tee_worker_0: also copy worker 0's output to the launcher's stdout.
+
+    Raises:
+        ConfigError: a value is out of range; the message names the flag and the
+            allowed values.
+    """
+
+    command: tuple[str, ...]
+    server_num: int = 0
+    worker_num: int = 1
+    log_dir: Path = field(default_factory=lambda: Path("log"))
+    server_wait_timeout_s: float = 300.0
+    stop_grace_s: float = 10.0
+    python_executable: str = field(default_factory=lambda: sys.executable)
+    tee_worker_0: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.command, str) or not all(isinstance(a, str) for a in self.command):
+            raise ConfigError(
+                f"command: got {self.command!r}; allowed: a sequence of strings "
+                "(the argv after the interpreter, e.g. ['train.py', '--epochs', '2'])"
+            )
+        object.__setattr__(self, "command", tuple(self.command))
+        if not self.command:
+            raise ConfigError(
+                "command: got an empty command; give the training script "
+                "(fleetrun [options] train.py [args]) or a module (-m package.module)"
+            )
+        if self.command[0] == "-m" and len(self.command) < 2:
+            raise ConfigError("command: '-m' needs a module name, e.g. -m package.module")
+        _check_count("--server_num", self.server_num, 0)
+        _check_count("--worker_num", self.worker_num, 1)
+        _check_seconds("--server_wait_timeout_s", self.server_wait_timeout_s, allow_zero=False)
+        _check_seconds("--stop_grace_s", self.stop_grace_s, allow_zero=True)
+        if not isinstance(self.log_dir, (str, Path)) or str(self.log_dir) == "":
+            raise ConfigError(f"--log_dir: got {self.log_dir!r}; allowed: a directory path")
+        object.__setattr__(self, "log_dir", Path(self.log_dir))
+        if not self.python_executable:
+            raise ConfigError("python_executable: empty; give the interpreter to run")
+
+    @property
+    def endpoint_dir(self) -> Path:
+        """Directory of the servers' endpoint files: ``log_dir/.endpoints``."""
+        return self.log_dir / ".endpoints"
+
+    def endpoint_file(self, server_index: int) -> Path:
+        """The file server ``server_index`` writes its ``host:port`` into."""
+        return self.endpoint_dir / f"server.{server_index}"
+
+    def log_file(self, role: Role, index: int) -> Path:
+        """The log file of child ``index`` of ``role``: ``log_dir/workerlog.N`` etc."""
+        return self.log_dir / f"{role.log_prefix}.{index}"
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """Everything needed to start one child process.
+
+    Attributes:
+        role: server or worker.
+        index: server index or worker index (``PADDLE_TRAINER_ID``).
+        argv: the full argv, interpreter first.
+        env: the complete environment of the child.
+        log_path: where its stdout and stderr go.
+        tee: also copy its output to the launcher's stdout.
+    """
+
+    role: Role
+    index: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    log_path: Path
+    tee: bool = False
+
+    @property
+    def name(self) -> str:
+        """Human name used in logs and errors: ``server 0``, ``worker 1``."""
+        return f"{self.role.value} {self.index}"
