@@ -1,0 +1,97 @@
+"""``psfleet``: the command line of the YAML runner.
+
+Usage::
+
+    psfleet train -m CONFIG.yaml [-o section.key=value ...]
+
+``train`` reads a PaddleRec-style YAML (see README.md "The YAML runner"). With
+``cluster.server_num`` >= 1 it starts the whole local job itself (servers and
+workers, through the same launcher as ``fleetrun``, logs in
+``<model_save_path>/log``); with ``server_num: 0`` it trains in this process against
+in-process tables (the single-machine reference). Inside a job (the launcher set
+TRAINING_ROLE) it runs this process's role.
+
+Exit codes: 0 success; 1 the job failed (the first failure is printed with its log);
+2 a bad config, argument or data file (the message names it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from psfleet import env, logs
+from psfleet.errors import ConfigError, DataError, PsfleetError
+
+__all__ = ["main"]
+
+
+def _in_job() -> bool:
+    return (env.read("TRAINING_ROLE") or env.read("PADDLE_TRAINING_ROLE")) is not None
+
+
+def _train(config_path: Path, overrides: Sequence[str]) -> int:
+    from psfleet.rec.config import load_config
+
+    config = load_config(config_path, overrides)
+    cluster = config.cluster
+    if cluster.server_num == 0 and cluster.worker_num > 1:
+        raise ConfigError(f"cluster.worker_num: {cluster.worker_num} workers need servers; "
+                          "set cluster.server_num >= 1 (or worker_num: 1 to train alone)")
+    if cluster.server_num >= 1 and not _in_job():
+        from psfleet.launch import launch_local
+
+        log_dir = config.runner.model_save_path / "log"
+        print(f"psfleet: starting {cluster.server_num} servers x {cluster.worker_num} workers;"
+              f" logs in {log_dir}", flush=True)
+        command = ["-m", "psfleet.cli.main", "train", "-m", str(config_path.resolve())]
+        for assignment in overrides:
+            command += ["-o", assignment]
+        return launch_local(command,
+                            cluster.server_num, cluster.worker_num, log_dir,
+                            server_wait_timeout_s=cluster.server_wait_timeout_s)
+    from psfleet.rec.trainer import train
+
+    metrics = train(config)
+    if metrics is not None:
+        test = metrics["test"]
+        summary = (f"test auc {test['auc']:.4f}, logloss {test['logloss']:.4f} on "
+                   f"{test['examples']} examples; " if test else "")
+        print(f"psfleet: {summary}{metrics['examples_per_s']:,.0f} examples/s, "
+              f"train wall time {metrics['train_wall_s']:.1f} s; metrics in "
+              f"{config.runner.model_save_path / 'metrics.json'}", flush=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``psfleet`` argument parser."""
+    parser = argparse.ArgumentParser(prog="psfleet", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train the model a YAML config describes")
+    train.add_argument("-m", "--config", required=True, type=Path, help="the YAML config")
+    train.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value, e.g. -o cluster.server_num=0")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``psfleet`` command; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    logs.setup_logging()
+    try:
+        if args.command == "train":
+            return _train(args.config, args.override)
+    except (ConfigError, DataError) as exc:
+        print(f"psfleet: error: {exc}", file=sys.stderr)
+        return 2
+    except PsfleetError as exc:
+        print(f"psfleet: failed: {exc}", file=sys.stderr)
+        return 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
