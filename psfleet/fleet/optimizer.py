@@ -130,6 +130,8 @@ class DistributedOptimizer:
             grads = torch.cat([p.grad.reshape(-1) if p.grad is not None
                                else torch.zeros(p.numel()) for p in self.params])
             self._communicator.push_dense(self._dense_table_id, grads.numpy())
+        self._communicator.end_step()
+        if self.params:
             fresh = self._communicator.fresh_dense(self._dense_table_id)
             if fresh is not None:
                 self.install(fresh)

@@ -1,11 +1,13 @@
 """Async mode: a background thread merges queued gradients and sends them.
 
 As Paddle's AsyncCommunicator: the training loop hands each step's gradients to a
-bounded queue and goes on; a send thread takes everything queued (up to
-``max_merge_var_num`` steps), sums gradients per table (equal sparse keys summed),
-pushes them to the servers, and every ``k_steps`` pushes pulls the dense values,
-which the loop installs at its next step. The loop never waits for the network
-unless the queue is full (back-pressure).
+bounded queue and goes on; a send thread takes every step queued (up to
+``max_merge_var_num``), sums their gradients per table (equal sparse keys summed),
+pushes them to the servers, and every ``k_steps`` sends pulls the dense values, which
+the loop installs at its next step. The loop waits for the network only when
+``send_queue_size`` steps are queued: merging lets the sender keep up with the loop,
+and the queue bound caps how stale an applied gradient can be (unbounded staleness
+makes Adam diverge).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import queue
 import threading
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,7 +28,27 @@ __all__ = ["AsyncCommunicator"]
 
 logger = logging.getLogger(__name__)
 
-_SPARSE, _DENSE, _STOP = 0, 1, 2
+
+@dataclass
+class _Step:
+    """The pushes of one or more training steps, per table."""
+
+    sparse_keys: dict[int, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
+    sparse_grads: dict[int, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
+    dense: dict[int, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
+
+    def empty(self) -> bool:
+        return not self.sparse_keys and not self.dense
+
+    def absorb(self, other: _Step) -> None:
+        for tid, keys in other.sparse_keys.items():
+            self.sparse_keys[tid].extend(keys)
+            self.sparse_grads[tid].extend(other.sparse_grads[tid])
+        for tid, grads in other.dense.items():
+            self.dense[tid].extend(grads)
+
+
+_STOP = None
 
 
 class AsyncCommunicator(Communicator):
@@ -39,12 +62,12 @@ class AsyncCommunicator(Communicator):
     def __init__(self, client: TableClient, config: AsyncConfig | None = None) -> None:
         super().__init__(client)
         self.config = config or AsyncConfig()
-        # One queue item is one push; a step makes one per sparse table + one dense.
-        self._queue: queue.Queue[tuple[int, int, np.ndarray, np.ndarray]] = queue.Queue(
-            maxsize=self.config.send_queue_size * 4)
+        self._queue: queue.Queue[_Step | None] = queue.Queue(maxsize=self.config.send_queue_size)
+        self._open = _Step()
         self._fresh: dict[int, np.ndarray] = {}
         self._fresh_lock = threading.Lock()
-        self._dense_pushes: dict[int, int] = defaultdict(int)
+        self._sends = 0
+        self.merged_steps = 0
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
@@ -57,23 +80,28 @@ class AsyncCommunicator(Communicator):
         if self._error is not None:
             raise FatalError(f"the communicator's send thread failed: {self._error}") from \
                 self._error
-
-    def _put(self, item: tuple[int, int, np.ndarray, np.ndarray]) -> None:
-        self._check()
         if self._thread is None:
             raise FatalError("communicator not started; call fleet.init_worker() first")
+
+    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
+        self._open.sparse_keys[table_id].append(keys)
+        self._open.sparse_grads[table_id].append(grads)
+
+    def push_dense(self, table_id: int, grads: np.ndarray) -> None:
+        self._open.dense[table_id].append(grads)
+
+    def end_step(self) -> None:
+        """Queue this step's pushes; blocks while ``send_queue_size`` steps wait."""
+        self._check()
+        if self._open.empty():
+            return
+        step, self._open = self._open, _Step()
         while True:
             try:
-                self._queue.put(item, timeout=1.0)
+                self._queue.put(step, timeout=1.0)
                 return
             except queue.Full:
                 self._check()
-
-    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
-        self._put((_SPARSE, table_id, keys, grads))
-
-    def push_dense(self, table_id: int, grads: np.ndarray) -> None:
-        self._put((_DENSE, table_id, grads, grads))
 
     def fresh_dense(self, table_id: int) -> np.ndarray | None:
         self._check()
@@ -81,56 +109,54 @@ class AsyncCommunicator(Communicator):
             return self._fresh.pop(table_id, None)
 
     def flush(self) -> None:
-        if self._thread is not None:
-            self._queue.join()
+        if self._thread is None:
+            return
+        self.end_step()
+        self._queue.join()
         self._check()
 
     def stop(self) -> None:
         if self._thread is None:
             return
         self.flush()
-        self._queue.put((_STOP, 0, np.empty(0), np.empty(0)))
+        self._queue.put(_STOP)
         self._thread.join()
         self._thread = None
 
     def _run(self) -> None:
         while True:
-            batch = [self._queue.get()]
-            while len(batch) < self.config.max_merge_var_num * 2:
+            items = [self._queue.get()]
+            while len(items) < self.config.max_merge_var_num and items[-1] is not _STOP:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            steps = [item for item in items if item is not _STOP]
             try:
-                if self._error is None:
-                    self._send([item for item in batch if item[0] != _STOP])
+                if self._error is None and steps:
+                    merged = steps[0]
+                    for step in steps[1:]:
+                        merged.absorb(step)
+                    self.merged_steps += len(steps) - 1
+                    self._send(merged)
             except BaseException as exc:  # surfaced to the training loop by _check()
                 logger.exception("sending gradients failed")
                 self._error = exc
             finally:
-                for _ in batch:
+                for _ in items:
                     self._queue.task_done()
-            if any(item[0] == _STOP for item in batch):
+            if items[-1] is _STOP:
                 return
 
-    def _send(self, batch: list[tuple[int, int, np.ndarray, np.ndarray]]) -> None:
-        sparse_keys: dict[int, list[np.ndarray]] = defaultdict(list)
-        sparse_grads: dict[int, list[np.ndarray]] = defaultdict(list)
-        dense: dict[int, list[np.ndarray]] = defaultdict(list)
-        for kind, table_id, a, b in batch:
-            if kind == _SPARSE:
-                sparse_keys[table_id].append(a)
-                sparse_grads[table_id].append(b)
-            else:
-                dense[table_id].append(a)
-        for table_id, keys in sparse_keys.items():
-            self.client.push_sparse(table_id, *merge_sparse(keys, sparse_grads[table_id]))
-        for table_id, grads in dense.items():
+    def _send(self, step: _Step) -> None:
+        for table_id, keys in step.sparse_keys.items():
+            self.client.push_sparse(table_id, *merge_sparse(keys, step.sparse_grads[table_id]))
+        for table_id, grads in step.dense.items():
             total = grads[0] if len(grads) == 1 else np.add.reduce(grads, dtype=np.float32)
             self.client.push_dense(table_id, total)
-            self._dense_pushes[table_id] += 1
-            if self._dense_pushes[table_id] >= self.config.k_steps:
-                self._dense_pushes[table_id] = 0
+        self._sends += 1
+        if step.dense and self._sends % self.config.k_steps == 0:
+            for table_id in step.dense:
                 values = self.client.pull_dense(table_id)
                 with self._fresh_lock:
                     self._fresh[table_id] = values

@@ -26,10 +26,11 @@ class AsyncConfig:
     """Settings of the async communicator (Paddle's ``a_sync_configs``).
 
     Attributes:
-        k_steps: dense values are pulled after every ``k_steps`` pushes.
-        send_queue_size: pushes waiting to be sent before ``push_*`` blocks
-            (back-pressure on a worker that outruns the servers).
-        max_merge_var_num: queued pushes merged (summed) into one send at most.
+        k_steps: dense values are pulled after every ``k_steps`` sends.
+        send_queue_size: steps waiting to be sent before ``end_step`` blocks
+            (back-pressure on a worker that outruns the servers; it bounds how stale
+            the gradients the servers apply can be).
+        max_merge_var_num: queued steps merged (summed) into one send at most.
     """
 
     k_steps: int = 1
@@ -71,6 +72,9 @@ class Communicator(ABC):
     @abstractmethod
     def push_dense(self, table_id: int, grads: np.ndarray) -> None:
         """Hand over the flat dense gradient float32[total] of one step."""
+
+    def end_step(self) -> None:
+        """Close the step: the pushes since the last call form one training step."""
 
     @abstractmethod
     def fresh_dense(self, table_id: int) -> np.ndarray | None:
