@@ -24,8 +24,9 @@ import pytest
 
 from psfleet.errors import ConfigError, LaunchError
 from psfleet.launch import LaunchConfig, describe_exit, launch_local, read_endpoint
-from psfleet.launch.endpoints import parse_endpoint, write_endpoint_file
 from psfleet.launch.specs import server_spec, worker_spec
+from psfleet.rpc import parse_endpoint
+from psfleet.rpc.endpoint_file import write_endpoint_file
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "launch_scripts"

@@ -1,6 +1,6 @@
 """The launcher: ``fleetrun`` and :func:`launch_local` (manual: :mod:`psfleet.launch.main`)."""
 
-from psfleet.launch.endpoints import parse_endpoint, read_endpoint, write_endpoint_file
+from psfleet.launch.endpoints import read_endpoint
 from psfleet.launch.local import EXIT_FAILURE, launch_local, run_job
 from psfleet.launch.process import ChildProcess, describe_exit
 from psfleet.launch.types import LOCAL_HOST, LaunchConfig, ProcessSpec, Role
@@ -14,8 +14,6 @@ __all__ = [
     "Role",
     "describe_exit",
     "launch_local",
-    "parse_endpoint",
     "read_endpoint",
     "run_job",
-    "write_endpoint_file",
 ]

@@ -8,7 +8,6 @@ gets SIGTERM.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 from pathlib import Path
@@ -21,6 +20,7 @@ from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.types import DenseTableConfig, SparseTableConfig, table_config_from_json
 from psfleet.rpc import RpcConfig, RunningServer, codec, serve
 from psfleet.rpc import messages as msg
+from psfleet.rpc.endpoint_file import write_endpoint_file
 
 __all__ = ["PsHandler", "start_server", "run_server"]
 
@@ -160,14 +160,6 @@ def start_server(host: str, port: int, config: RpcConfig,
     return handler, serve(handler, host, port, config)
 
 
-def _write_endpoint_file(path: Path, endpoint: str) -> None:
-    """Write ``endpoint`` to ``path`` atomically (the launcher polls for it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(endpoint + "\n")
-    os.replace(tmp, path)
-
-
 def run_server(host: str, port: int, config: RpcConfig,
                endpoint_file: Path | None = None) -> None:
     """Serve until a worker sends Stop or the process gets SIGTERM/SIGINT. Blocks.
@@ -186,7 +178,7 @@ def run_server(host: str, port: int, config: RpcConfig,
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: handler.stop_requested.set())
     if endpoint_file is not None:
-        _write_endpoint_file(endpoint_file, server.endpoint)
+        write_endpoint_file(endpoint_file, server.host, server.port)
     try:
         while not handler.stop_requested.wait(0.5):
             pass

@@ -118,10 +118,12 @@ class AsyncCommunicator(Communicator):
     def stop(self) -> None:
         if self._thread is None:
             return
-        self.flush()
-        self._queue.put(_STOP)
-        self._thread.join()
-        self._thread = None
+        try:
+            self.flush()
+        finally:  # end the send thread even when a send failed (flush raises)
+            self._queue.put(_STOP)
+            self._thread.join()
+            self._thread = None
 
     def _run(self) -> None:
         while True:
