@@ -11,13 +11,14 @@ import logging
 import signal
 import threading
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import ValidationError
 
 from psfleet.errors import ConfigError, RemoteError
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.sparse_table import SparseTable
-from psfleet.ps.types import DenseTableConfig, SparseTableConfig, table_config_from_json
+from psfleet.ps.types import SparseTableConfig, table_config_from_json
 from psfleet.rpc import RpcConfig, RunningServer, codec, serve
 from psfleet.rpc import messages as msg
 from psfleet.rpc.endpoint_file import write_endpoint_file
@@ -27,6 +28,7 @@ __all__ = ["PsHandler", "start_server", "run_server"]
 logger = logging.getLogger(__name__)
 
 Table = SparseTable | DenseTable
+_T = TypeVar("_T", SparseTable, DenseTable)
 
 
 class _Barrier:
@@ -71,7 +73,7 @@ class PsHandler:
         self._barrier_timeout_s = barrier_timeout_s
         self.stop_requested = threading.Event()
 
-    def _table(self, table_id: int, kind: type[Table]) -> Table:
+    def _table(self, table_id: int, kind: type[_T]) -> _T:
         table = self.tables.get(table_id)
         if table is None:
             raise RemoteError(f"no table {table_id} on this server; workers create tables "
@@ -94,37 +96,30 @@ class PsHandler:
                         f"a worker sent {config!r}. Every worker must build the same model"
                     )
                 return msg.CreateTableResponse(created=False)
-            table: Table
-            if isinstance(config, SparseTableConfig):
-                table = SparseTable(config)
-            else:
-                assert isinstance(config, DenseTableConfig)
-                table = DenseTable(config, codec.floats_from_bytes(request.init_values))
+            table: Table = (
+                SparseTable(config) if isinstance(config, SparseTableConfig)
+                else DenseTable(config, codec.floats_from_bytes(request.init_values)))
             self.tables[request.table_id] = table
         logger.info("created table %d: %r", request.table_id, config)
         return msg.CreateTableResponse(created=True)
 
     def PullSparse(self, request: msg.PullSparseRequest) -> msg.PullSparseResponse:  # noqa: N802
         table = self._table(request.table_id, SparseTable)
-        assert isinstance(table, SparseTable)
         values = table.pull(codec.keys_from_bytes(request.keys), create=request.create)
         return msg.PullSparseResponse(values=codec.floats_to_bytes(values), dim=table.dim)
 
     def PushSparse(self, request: msg.PushSparseRequest) -> msg.Empty:  # noqa: N802
         table = self._table(request.table_id, SparseTable)
-        assert isinstance(table, SparseTable)
         table.push(codec.keys_from_bytes(request.keys),
                    codec.floats_from_bytes(request.grads, table.dim))
         return msg.Empty()
 
     def PullDense(self, request: msg.PullDenseRequest) -> msg.PullDenseResponse:  # noqa: N802
         table = self._table(request.table_id, DenseTable)
-        assert isinstance(table, DenseTable)
         return msg.PullDenseResponse(values=codec.floats_to_bytes(table.pull()))
 
     def PushDense(self, request: msg.PushDenseRequest) -> msg.Empty:  # noqa: N802
         table = self._table(request.table_id, DenseTable)
-        assert isinstance(table, DenseTable)
         table.push(codec.floats_from_bytes(request.grads))
         return msg.Empty()
 
