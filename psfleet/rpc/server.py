@@ -88,8 +88,10 @@ class RunningServer:
     """A started gRPC server. ``port`` is the bound port (the OS's when 0 was asked)."""
 
     def __init__(self, server: grpc.Server, host: str, port: int,
-                 health_servicer: health.HealthServicer) -> None:
+                 health_servicer: health.HealthServicer,
+                 executor: futures.ThreadPoolExecutor | None = None) -> None:
         self._server = server
+        self._executor = executor
         self._health = health_servicer
         self.host = host
         self.port = port
@@ -106,6 +108,13 @@ class RunningServer:
             return
         self._health.enter_graceful_shutdown()
         self._server.stop(grace_s).wait()
+        if self._executor is not None:
+            # grpc does not end the handler threads itself. A handler still blocked (a
+            # Barrier waiting for a dead worker) must not hold stop() up for its timeout.
+            threads = list(self._executor._threads)
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            for thread in threads:
+                thread.join(timeout=grace_s + 1.0)
         self._stopped.set()
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -126,9 +135,9 @@ def serve(handler: ServiceHandler, host: str, port: int, config: RpcConfig) -> R
         ConfigError: the port cannot be bound (in use, or not allowed); names it.
     """
     options = [*config.channel_options(), ("grpc.so_reuseport", 0)]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.server_threads,
-                                                    thread_name_prefix="psfleet-rpc"),
-                         options=options)
+    executor = futures.ThreadPoolExecutor(max_workers=config.server_threads,
+                                          thread_name_prefix="psfleet-rpc")
+    server = grpc.server(executor, options=options)
     pb_grpc.add_ParameterServerServicer_to_server(
         _make_servicer(handler, config.auth_token), server)
     health_servicer = health.HealthServicer()
@@ -147,4 +156,4 @@ def serve(handler: ServiceHandler, host: str, port: int, config: RpcConfig) -> R
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     logger.info("Server listening on %s:%d", host, bound)
-    return RunningServer(server, host, bound, health_servicer)
+    return RunningServer(server, host, bound, health_servicer, executor)

@@ -1,0 +1,34 @@
+"""The committed generated modules of psfleet.proto are current, byte for byte.
+
+When this fails, run ``python -m psfleet.rpc.codegen`` and commit the result.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import psfleet.rpc
+from psfleet.rpc.codegen import generate
+
+RPC_DIR = Path(psfleet.rpc.__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    paths = generate(tmp_path_factory.mktemp("codegen"))
+    return {p.name: p.read_bytes() for p in paths}
+
+
+def test_codegen_writes_the_three_modules(generated: dict[str, bytes]) -> None:
+    assert sorted(generated) == ["psfleet_pb2.py", "psfleet_pb2.pyi", "psfleet_pb2_grpc.py"]
+    assert b"ParameterServer" in generated["psfleet_pb2_grpc.py"]
+
+
+@pytest.mark.parametrize("name", ["psfleet_pb2.py", "psfleet_pb2.pyi", "psfleet_pb2_grpc.py"])
+def test_committed_module_equals_freshly_generated(generated: dict[str, bytes],
+                                                   name: str) -> None:
+    committed = (RPC_DIR / name).read_bytes()
+    assert committed == generated[name], (
+        f"psfleet/rpc/{name} is stale: run `python -m psfleet.rpc.codegen`")
