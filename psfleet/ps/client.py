@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from psfleet.errors import FatalError
 from psfleet.ps.routing import BucketRouter, DenseLayout
 from psfleet.ps.types import DenseTableConfig, RuleConfig, SparseTableConfig
 from psfleet.rpc import RpcClient, RpcConfig, codec, wait_servers_ready
@@ -116,9 +117,23 @@ class RemoteClient(TableClient):
         self._all("CreateTable", requests)
         self._layouts[table_id] = layout
 
+    def _route(self, table_id: int, keys: np.ndarray) -> list[np.ndarray]:
+        router = self._routers.get(table_id)
+        if router is None:
+            raise FatalError(f"sparse table {table_id} was not created by this worker; "
+                             "fleet.init_worker() creates the tables")
+        return router.split(keys)
+
+    def _layout(self, table_id: int) -> DenseLayout:
+        layout = self._layouts.get(table_id)
+        if layout is None:
+            raise FatalError(f"dense table {table_id} was not created by this worker; "
+                             "fleet.init_worker() creates the tables")
+        return layout
+
     def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool = True) -> np.ndarray:
+        positions = self._route(table_id, keys)
         dim = self._dims[table_id]
-        positions = self._routers[table_id].split(keys)
         pending = [
             (pos, c.start("PullSparse", msg.PullSparseRequest(
                 table_id=table_id, keys=codec.keys_to_bytes(keys[pos]), create=create)))
@@ -132,7 +147,7 @@ class RemoteClient(TableClient):
         return out
 
     def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
-        positions = self._routers[table_id].split(keys)
+        positions = self._route(table_id, keys)
         pending = [
             c.start("PushSparse", msg.PushSparseRequest(
                 table_id=table_id, keys=codec.keys_to_bytes(keys[pos]),
@@ -146,10 +161,10 @@ class RemoteClient(TableClient):
         replies = self._all("PullDense", [msg.PullDenseRequest(table_id=table_id)]
                             * len(self._clients))
         parts = [codec.floats_from_bytes(r.values) for r in replies]  # type: ignore[attr-defined]
-        return self._layouts[table_id].gather(parts)
+        return self._layout(table_id).gather(parts)
 
     def push_dense(self, table_id: int, grads: np.ndarray) -> None:
-        parts = self._layouts[table_id].scatter(grads)
+        parts = self._layout(table_id).scatter(grads)
         self._all("PushDense", [msg.PushDenseRequest(table_id=table_id,
                                                      grads=codec.floats_to_bytes(p))
                                 for p in parts])

@@ -8,16 +8,19 @@ reference the distributed modes are compared against.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 
-from psfleet.errors import ConfigError
+from psfleet.errors import ConfigError, FatalError
 from psfleet.ps.client import TableClient
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.types import DenseTableConfig, RuleConfig, SparseTableConfig
 
 __all__ = ["LocalClient"]
+
+_T = TypeVar("_T", SparseTable, DenseTable)
 
 
 class LocalClient(TableClient):
@@ -40,17 +43,24 @@ class LocalClient(TableClient):
             config = DenseTableConfig(name=name, size=int(sum(sizes)), rule=rule)
             self.dense[table_id] = DenseTable(config, np.asarray(init_values, np.float32))
 
+    def _table(self, tables: dict[int, _T], table_id: int) -> _T:
+        table = tables.get(table_id)
+        if table is None:
+            raise FatalError(f"table {table_id} was not created; fleet.init_worker() "
+                             "creates the tables")
+        return table
+
     def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool = True) -> np.ndarray:
-        return self.sparse[table_id].pull(keys, create=create)
+        return self._table(self.sparse, table_id).pull(keys, create=create)
 
     def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
-        self.sparse[table_id].push(keys, grads)
+        self._table(self.sparse, table_id).push(keys, grads)
 
     def pull_dense(self, table_id: int) -> np.ndarray:
-        return self.dense[table_id].pull()
+        return self._table(self.dense, table_id).pull()
 
     def push_dense(self, table_id: int, grads: np.ndarray) -> None:
-        self.dense[table_id].push(grads)
+        self._table(self.dense, table_id).push(grads)
 
     def barrier(self, name: str, worker_index: int, worker_num: int) -> None:
         if worker_num != 1:
