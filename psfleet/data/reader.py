@@ -45,10 +45,8 @@ def list_data_files(path: str | Path) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.exists():
-        raise DataError(
-            f"data path {str(path)!r} does not exist; check the path (relative paths are "
-            f"resolved from {str(Path.cwd())!r})"
-        )
+        hint = "" if path.is_absolute() else f" (resolved from {str(Path.cwd())!r})"
+        raise DataError(f"data path {str(path)!r} does not exist{hint}; check the path")
     if not path.is_dir():
         raise DataError(f"data path {str(path)!r} is neither a regular file nor a directory")
     files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
@@ -222,6 +220,22 @@ class CriteoReader:
         """Batches per epoch."""
         full, rest = divmod(self.num_examples, self.batch_size)
         return full if self.drop_last or rest == 0 else full + 1
+
+    def truncate(self, num_examples: int) -> int:
+        """Keep only the first ``num_examples`` examples of this worker's share.
+
+        Sync training needs every worker to run the same number of steps; shares
+        differ by one line when the line count is not a multiple of worker_num.
+
+        Returns:
+            How many examples were dropped.
+        """
+        dropped = max(self.num_examples - num_examples, 0)
+        if dropped:
+            self._labels = self._labels[:num_examples]
+            self._dense = self._dense[:num_examples]
+            self._sparse = self._sparse[:num_examples]
+        return dropped
 
     def __iter__(self) -> Iterator[Batch]:
         """Yield one epoch of batches (CPU tensors; unshuffled batches are views)."""

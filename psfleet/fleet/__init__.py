@@ -9,7 +9,7 @@ from psfleet.fleet.role_maker import (
     RoleMaker,
     UserDefinedRoleMaker,
 )
-from psfleet.fleet.strategy import AsyncSettings, DistributedStrategy
+from psfleet.fleet.strategy import AsyncSettings, DistributedStrategy, StrategyFactory
 
 _fleet = Fleet()
 
@@ -36,6 +36,7 @@ __all__ = [
     "Fleet",
     "PaddleCloudRoleMaker",
     "Role",
+    "StrategyFactory",
     "RoleInfo",
     "RoleMaker",
     "UserDefinedRoleMaker",

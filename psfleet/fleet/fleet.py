@@ -152,24 +152,31 @@ class Fleet:
             raise FatalError("call fleet.distributed_optimizer(optimizer) before "
                              "fleet.init_worker(): the optimizer decides the tables' rule")
         client: TableClient
+        strategy = self.strategy
         if role.is_local:
             client, mode = LocalClient(), "local"
         else:
-            remote = RemoteClient(role.server_endpoints, self.rpc_config)
+            remote = RemoteClient(role.server_endpoints, self.rpc_config, role.worker_index)
             remote.wait_ready(self._wait_timeout_s())
-            client, mode = remote, self.strategy.mode
-        communicator = make_communicator(mode, client, self.strategy.async_config())
+            client, mode = remote, strategy.mode
+        communicator = make_communicator(mode, client,
+                                         strategy.communicator_settings(role.worker_num))
         embeddings = live_embeddings()
+        opt = self._optimizer
         for table_id, embedding in enumerate(embeddings):
-            client.create_sparse_table(table_id, embedding.table_config(self._optimizer.rule))
+            config = embedding.table_config(opt.rule)
+            client.create_sparse_table(table_id, config)
+            communicator.on_sparse_table(table_id, config)
             embedding.bind(communicator, table_id)
         dense_id = len(embeddings)
-        opt = self._optimizer
-        client.create_dense_table(dense_id, "dense", [p.numel() for p in opt.params],
-                                  opt.rule, opt.flat_values())
+        client.create_dense_table(
+            dense_id, "dense", [tuple(p.shape) for p in opt.params], opt.rule,
+            opt.flat_values(), strategy.slicing(),
+            strategy.dc_asgd_lambda if strategy.dc_asgd else 0.0)
         client.barrier("init_worker", role.worker_index, role.worker_num)
-        if opt.params:
-            opt.install(client.pull_dense(dense_id))
+        values = client.pull_dense(dense_id)
+        opt.install(values)
+        communicator.on_dense_table(dense_id, opt.rule, values)
         opt.bind(communicator, embeddings, dense_id)
         communicator.start()
         self._client, self._communicator = client, communicator

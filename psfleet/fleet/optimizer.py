@@ -94,6 +94,8 @@ class DistributedOptimizer:
 
     def flat_values(self) -> np.ndarray:
         """The dense parameters flattened in order: float32[total] (a copy)."""
+        if not self.params:
+            return np.zeros(0, dtype=np.float32)
         with torch.no_grad():
             return torch.cat([p.reshape(-1) for p in self.params]).numpy().copy()
 

@@ -1,42 +1,101 @@
-"""DistributedStrategy: how a job trains (mode and communicator settings)."""
+"""DistributedStrategy: how a job trains (mode, communicator, slicing, DC-ASGD).
+
+Field names follow the seeds' ``DistributedStrategy`` / ``StrategyFactory`` so a
+Paddle user finds them where they expect. Every field is validated when the strategy
+is made; an error names the field and the allowed values.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from psfleet.ps.communicator import AsyncConfig
+from psfleet.errors import ConfigError
+from psfleet.ps.communicator import AsyncConfig, CommunicatorSettings
+from psfleet.ps.types import SlicingConfig
 
-__all__ = ["DistributedStrategy", "AsyncSettings"]
+__all__ = ["DistributedStrategy", "AsyncSettings", "StrategyFactory"]
 
 
 class AsyncSettings(BaseModel):
-    """Paddle's ``a_sync_configs`` (see ``psfleet.ps.communicator.AsyncConfig``)."""
+    """Paddle's ``a_sync_configs`` (meanings in ``psfleet.ps.communicator.AsyncConfig``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     k_steps: int = Field(1, ge=1)
     send_queue_size: int = Field(16, ge=1)
     max_merge_var_num: int = Field(16, ge=1)
+    thread_pool_size: int = Field(1, ge=1)
+    send_wait_times: int = Field(0, ge=0)
 
 
 class DistributedStrategy(BaseModel):
     """How the job trains.
 
     Attributes:
-        mode: ``async`` (the parameter-server mode available in this release).
+        mode: ``sync`` (all workers' step-t gradients averaged and applied once:
+            equal to one process with the global batch), ``async`` (gradients
+            applied as they arrive, merged in a send queue) or ``geo`` (local
+            training, deltas exchanged every ``geo_step`` steps).
+        geo_step: steps between GEO syncs (PaddleRec's default 400).
         a_sync_configs: the async communicator's settings.
-        server_wait_timeout_s: how long workers wait for servers to be ready, seconds;
-            None reads PSFLEET_SERVER_WAIT_TIMEOUT_S (default 300).
+        slice_var_up, split_method, min_block_size: how dense parameters are cut
+            into blocks and placed on servers (``psfleet.ps.types.SlicingConfig``).
+        dc_asgd: delay-compensated async SGD for dense parameters on the servers
+            (Zheng et al. 2017); async mode only.
+        dc_asgd_lambda: its variance-control lambda (0.04, MXNet's DCASGD default).
+        server_wait_timeout_s: how long workers wait for servers to be ready,
+            seconds; None reads PSFLEET_SERVER_WAIT_TIMEOUT_S (default 300).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mode: Literal["async"] = "async"
+    mode: Literal["sync", "async", "geo"] = "async"
+    geo_step: int = Field(400, ge=1)
     a_sync_configs: AsyncSettings = AsyncSettings()
+    slice_var_up: bool = True
+    split_method: Literal["RoundRobin", "HashName"] = "RoundRobin"
+    min_block_size: int = Field(8192, ge=1)
+    dc_asgd: bool = False
+    dc_asgd_lambda: float = Field(0.04, gt=0)
     server_wait_timeout_s: float | None = Field(None, gt=0)
 
-    def async_config(self) -> AsyncConfig:
-        """The communicator's config."""
-        return AsyncConfig(**self.a_sync_configs.model_dump())
+    @model_validator(mode="after")
+    def _dc_asgd_is_async(self) -> DistributedStrategy:
+        if self.dc_asgd and self.mode != "async":
+            raise ValueError(f"dc_asgd compensates async delays; mode is {self.mode!r}")
+        return self
+
+    def communicator_settings(self, worker_num: int) -> CommunicatorSettings:
+        """What the communicator of :attr:`mode` needs."""
+        return CommunicatorSettings(AsyncConfig(**self.a_sync_configs.model_dump()),
+                                    self.geo_step, worker_num)
+
+    def slicing(self) -> SlicingConfig:
+        """The dense block layout settings."""
+        return SlicingConfig(slice_var_up=self.slice_var_up, split_method=self.split_method,
+                             min_block_size=self.min_block_size)
+
+
+class StrategyFactory:
+    """The seeds' constructors of the three parameter-server strategies."""
+
+    @staticmethod
+    def create_sync_strategy() -> DistributedStrategy:
+        return DistributedStrategy(mode="sync")
+
+    @staticmethod
+    def create_async_strategy() -> DistributedStrategy:
+        return DistributedStrategy(mode="async")
+
+    @staticmethod
+    def create_geo_strategy(geo_step: int = 400) -> DistributedStrategy:
+        """GEO strategy exchanging deltas every ``geo_step`` steps.
+
+        Raises:
+            ConfigError: ``geo_step`` < 1.
+        """
+        if geo_step < 1:
+            raise ConfigError(f"geo_step: {geo_step!r} must be an integer >= 1")
+        return DistributedStrategy(mode="geo", geo_step=geo_step)

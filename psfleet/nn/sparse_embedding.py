@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from psfleet.errors import ConfigError, FatalError
-from psfleet.ps.communicator import Communicator, merge_sparse
+from psfleet.ps.communicator import Communicator
+from psfleet.ps.merge import merge_sparse
 from psfleet.ps.types import RuleConfig, SparseTableConfig
 
 __all__ = ["SparseEmbedding", "live_embeddings"]
@@ -123,8 +124,10 @@ class SparseEmbedding(nn.Module):
         with_grad = [(keys, rows.grad.numpy()) for keys, rows in self._pending
                      if rows.grad is not None]
         self._pending.clear()
-        if not with_grad or self._communicator is None:
+        if self._communicator is None:
             return 0
+        if not with_grad:  # still push (nothing): a sync round counts every worker's push
+            with_grad = [(np.zeros(0, np.uint64), np.zeros((0, self.dim), np.float32))]
         keys, grads = merge_sparse([k for k, _ in with_grad], [g for _, g in with_grad])
         self._communicator.push_sparse(self._table_id, keys, grads)
         return int(keys.size)

@@ -16,7 +16,13 @@ import numpy as np
 
 from psfleet.errors import FatalError
 from psfleet.ps.routing import BucketRouter, DenseLayout
-from psfleet.ps.types import DenseTableConfig, RuleConfig, SparseTableConfig
+from psfleet.ps.types import (
+    DenseTableConfig,
+    PushMode,
+    RuleConfig,
+    SlicingConfig,
+    SparseTableConfig,
+)
 from psfleet.rpc import RpcClient, RpcConfig, codec, wait_servers_ready
 from psfleet.rpc import messages as msg
 
@@ -37,12 +43,18 @@ class TableClient(ABC):
         """
 
     @abstractmethod
-    def create_dense_table(self, table_id: int, name: str, sizes: Sequence[int],
-                           rule: RuleConfig, init_values: np.ndarray) -> None:
-        """Create a dense table holding parameters of ``sizes`` elements.
+    def create_dense_table(self, table_id: int, name: str, shapes: Sequence[tuple[int, ...] | int],
+                           rule: RuleConfig, init_values: np.ndarray,
+                           slicing: SlicingConfig | None = None,
+                           dc_asgd_lambda: float = 0.0) -> None:
+        """Create a dense table holding parameters of the given shapes.
 
         Args:
-            init_values (float32[sum(sizes)]): used only by the first creator.
+            shapes: each dense parameter's shape, in order.
+            init_values (float32[total]): used only by the first creator.
+            slicing: how the parameters are cut into blocks placed on servers
+                (None: SlicingConfig defaults).
+            dc_asgd_lambda: DC-ASGD's lambda for async pushes (0: off).
         """
 
     @abstractmethod
@@ -50,16 +62,28 @@ class TableClient(ABC):
         """Rows of ``keys`` (uint64[N]): float32[N, dim]. Blocks."""
 
     @abstractmethod
-    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
-        """Send gradients float32[N, dim] of distinct keys uint64[N]. Blocks."""
+    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray,
+                    mode: PushMode = PushMode.APPLY, step: int = 0, worker_num: int = 1) -> None:
+        """Send float32[N, dim] gradients (or deltas) of distinct keys uint64[N]. Blocks.
+
+        Args:
+            mode: APPLY, SYNC (returns once every worker's push of ``step`` was
+                applied; every server gets a push, empty or not) or DELTA.
+            step: SYNC: the step number, equal on every worker.
+            worker_num: SYNC: how many workers push each step.
+        """
 
     @abstractmethod
     def pull_dense(self, table_id: int) -> np.ndarray:
         """The whole dense vector, float32[total]. Blocks."""
 
     @abstractmethod
-    def push_dense(self, table_id: int, grads: np.ndarray) -> None:
-        """Send the gradient float32[total] of the whole dense vector. Blocks."""
+    def push_dense(self, table_id: int, grads: np.ndarray, mode: PushMode = PushMode.APPLY,
+                   step: int = 0, worker_num: int = 1) -> None:
+        """Send the gradient (or delta) float32[total] of the dense vector. Blocks.
+
+        ``mode``, ``step`` and ``worker_num`` as for :meth:`push_sparse`.
+        """
 
     @abstractmethod
     def barrier(self, name: str, worker_index: int, worker_num: int) -> None:
@@ -79,10 +103,13 @@ class RemoteClient(TableClient):
     Args:
         endpoints: server endpoints ``host:port`` in server-index order.
         config: rpc settings.
+        worker_index: this worker's index, sent with pushes and dense pulls.
     """
 
-    def __init__(self, endpoints: Sequence[str], config: RpcConfig) -> None:
+    def __init__(self, endpoints: Sequence[str], config: RpcConfig,
+                 worker_index: int = 0) -> None:
         self.endpoints = list(endpoints)
+        self.worker_index = worker_index
         self._clients = [RpcClient(e, config) for e in self.endpoints]
         self._routers: dict[int, BucketRouter] = {}
         self._dims: dict[int, int] = {}
@@ -102,15 +129,18 @@ class RemoteClient(TableClient):
         self._routers[table_id] = BucketRouter(config.num_buckets, len(self._clients))
         self._dims[table_id] = config.dim
 
-    def create_dense_table(self, table_id: int, name: str, sizes: Sequence[int],
-                           rule: RuleConfig, init_values: np.ndarray) -> None:
-        layout = DenseLayout(sizes, len(self._clients))
+    def create_dense_table(self, table_id: int, name: str, shapes: Sequence[tuple[int, ...] | int],
+                           rule: RuleConfig, init_values: np.ndarray,
+                           slicing: SlicingConfig | None = None,
+                           dc_asgd_lambda: float = 0.0) -> None:
+        layout = DenseLayout(shapes, len(self._clients), slicing, name)
         parts = layout.scatter(np.asarray(init_values, dtype=np.float32))
         requests = [
             msg.CreateTableRequest(
                 table_id=table_id,
-                config_json=DenseTableConfig(name=name, size=layout.server_size(s),
-                                             rule=rule).model_dump_json(),
+                config_json=DenseTableConfig(
+                    name=name, size=layout.server_size(s), rule=rule,
+                    dc_asgd_lambda=dc_asgd_lambda).model_dump_json(),
                 init_values=codec.floats_to_bytes(parts[s]))
             for s in range(len(self._clients))
         ]
@@ -146,28 +176,32 @@ class RemoteClient(TableClient):
             out[pos] = codec.floats_from_bytes(call.result().values, dim)
         return out
 
-    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
+    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray,
+                    mode: PushMode = PushMode.APPLY, step: int = 0, worker_num: int = 1) -> None:
         positions = self._route(table_id, keys)
+        every_server = mode == PushMode.SYNC  # a sync round counts every worker's push
         pending = [
             c.start("PushSparse", msg.PushSparseRequest(
                 table_id=table_id, keys=codec.keys_to_bytes(keys[pos]),
-                grads=codec.floats_to_bytes(grads[pos])))
-            for c, pos in zip(self._clients, positions, strict=True) if pos.size
+                grads=codec.floats_to_bytes(grads[pos]), worker_index=self.worker_index,
+                step=step, mode=mode.name, worker_num=worker_num))
+            for c, pos in zip(self._clients, positions, strict=True) if pos.size or every_server
         ]
         for call in pending:
             call.result()
 
     def pull_dense(self, table_id: int) -> np.ndarray:
-        replies = self._all("PullDense", [msg.PullDenseRequest(table_id=table_id)]
-                            * len(self._clients))
+        request = msg.PullDenseRequest(table_id=table_id, worker_index=self.worker_index)
+        replies = self._all("PullDense", [request] * len(self._clients))
         parts = [codec.floats_from_bytes(r.values) for r in replies]  # type: ignore[attr-defined]
         return self._layout(table_id).gather(parts)
 
-    def push_dense(self, table_id: int, grads: np.ndarray) -> None:
+    def push_dense(self, table_id: int, grads: np.ndarray, mode: PushMode = PushMode.APPLY,
+                   step: int = 0, worker_num: int = 1) -> None:
         parts = self._layout(table_id).scatter(grads)
-        self._all("PushDense", [msg.PushDenseRequest(table_id=table_id,
-                                                     grads=codec.floats_to_bytes(p))
-                                for p in parts])
+        self._all("PushDense", [msg.PushDenseRequest(
+            table_id=table_id, grads=codec.floats_to_bytes(p), worker_index=self.worker_index,
+            step=step, mode=mode.name, worker_num=worker_num) for p in parts])
 
     def barrier(self, name: str, worker_index: int, worker_num: int) -> None:
         self._clients[0].call("Barrier", msg.BarrierRequest(

@@ -16,11 +16,23 @@ from psfleet.errors import ConfigError, FatalError
 from psfleet.ps.client import TableClient
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.sparse_table import SparseTable
-from psfleet.ps.types import DenseTableConfig, RuleConfig, SparseTableConfig
+from psfleet.ps.types import (
+    DenseTableConfig,
+    PushMode,
+    RuleConfig,
+    SlicingConfig,
+    SparseTableConfig,
+)
 
 __all__ = ["LocalClient"]
 
 _T = TypeVar("_T", SparseTable, DenseTable)
+
+
+def _one_worker(worker_num: int) -> None:
+    if worker_num != 1:
+        raise ConfigError(f"in-process tables serve one worker, got worker_num={worker_num}; "
+                          "start servers for more")
 
 
 class LocalClient(TableClient):
@@ -37,10 +49,13 @@ class LocalClient(TableClient):
         if existing is None:
             self.sparse[table_id] = SparseTable(config)
 
-    def create_dense_table(self, table_id: int, name: str, sizes: Sequence[int],
-                           rule: RuleConfig, init_values: np.ndarray) -> None:
+    def create_dense_table(self, table_id: int, name: str, shapes: Sequence[tuple[int, ...] | int],
+                           rule: RuleConfig, init_values: np.ndarray,
+                           slicing: SlicingConfig | None = None,
+                           dc_asgd_lambda: float = 0.0) -> None:
         if table_id not in self.dense:
-            config = DenseTableConfig(name=name, size=int(sum(sizes)), rule=rule)
+            size = int(sum(int(np.prod(s)) for s in shapes))
+            config = DenseTableConfig(name=name, size=size, rule=rule)
             self.dense[table_id] = DenseTable(config, np.asarray(init_values, np.float32))
 
     def _table(self, tables: dict[int, _T], table_id: int) -> _T:
@@ -53,19 +68,29 @@ class LocalClient(TableClient):
     def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool = True) -> np.ndarray:
         return self._table(self.sparse, table_id).pull(keys, create=create)
 
-    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
-        self._table(self.sparse, table_id).push(keys, grads)
+    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray,
+                    mode: PushMode = PushMode.APPLY, step: int = 0, worker_num: int = 1) -> None:
+        table = self._table(self.sparse, table_id)
+        _one_worker(worker_num)
+        if mode == PushMode.DELTA:
+            table.add(keys, grads)
+        else:  # APPLY, or SYNC with one worker: the same single step
+            table.push(keys, grads)
 
     def pull_dense(self, table_id: int) -> np.ndarray:
         return self._table(self.dense, table_id).pull()
 
-    def push_dense(self, table_id: int, grads: np.ndarray) -> None:
-        self._table(self.dense, table_id).push(grads)
+    def push_dense(self, table_id: int, grads: np.ndarray, mode: PushMode = PushMode.APPLY,
+                   step: int = 0, worker_num: int = 1) -> None:
+        table = self._table(self.dense, table_id)
+        _one_worker(worker_num)
+        if mode == PushMode.DELTA:
+            table.add(grads)
+        else:
+            table.push(grads)
 
     def barrier(self, name: str, worker_index: int, worker_num: int) -> None:
-        if worker_num != 1:
-            raise ConfigError(f"barrier {name!r}: in-process tables serve one worker, "
-                              f"got worker_num={worker_num}; start servers for more")
+        _one_worker(worker_num)
 
     def stop_servers(self, worker_index: int) -> None:
         """Nothing to stop: there are no servers."""

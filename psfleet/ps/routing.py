@@ -5,19 +5,21 @@ bucket map sends each bucket to a server (DESIGN.md "Routing"). Servers own whol
 buckets, so moving buckets is how a cluster grows or shrinks and a checkpoint written
 per bucket loads into any server count.
 
-Dense parameters are flattened into one vector, cut into blocks (one per parameter
-tensor) and the blocks are dealt to servers round-robin, as Paddle's RoundRobin
-split method does.
+Dense parameters are flattened into one vector and cut into blocks (``SlicingConfig``:
+one per parameter, or sliced as Paddle's ``slice_var_up``), placed on servers
+round-robin or by name hash, as Paddle's RoundRobin / HashName split methods.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from psfleet.ps.hashing import mix64
+from psfleet.ps.types import SlicingConfig
 
 __all__ = ["bucket_of", "BucketRouter", "DenseBlock", "DenseLayout"]
 
@@ -54,32 +56,65 @@ class BucketRouter:
 class DenseBlock:
     """A contiguous piece ``[offset, offset + size)`` of the flat dense vector."""
 
+    name: str
     offset: int
     size: int
     server: int
+
+
+def _block_sizes(shape: tuple[int, ...], num_servers: int, min_block_size: int) -> list[int]:
+    """Cut a parameter into blocks, as Paddle's ``slice_variable``.
+
+    At most ``num_servers`` blocks, each of at least ``min_block_size`` elements
+    (one block when the parameter is smaller), rounded up to whole rows of
+    ``prod(shape[1:])`` elements; the last block takes the remainder.
+    """
+    numel = int(np.prod(shape)) if shape else 1
+    count = max(1, min(num_servers, numel // min_block_size))
+    block = -(-numel // count)  # ceil
+    row = int(np.prod(shape[1:])) if len(shape) >= 2 else 1
+    block += (row - block % row) % row
+    sizes = [block] * (numel // block)
+    if numel % block:
+        sizes.append(numel % block)
+    return sizes or [0]
 
 
 class DenseLayout:
     """Places the blocks of a flat dense vector on servers.
 
     Args:
-        sizes: number of elements of each dense parameter, in model order.
-        num_servers: servers to deal the blocks to (round-robin).
+        shapes: each dense parameter's shape (or element count), in model order.
+        num_servers: servers to place the blocks on.
+        slicing: block cutting and placement (``SlicingConfig``).
+        name: table name; block ``j`` of parameter ``i`` is named ``{name}.{i}.block{j}``
+            (the key of HashName placement: crc32 of the name modulo server count).
     """
 
-    def __init__(self, sizes: Sequence[int], num_servers: int) -> None:
+    def __init__(self, shapes: Sequence[tuple[int, ...] | int], num_servers: int,
+                 slicing: SlicingConfig | None = None, name: str = "dense") -> None:
+        slicing = slicing or SlicingConfig()
         self.num_servers = num_servers
-        self.total = int(sum(sizes))
-        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.blocks = [DenseBlock(int(offsets[i]), int(size), i % num_servers)
-                       for i, size in enumerate(sizes)]
+        self.blocks: list[DenseBlock] = []
+        offset = 0
+        for i, raw_shape in enumerate(shapes):
+            shape = (raw_shape,) if isinstance(raw_shape, int) else tuple(raw_shape)
+            sizes = (_block_sizes(shape, num_servers, slicing.min_block_size)
+                     if slicing.slice_var_up else [int(np.prod(shape)) if shape else 1])
+            for j, size in enumerate(sizes):
+                block_name = f"{name}.{i}.block{j}"
+                server = (zlib.crc32(block_name.encode()) % num_servers
+                          if slicing.split_method == "HashName"
+                          else len(self.blocks) % num_servers)
+                self.blocks.append(DenseBlock(block_name, offset, size, server))
+                offset += size
+        self.total = offset
         # For each server, the flat indices of its blocks in block order.
         self._index = [
             np.concatenate([np.arange(b.offset, b.offset + b.size) for b in self.blocks
                             if b.server == s] or [np.zeros(0, dtype=np.int64)]).astype(np.int64)
             for s in range(num_servers)
         ]
-
     def server_size(self, server: int) -> int:
         """Elements held by ``server``."""
         return int(self._index[server].size)

@@ -13,11 +13,14 @@ import threading
 from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
 from pydantic import ValidationError
 
 from psfleet.errors import ConfigError, RemoteError
 from psfleet.ps.dense_table import DenseTable
+from psfleet.ps.merge import merge_sparse
 from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.sync_rounds import SyncRounds
 from psfleet.ps.types import SparseTableConfig, table_config_from_json
 from psfleet.rpc import RpcConfig, RunningServer, codec, serve
 from psfleet.rpc import messages as msg
@@ -63,7 +66,8 @@ class PsHandler:
     """The rpc methods of one server. Thread safe.
 
     Args:
-        barrier_timeout_s: how long a Barrier call waits for the other workers.
+        barrier_timeout_s: how long a Barrier call, or a sync-mode push, waits for
+            the other workers.
     """
 
     def __init__(self, barrier_timeout_s: float = 180.0) -> None:
@@ -71,6 +75,13 @@ class PsHandler:
         self._tables_lock = threading.Lock()
         self._barrier = _Barrier()
         self._barrier_timeout_s = barrier_timeout_s
+        self._sparse_rounds: SyncRounds[tuple[np.ndarray, np.ndarray]] = SyncRounds(
+            barrier_timeout_s)
+        self._dense_rounds: SyncRounds[np.ndarray] = SyncRounds(barrier_timeout_s)
+        self._sparse_push_modes = {msg.APPLY: self._sparse_apply, msg.SYNC: self._sparse_sync,
+                                   msg.DELTA: self._sparse_delta}
+        self._dense_push_modes = {msg.APPLY: self._dense_apply, msg.SYNC: self._dense_sync,
+                                  msg.DELTA: self._dense_delta}
         self.stop_requested = threading.Event()
 
     def _table(self, table_id: int, kind: type[_T]) -> _T:
@@ -108,20 +119,57 @@ class PsHandler:
         values = table.pull(codec.keys_from_bytes(request.keys), create=request.create)
         return msg.PullSparseResponse(values=codec.floats_to_bytes(values), dim=table.dim)
 
+    # -- pushes: one method per push mode (APPLY async, SYNC rounds, DELTA geo) ---------
     def PushSparse(self, request: msg.PushSparseRequest) -> msg.Empty:  # noqa: N802
         table = self._table(request.table_id, SparseTable)
-        table.push(codec.keys_from_bytes(request.keys),
-                   codec.floats_from_bytes(request.grads, table.dim))
+        keys = codec.keys_from_bytes(request.keys)
+        values = codec.floats_from_bytes(request.grads, table.dim)
+        self._sparse_push_modes[request.mode](request, table, keys, values)
         return msg.Empty()
+
+    def _sparse_apply(self, request: msg.PushSparseRequest, table: SparseTable,
+                      keys: np.ndarray, grads: np.ndarray) -> None:
+        table.push(keys, grads)
+
+    def _sparse_delta(self, request: msg.PushSparseRequest, table: SparseTable,
+                      keys: np.ndarray, deltas: np.ndarray) -> None:
+        table.add(keys, deltas)
+
+    def _sparse_sync(self, request: msg.PushSparseRequest, table: SparseTable,
+                     keys: np.ndarray, grads: np.ndarray) -> None:
+        def apply_mean(pushes: list[tuple[np.ndarray, np.ndarray]]) -> None:
+            merged_keys, summed = merge_sparse([k for k, _ in pushes], [g for _, g in pushes])
+            table.push(merged_keys, summed / np.float32(len(pushes)))
+
+        self._sparse_rounds.contribute(request.table_id, request.step, request.worker_index,
+                                       request.worker_num, (keys, grads), apply_mean)
 
     def PullDense(self, request: msg.PullDenseRequest) -> msg.PullDenseResponse:  # noqa: N802
         table = self._table(request.table_id, DenseTable)
-        return msg.PullDenseResponse(values=codec.floats_to_bytes(table.pull()))
+        values = table.pull(request.worker_index)
+        return msg.PullDenseResponse(values=codec.floats_to_bytes(values))
 
     def PushDense(self, request: msg.PushDenseRequest) -> msg.Empty:  # noqa: N802
         table = self._table(request.table_id, DenseTable)
-        table.push(codec.floats_from_bytes(request.grads))
+        self._dense_push_modes[request.mode](request, table,
+                                             codec.floats_from_bytes(request.grads))
         return msg.Empty()
+
+    def _dense_apply(self, request: msg.PushDenseRequest, table: DenseTable,
+                     grads: np.ndarray) -> None:
+        table.push(grads, request.worker_index)
+
+    def _dense_delta(self, request: msg.PushDenseRequest, table: DenseTable,
+                     deltas: np.ndarray) -> None:
+        table.add(deltas)
+
+    def _dense_sync(self, request: msg.PushDenseRequest, table: DenseTable,
+                    grads: np.ndarray) -> None:
+        def apply_mean(pushes: list[np.ndarray]) -> None:
+            table.push(np.add.reduce(pushes, dtype=np.float32) / np.float32(len(pushes)))
+
+        self._dense_rounds.contribute(request.table_id, request.step, request.worker_index,
+                                      request.worker_num, grads, apply_mean)
 
     def Barrier(self, request: msg.BarrierRequest) -> msg.Empty:  # noqa: N802
         if request.worker_index >= request.worker_num:

@@ -11,6 +11,7 @@ over the batch; there is no Python loop per key.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -105,6 +106,27 @@ class SparseTable:
                 out[pos[found]] = shard.data[rows[found], : self.dim]
         return out
 
+    def _check_shape(self, keys: np.ndarray, values: np.ndarray, what: str) -> None:
+        if values.shape != (keys.size, self.dim):
+            raise RemoteError(
+                f"table {self.config.name!r}: push of {keys.size} keys with {what} of "
+                f"shape {tuple(values.shape)}, expected ({keys.size}, {self.dim})"
+            )
+
+    def _update(self, keys: np.ndarray, values: np.ndarray,
+                op: Callable[[np.ndarray, np.ndarray, np.ndarray], None]) -> None:
+        """``op(w, state, v)`` in place on the rows of distinct ``keys``, creating them."""
+        for shard, pos in self._split(keys):
+            k = keys[pos]
+            with shard.lock:
+                rows = shard.index.lookup(k)
+                missing = rows < 0
+                if missing.any():
+                    rows[missing] = self._insert(shard, k[missing])
+                block = shard.data[rows]  # [M, dim + state]
+                op(block[:, : self.dim], block[:, self.dim:], values[pos])
+                shard.data[rows] = block
+
     def push(self, keys: np.ndarray, grads: np.ndarray) -> None:
         """Apply the rule to the rows of ``keys`` with gradients ``grads``.
 
@@ -115,21 +137,41 @@ class SparseTable:
         Missing rows are created first (a push may follow a pull that another
         server restart lost). Raises RemoteError on a shape mismatch.
         """
-        if grads.shape != (keys.size, self.dim):
-            raise RemoteError(
-                f"table {self.config.name!r}: push of {keys.size} keys with gradients of "
-                f"shape {tuple(grads.shape)}, expected ({keys.size}, {self.dim})"
-            )
+        self._check_shape(keys, grads, "gradients")
+        self._update(keys, grads, self.rule.update)
+
+    def add(self, keys: np.ndarray, deltas: np.ndarray) -> None:
+        """Add ``deltas`` (float32[N, dim]) to the values of distinct ``keys``; no rule.
+
+        GEO mode: a worker's change of its local rows since the last sync. Missing
+        rows are created (initial values) first. Raises RemoteError on a shape mismatch.
+        """
+        self._check_shape(keys, deltas, "deltas")
+
+        def add_values(w: np.ndarray, state: np.ndarray, d: np.ndarray) -> None:
+            w += d
+
+        self._update(keys, deltas, add_values)
+
+    def assign(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Set the values of distinct ``keys`` (float32[N, dim]); rule state is kept.
+
+        A worker's local copy (GEO mode) takes the server's fresh values this way.
+        """
+        self._check_shape(keys, values, "values")
+
+        def set_values(w: np.ndarray, state: np.ndarray, v: np.ndarray) -> None:
+            w[...] = v
+
+        self._update(keys, values, set_values)
+
+    def contains(self, keys: np.ndarray) -> np.ndarray:
+        """bool[N]: which of ``keys`` (uint64[N]) have a row."""
+        out = np.zeros(keys.size, dtype=bool)
         for shard, pos in self._split(keys):
-            k = keys[pos]
             with shard.lock:
-                rows = shard.index.lookup(k)
-                missing = rows < 0
-                if missing.any():
-                    rows[missing] = self._insert(shard, k[missing])
-                block = shard.data[rows]  # [M, dim + state]
-                self.rule.update(block[:, : self.dim], block[:, self.dim:], grads[pos])
-                shard.data[rows] = block
+                out[pos] = shard.index.lookup(keys[pos]) >= 0
+        return out
 
     def _initial(self, keys: np.ndarray) -> np.ndarray:
         c = self.config

@@ -7,6 +7,7 @@ error. Field names follow Paddle's table/accessor protos where they exist.
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -18,10 +19,25 @@ __all__ = [
     "TableConfig",
     "table_config_from_json",
     "RESERVED_KEY",
+    "PushMode",
+    "SlicingConfig",
 ]
 
 #: uint64 key that cannot be stored (the hash index marks empty slots with it).
 RESERVED_KEY = 0xFFFF_FFFF_FFFF_FFFF
+
+
+class PushMode(enum.IntEnum):
+    """How the tables apply a push (the wire's ``PushMode``, same values).
+
+    APPLY: the rule steps with the gradient now (async). SYNC: the servers wait for
+    every worker's push of the step and apply their mean once. DELTA: the values are
+    added, no rule (a GEO worker's parameter delta).
+    """
+
+    APPLY = 0
+    SYNC = 1
+    DELTA = 2
 
 
 class _Frozen(BaseModel):
@@ -78,13 +94,30 @@ class DenseTableConfig(_Frozen):
     """A dense table: the flat float32 vector of a model's dense parameters.
 
     Each server holds some blocks of it; ``size`` is the number of floats this
-    server holds (the worker-side ``DenseLayout`` decides which).
+    server holds (the worker-side ``DenseLayout`` decides which). ``dc_asgd_lambda``
+    > 0 turns on DC-ASGD's delay compensation of async pushes (``dense_table``).
     """
 
     kind: Literal["dense"] = "dense"
     name: str = Field(min_length=1)
     size: int = Field(ge=0)
     rule: RuleConfig = RuleConfig()
+    dc_asgd_lambda: float = Field(0.0, ge=0)
+
+
+class SlicingConfig(_Frozen):
+    """How dense parameters are cut into blocks and placed on servers.
+
+    As Paddle's ``slice_var_up`` / ``split_method`` / ``min_block_size``: with
+    slicing, a parameter of n elements is cut into at most ``server_num`` blocks of
+    at least ``min_block_size`` elements, aligned to whole rows; blocks go to
+    servers round-robin (``RoundRobin``) or by a stable hash of the block's name
+    (``HashName``). Without slicing each parameter is one block.
+    """
+
+    slice_var_up: bool = True
+    split_method: Literal["RoundRobin", "HashName"] = "RoundRobin"
+    min_block_size: int = Field(8192, ge=1)
 
 
 TableConfig = Annotated[SparseTableConfig | DenseTableConfig, Field(discriminator="kind")]

@@ -3,7 +3,7 @@
 Sections: ``runner`` (data, epochs, batch size, mode, output), ``hyper_parameters``
 (model shape and optimizer) and ``cluster`` (servers and workers). Unknown keys and
 bad values are errors naming the field path and the allowed values, e.g.
-``runner.sync_mode: 'asyc' is not one of 'async'``. Relative paths are relative to
+``runner.sync_mode: 'asyc' is not one of 'sync', 'async', 'geo'``. Relative paths are relative to
 the directory of the YAML file, so an example runs from any working directory.
 """
 
@@ -35,7 +35,8 @@ class RunnerConfig(_Section):
         epochs: passes over the training data.
         batch_size: examples per worker per step (global batch = batch_size x
             worker_num).
-        sync_mode: the parameter-server mode (``async`` in this release).
+        sync_mode: the parameter-server mode: ``sync``, ``async`` or ``geo``.
+        geo_step: steps between GEO syncs (PaddleRec's default 400).
         thread_num: CPU threads of each worker's torch ops.
         print_interval: steps between progress-bar refreshes.
         model_save_path: output directory (metrics.json, logs).
@@ -49,7 +50,8 @@ class RunnerConfig(_Section):
     test_data_dir: Path | list[Path] | None = None
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(512, ge=1)
-    sync_mode: Literal["async"] = "async"
+    sync_mode: Literal["sync", "async", "geo"] = "async"
+    geo_step: int = Field(400, ge=1)
     thread_num: int = Field(1, ge=1)
     print_interval: int = Field(10, ge=1)
     model_save_path: Path = Path("output")

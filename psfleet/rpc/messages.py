@@ -1,6 +1,9 @@
 """The message classes of ``psfleet.proto``, for layers that must not import grpc."""
 
 from psfleet.rpc.psfleet_pb2 import (
+    APPLY,
+    DELTA,
+    SYNC,
     BarrierRequest,
     CreateTableRequest,
     CreateTableResponse,
@@ -18,6 +21,9 @@ from psfleet.rpc.psfleet_pb2 import (
 )
 
 __all__ = [
+    "APPLY",
+    "DELTA",
+    "SYNC",
     "BarrierRequest",
     "CreateTableRequest",
     "CreateTableResponse",

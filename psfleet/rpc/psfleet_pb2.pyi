@@ -1,10 +1,20 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class PushMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    APPLY: _ClassVar[PushMode]
+    SYNC: _ClassVar[PushMode]
+    DELTA: _ClassVar[PushMode]
+APPLY: PushMode
+SYNC: PushMode
+DELTA: PushMode
 
 class Empty(_message.Message):
     __slots__ = ()
@@ -45,24 +55,30 @@ class PullSparseResponse(_message.Message):
     def __init__(self, values: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
 
 class PushSparseRequest(_message.Message):
-    __slots__ = ("table_id", "keys", "grads", "worker_index", "step")
+    __slots__ = ("table_id", "keys", "grads", "worker_index", "step", "mode", "worker_num")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
     WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_NUM_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     keys: bytes
     grads: bytes
     worker_index: int
     step: int
-    def __init__(self, table_id: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+    mode: PushMode
+    worker_num: int
+    def __init__(self, table_id: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ...) -> None: ...
 
 class PullDenseRequest(_message.Message):
-    __slots__ = ("table_id",)
+    __slots__ = ("table_id", "worker_index")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
     table_id: int
-    def __init__(self, table_id: _Optional[int] = ...) -> None: ...
+    worker_index: int
+    def __init__(self, table_id: _Optional[int] = ..., worker_index: _Optional[int] = ...) -> None: ...
 
 class PullDenseResponse(_message.Message):
     __slots__ = ("values",)
@@ -71,16 +87,20 @@ class PullDenseResponse(_message.Message):
     def __init__(self, values: _Optional[bytes] = ...) -> None: ...
 
 class PushDenseRequest(_message.Message):
-    __slots__ = ("table_id", "grads", "worker_index", "step")
+    __slots__ = ("table_id", "grads", "worker_index", "step", "mode", "worker_num")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
     WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_NUM_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     grads: bytes
     worker_index: int
     step: int
-    def __init__(self, table_id: _Optional[int] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+    mode: PushMode
+    worker_num: int
+    def __init__(self, table_id: _Optional[int] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ...) -> None: ...
 
 class BarrierRequest(_message.Message):
     __slots__ = ("name", "worker_index", "worker_num")

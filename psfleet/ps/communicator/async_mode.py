@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -22,7 +23,8 @@ import numpy as np
 
 from psfleet.errors import FatalError
 from psfleet.ps.client import TableClient
-from psfleet.ps.communicator.types import AsyncConfig, Communicator, merge_sparse
+from psfleet.ps.communicator.types import AsyncConfig, Communicator
+from psfleet.ps.merge import merge_sparse
 
 __all__ = ["AsyncCommunicator"]
 
@@ -67,20 +69,24 @@ class AsyncCommunicator(Communicator):
         self._fresh: dict[int, np.ndarray] = {}
         self._fresh_lock = threading.Lock()
         self._sends = 0
+        self._count_lock = threading.Lock()
         self.merged_steps = 0
         self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="psfleet-send", daemon=True)
-            self._thread.start()
+        if not self._threads:
+            self._threads = [threading.Thread(target=self._run, name=f"psfleet-send-{i}",
+                                              daemon=True)
+                             for i in range(self.config.thread_pool_size)]
+            for thread in self._threads:
+                thread.start()
 
     def _check(self) -> None:
         if self._error is not None:
             raise FatalError(f"the communicator's send thread failed: {self._error}") from \
                 self._error
-        if self._thread is None:
+        if not self._threads:
             raise FatalError("communicator not started; call fleet.init_worker() first")
 
     def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
@@ -109,38 +115,48 @@ class AsyncCommunicator(Communicator):
             return self._fresh.pop(table_id, None)
 
     def flush(self) -> None:
-        if self._thread is None:
+        if not self._threads:
             return
         self.end_step()
         self._queue.join()
         self._check()
 
     def stop(self) -> None:
-        if self._thread is None:
+        if not self._threads:
             return
         try:
             self.flush()
-        finally:  # end the send thread even when a send failed (flush raises)
-            self._queue.put(_STOP)
-            self._thread.join()
-            self._thread = None
+        finally:  # end the send threads even when a send failed (flush raises)
+            for _ in self._threads:
+                self._queue.put(_STOP)
+            for thread in self._threads:
+                thread.join()
+            self._threads = []
+
+    def _collect(self) -> list[_Step | None]:
+        """The next queued steps to merge: at least one, at most max_merge_var_num."""
+        items = [self._queue.get()]
+        waits = 0
+        while len(items) < self.config.max_merge_var_num and items[-1] is not _STOP:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                if waits >= self.config.send_wait_times:
+                    break
+                waits += 1
+                time.sleep(0.01)
+        return items
 
     def _run(self) -> None:
         while True:
-            items = [self._queue.get()]
-            while len(items) < self.config.max_merge_var_num and items[-1] is not _STOP:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            items = self._collect()
             steps = [item for item in items if item is not _STOP]
             try:
                 if self._error is None and steps:
                     merged = steps[0]
                     for step in steps[1:]:
                         merged.absorb(step)
-                    self.merged_steps += len(steps) - 1
-                    self._send(merged)
+                    self._send(merged, len(steps))
             except BaseException as exc:  # surfaced to the training loop by _check()
                 logger.exception("sending gradients failed")
                 self._error = exc
@@ -150,14 +166,17 @@ class AsyncCommunicator(Communicator):
             if items[-1] is _STOP:
                 return
 
-    def _send(self, step: _Step) -> None:
+    def _send(self, step: _Step, steps: int) -> None:
         for table_id, keys in step.sparse_keys.items():
             self.client.push_sparse(table_id, *merge_sparse(keys, step.sparse_grads[table_id]))
         for table_id, grads in step.dense.items():
             total = grads[0] if len(grads) == 1 else np.add.reduce(grads, dtype=np.float32)
             self.client.push_dense(table_id, total)
-        self._sends += 1
-        if step.dense and self._sends % self.config.k_steps == 0:
+        with self._count_lock:
+            self._sends += 1
+            self.merged_steps += steps - 1
+            pull = bool(step.dense) and self._sends % self.config.k_steps == 0
+        if pull:
             for table_id in step.dense:
                 values = self.client.pull_dense(table_id)
                 with self._fresh_lock:

@@ -13,12 +13,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from psfleet.errors import ConfigError
 from psfleet.ps.client import TableClient
+from psfleet.ps.types import RuleConfig, SparseTableConfig
 
-__all__ = ["AsyncConfig", "Communicator", "merge_sparse"]
+__all__ = ["AsyncConfig", "Communicator"]
 
 
 @dataclass(frozen=True)
@@ -31,18 +31,25 @@ class AsyncConfig:
             (back-pressure on a worker that outruns the servers; it bounds how stale
             the gradients the servers apply can be).
         max_merge_var_num: queued steps merged (summed) into one send at most.
+        thread_pool_size: send threads (each merges and sends on its own).
+        send_wait_times: when fewer than ``max_merge_var_num`` steps are queued, a
+            send thread waits up to this many 10 ms periods for more to merge
+            (0: send at once).
     """
 
     k_steps: int = 1
     send_queue_size: int = 16
     max_merge_var_num: int = 16
+    thread_pool_size: int = 1
+    send_wait_times: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("k_steps", "send_queue_size", "max_merge_var_num"):
+        for name in ("k_steps", "send_queue_size", "max_merge_var_num", "thread_pool_size",
+                     "send_wait_times"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or value < (0 if name == "send_wait_times" else 1):
                 raise ConfigError(f"strategy.a_sync_configs.{name}: {value!r} must be an "
-                                  "integer >= 1")
+                                  "integer >= 1 (send_wait_times >= 0)")
 
 
 class Communicator(ABC):
@@ -57,6 +64,12 @@ class Communicator(ABC):
 
     def start(self) -> None:
         """Start background work, if the mode has any."""
+
+    def on_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
+        """Called once per sparse table after the servers created it."""
+
+    def on_dense_table(self, table_id: int, rule: RuleConfig, values: np.ndarray) -> None:
+        """Called once per dense table with its rule and starting values float32[n]."""
 
     def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool = True) -> np.ndarray:
         """Rows of ``keys`` (uint64[N]) as float32[N, dim]; blocks until they arrive."""
@@ -91,25 +104,3 @@ class Communicator(ABC):
     def stop(self) -> None:
         """Flush and end background work. Idempotent."""
         self.flush()
-
-
-def merge_sparse(keys: list[np.ndarray], grads: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Sum gradients of equal keys across pushes.
-
-    Args:
-        keys: uint64 arrays [N_i].
-        grads: float32 arrays [N_i, dim], aligned with ``keys``.
-
-    Returns:
-        (uint64[U], float32[U, dim]): distinct keys (sorted) and their summed gradients.
-    """
-    if len(keys) == 1:
-        return keys[0], grads[0]
-    all_keys = np.concatenate(keys)
-    all_grads = np.concatenate(grads)
-    uniq, inverse = np.unique(all_keys, return_inverse=True)
-    summed = np.zeros((uniq.size, all_grads.shape[1]), dtype=np.float32)
-    # summed[inverse[i]] += all_grads[i], vectorised (numpy's add.at is far slower).
-    torch.from_numpy(summed).index_add_(0, torch.from_numpy(inverse.astype(np.int64)),
-                                        torch.from_numpy(all_grads))
-    return uniq, summed

@@ -1,0 +1,108 @@
+"""GEO mode: train a local copy, exchange parameter deltas every ``geo_step`` steps.
+
+As Paddle's GeoCommunicator (GEO-SGD): each worker applies the optimizer to its own
+copy of the rows it uses and of the dense parameters. The first time a row is used
+in a sync interval its fresh value is pulled from the servers and remembered as the
+row's base; every ``geo_step`` steps the worker pushes the delta (local value - base)
+of every row it touched and of the dense parameters, the servers add the deltas,
+and the worker takes the servers' fresh dense values. Communication drops by about
+``geo_step`` times; workers see each other's updates at the next sync.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from psfleet.ps.client import TableClient
+from psfleet.ps.communicator.types import Communicator
+from psfleet.ps.dense_table import DenseTable
+from psfleet.ps.rules import SgdRule
+from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.types import DenseTableConfig, PushMode, RuleConfig, SparseTableConfig
+
+__all__ = ["GeoCommunicator"]
+
+
+class GeoCommunicator(Communicator):
+    """Local training with delta exchange every ``geo_step`` steps.
+
+    Args:
+        client: the servers' tables.
+        geo_step: steps between syncs (PaddleRec's default is 400).
+    """
+
+    def __init__(self, client: TableClient, geo_step: int) -> None:
+        super().__init__(client)
+        self.geo_step = geo_step
+        self.steps = 0
+        self.syncs = 0
+        self._local: dict[int, SparseTable] = {}
+        self._base: dict[int, SparseTable] = {}  # rows touched this interval: their base
+        self._local_dense: dict[int, DenseTable] = {}
+        self._base_dense: dict[int, np.ndarray] = {}
+        self._dirty: set[int] = set()
+
+    def on_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
+        self._local[table_id] = SparseTable(config)
+        self._base[table_id] = self._new_base(config)
+
+    @staticmethod
+    def _new_base(config: SparseTableConfig) -> SparseTable:
+        # Values only: the base needs no optimizer state.
+        return SparseTable(config.model_copy(update={"rule": RuleConfig(name=SgdRule.name)}))
+
+    def on_dense_table(self, table_id: int, rule: RuleConfig, values: np.ndarray) -> None:
+        config = DenseTableConfig(name=f"geo-local-{table_id}", size=values.size, rule=rule)
+        self._local_dense[table_id] = DenseTable(config, values)
+        self._base_dense[table_id] = values.copy()
+
+    def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool = True) -> np.ndarray:
+        if not create:  # evaluation reads the servers' values
+            return self.client.pull_sparse(table_id, keys, create=False)
+        local, base = self._local[table_id], self._base[table_id]
+        first_use = ~base.contains(keys)
+        if first_use.any():
+            new_keys = np.unique(keys[first_use])
+            fresh = self.client.pull_sparse(table_id, new_keys)
+            local.assign(new_keys, fresh)
+            base.assign(new_keys, fresh)
+        return local.pull(keys)
+
+    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
+        if keys.size:
+            self._local[table_id].push(keys, grads)
+
+    def push_dense(self, table_id: int, grads: np.ndarray) -> None:
+        self._local_dense[table_id].push(grads)
+        self._dirty.add(table_id)
+
+    def end_step(self) -> None:
+        self.steps += 1
+        if self.steps % self.geo_step == 0:
+            self._sync()
+
+    def fresh_dense(self, table_id: int) -> np.ndarray | None:
+        if table_id not in self._dirty:
+            return None
+        self._dirty.discard(table_id)
+        return self._local_dense[table_id].pull()
+
+    def flush(self) -> None:
+        """Push the deltas of the current interval (not yet at a ``geo_step`` boundary)."""
+        self._sync()
+
+    def _sync(self) -> None:
+        for table_id, base in self._base.items():
+            keys, rows = base.items()
+            if keys.size:
+                delta = self._local[table_id].pull(keys) - rows[:, : base.dim]
+                self.client.push_sparse(table_id, keys, delta, PushMode.DELTA)
+            self._base[table_id] = self._new_base(base.config)
+        for table_id, local in self._local_dense.items():
+            delta = local.pull() - self._base_dense[table_id]
+            self.client.push_dense(table_id, delta, PushMode.DELTA)
+            fresh = self.client.pull_dense(table_id)
+            local.assign(fresh)
+            self._base_dense[table_id] = fresh
+            self._dirty.add(table_id)
+        self.syncs += 1

@@ -1,0 +1,49 @@
+"""Communicators registered by mode name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from psfleet.errors import ConfigError
+from psfleet.ps.client import TableClient
+from psfleet.ps.communicator.async_mode import AsyncCommunicator
+from psfleet.ps.communicator.geo_mode import GeoCommunicator
+from psfleet.ps.communicator.local_mode import LocalCommunicator
+from psfleet.ps.communicator.sync_mode import SyncCommunicator
+from psfleet.ps.communicator.types import AsyncConfig, Communicator
+
+__all__ = ["CommunicatorSettings", "make_communicator", "MODES"]
+
+
+@dataclass(frozen=True)
+class CommunicatorSettings:
+    """What the modes' constructors need: async settings, geo_step, worker count."""
+
+    async_config: AsyncConfig = AsyncConfig()
+    geo_step: int = 400
+    worker_num: int = 1
+
+
+MODES: dict[str, Callable[[TableClient, CommunicatorSettings], Communicator]] = {
+    "local": lambda client, settings: LocalCommunicator(client),
+    "async": lambda client, settings: AsyncCommunicator(client, settings.async_config),
+    "sync": lambda client, settings: SyncCommunicator(client, settings.worker_num),
+    "geo": lambda client, settings: GeoCommunicator(client, settings.geo_step),
+}
+
+
+
+def make_communicator(mode: str, client: TableClient,
+                      settings: CommunicatorSettings) -> Communicator:
+    """Build the communicator of ``mode``: ``async``, ``sync``, ``geo``, or ``local``
+    (one worker on in-process tables).
+
+    Raises:
+        ConfigError: unknown mode (lists the known ones).
+    """
+    try:
+        factory = MODES[mode]
+    except KeyError:
+        raise ConfigError(f"mode: {mode!r} is not one of {', '.join(sorted(MODES))}") from None
+    return factory(client, settings)
