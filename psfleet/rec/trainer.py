@@ -107,8 +107,11 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
     runner, hp = config.runner, config.hyper_parameters
     torch.set_num_threads(runner.thread_num)
     torch.manual_seed(runner.seed)
+    # Only an explicit cluster.server_wait_timeout_s overrides PSFLEET_SERVER_WAIT_TIMEOUT_S.
+    explicit = "server_wait_timeout_s" in config.cluster.model_fields_set
     fleet.init(strategy=DistributedStrategy(
-        mode=runner.sync_mode, server_wait_timeout_s=config.cluster.server_wait_timeout_s))
+        mode=runner.sync_mode, geo_step=runner.geo_step,
+        server_wait_timeout_s=config.cluster.server_wait_timeout_s if explicit else None))
     embedding = SparseEmbedding(hp.sparse_feature_dim, name="embedding",
                                 initializer=hp.embedding_initializer,
                                 initial_range=hp.embedding_init_range)
@@ -127,6 +130,11 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
                           shuffle_seed=runner.seed if runner.shuffle else None)
     test_reader = (CriteoReader(_files(runner.test_data_dir), 4096)
                    if first and runner.test_data_dir is not None else None)
+    if runner.sync_mode == "sync":  # every worker must run the same number of steps
+        dropped = reader.truncate(reader.total_lines // workers)
+        if dropped:
+            logger.info("sync mode: dropped the last %d example(s) of this worker's share "
+                        "so that every worker runs the same number of steps", dropped)
     logger.info("batch_size %d x %d workers = global batch %d; %d examples on this worker",
                 runner.batch_size, workers, runner.batch_size * workers, reader.num_examples)
     fleet.init_worker()
