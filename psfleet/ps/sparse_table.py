@@ -69,10 +69,12 @@ class SparseTable:
         """(shard, positions in ``keys``) for every shard that has keys."""
         if keys.size and (keys == np.uint64(RESERVED_KEY)).any():
             raise RemoteError(f"table {self.config.name!r}: key 2^64-1 is reserved")
-        shard_ids = bucket_of(keys, self.config.num_buckets) % len(self._shards)
         if len(self._shards) == 1:
             return [(self._shards[0], np.arange(keys.size))]
-        order = np.argsort(shard_ids, kind="stable")
+        shard_ids = bucket_of(keys, self.config.num_buckets) % len(self._shards)
+        # A stable sort of small integers is a radix sort in numpy: O(N).
+        small = np.uint8 if len(self._shards) <= 256 else np.uint16
+        order = np.argsort(shard_ids.astype(small), kind="stable")
         bounds = np.searchsorted(shard_ids[order], np.arange(len(self._shards) + 1))
         return [(self._shards[i], order[bounds[i]:bounds[i + 1]])
                 for i in range(len(self._shards)) if bounds[i + 1] > bounds[i]]
@@ -102,8 +104,9 @@ class SparseTable:
                         rows[missing] = self._insert(shard, k[missing])
                     else:
                         out[pos[missing]] = self._initial(k[missing])
-                found = rows >= 0
-                out[pos[found]] = shard.data[rows[found], : self.dim]
+                        found = ~missing
+                        pos, rows = pos[found], rows[found]
+                out[pos] = np.take(shard.data, rows, axis=0)[:, : self.dim]
         return out
 
     def _check_shape(self, keys: np.ndarray, values: np.ndarray, what: str) -> None:
@@ -123,7 +126,7 @@ class SparseTable:
                 missing = rows < 0
                 if missing.any():
                     rows[missing] = self._insert(shard, k[missing])
-                block = shard.data[rows]  # [M, dim + state]
+                block = np.take(shard.data, rows, axis=0)  # [M, dim + state]
                 op(block[:, : self.dim], block[:, self.dim:], values[pos])
                 shard.data[rows] = block
 
