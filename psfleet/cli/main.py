@@ -3,6 +3,7 @@
 Usage::
 
     psfleet train -m CONFIG.yaml [-o section.key=value ...]
+    psfleet datagen criteo --rows N --seed S --out FILE [--test_rows M --test_out FILE2]
 
 ``train`` reads a PaddleRec-style YAML (see README.md "The YAML runner"). With
 ``cluster.server_num`` >= 1 it starts the whole local job itself (servers and
@@ -10,6 +11,11 @@ workers, through the same launcher as ``fleetrun``, logs in
 ``<model_save_path>/log``); with ``server_num: 0`` it trains in this process against
 in-process tables (the single-machine reference). Inside a job (the launcher set
 TRAINING_ROLE) it runs this process's role.
+
+``datagen criteo`` writes synthetic raw Criteo TSV from a hidden model with a known
+optimum (:mod:`psfleet.data.synthetic`), prints the optimum AUC and positive rate of
+each file and writes them to ``FILE.json``. ``--test_out`` gets rows of the same
+hidden model from an independent stream.
 
 Exit codes: 0 success; 1 the job failed (the first failure is printed with its log);
 2 a bad config, argument or data file (the message names it).
@@ -21,15 +27,37 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from psfleet import env, logs
 from psfleet.errors import ConfigError, DataError, PsfleetError
+
+if TYPE_CHECKING:
+    from psfleet.rec.config import TrainConfig
 
 __all__ = ["main"]
 
 
 def _in_job() -> bool:
     return (env.read("TRAINING_ROLE") or env.read("PADDLE_TRAINING_ROLE")) is not None
+
+
+def _check_data_paths(config: TrainConfig) -> None:
+    """Fail fast, before any process starts, on a data path that does not exist.
+
+    Raises:
+        DataError: names the config field and the path.
+    """
+    from psfleet.data import list_data_files
+
+    runner = config.runner
+    for field, value in (("runner.train_data_dir", runner.train_data_dir),
+                         ("runner.test_data_dir", runner.test_data_dir)):
+        for path in [] if value is None else [value] if isinstance(value, Path) else value:
+            try:
+                list_data_files(path)
+            except DataError as exc:
+                raise DataError(f"{field}: {exc}") from None
 
 
 def _train(config_path: Path, overrides: Sequence[str]) -> int:
@@ -40,6 +68,7 @@ def _train(config_path: Path, overrides: Sequence[str]) -> int:
     if cluster.server_num == 0 and cluster.worker_num > 1:
         raise ConfigError(f"cluster.worker_num: {cluster.worker_num} workers need servers; "
                           "set cluster.server_num >= 1 (or worker_num: 1 to train alone)")
+    _check_data_paths(config)
     if cluster.server_num >= 1 and not _in_job():
         from psfleet.launch import launch_local
 
@@ -65,6 +94,33 @@ def _train(config_path: Path, overrides: Sequence[str]) -> int:
     return 0
 
 
+def _datagen_criteo(args: argparse.Namespace) -> int:
+    from psfleet.data.synthetic import generate_criteo
+
+    if args.rows < 1:
+        raise ConfigError(f"--rows: {args.rows} must be >= 1")
+    if args.seed < 0:
+        raise ConfigError(f"--seed: {args.seed} must be >= 0")
+    if (args.test_rows is None) != (args.test_out is None):
+        raise ConfigError("--test_rows and --test_out go together; give both or neither")
+    outputs = [("--out", args.out, args.rows, "train")]
+    if args.test_out is not None:
+        if args.test_rows < 1:
+            raise ConfigError(f"--test_rows: {args.test_rows} must be >= 1")
+        if args.test_out.resolve() == args.out.resolve():
+            raise ConfigError(f"--test_out: {str(args.test_out)!r} is also --out")
+        outputs.append(("--test_out", args.test_out, args.test_rows, "test"))
+    for flag, path, rows, split in outputs:
+        try:
+            result = generate_criteo(rows, args.seed, path, split=split)
+        except DataError as exc:
+            raise DataError(f"{flag}: {exc}") from exc
+        print(f"psfleet: wrote {result.rows} {split} rows to {result.path} (seed {result.seed}):"
+              f" optimum auc {result.optimum_auc:.6f}, positive rate "
+              f"{result.positive_rate:.6f}; metadata in {result.path}.json", flush=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``psfleet`` argument parser."""
     parser = argparse.ArgumentParser(prog="psfleet", description=__doc__.split("\n\n")[0],
@@ -74,6 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("-m", "--config", required=True, type=Path, help="the YAML config")
     train.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. -o cluster.server_num=0")
+    datagen = commands.add_parser("datagen", help="write synthetic data sets")
+    generators = datagen.add_subparsers(dest="generator", required=True)
+    criteo = generators.add_parser(
+        "criteo", help="raw Criteo TSV from a hidden model with a known optimum AUC")
+    criteo.add_argument("--rows", required=True, type=int, help="rows of --out, >= 1")
+    criteo.add_argument("--seed", required=True, type=int,
+                        help="seed of the hidden model and the rows, >= 0")
+    criteo.add_argument("--out", required=True, type=Path,
+                        help="the TSV to write (metadata in OUT.json)")
+    criteo.add_argument("--test_rows", type=int, help="rows of --test_out, >= 1")
+    criteo.add_argument("--test_out", type=Path,
+                        help="a test TSV: same hidden model, independent rows")
     return parser
 
 
@@ -84,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(args.config, args.override)
+        if args.command == "datagen":
+            return _datagen_criteo(args)
     except (ConfigError, DataError) as exc:
         print(f"psfleet: error: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
-"""Data layer: the Batch type, the raw Criteo parser and the in-memory reader."""
+"""Data layer: the Batch type, the raw Criteo parser, the in-memory reader and the
+synthetic Criteo generator."""
 
 from psfleet.data.criteo import (
     NUM_DENSE,
@@ -10,6 +11,7 @@ from psfleet.data.criteo import (
     parse_lines,
 )
 from psfleet.data.reader import CriteoReader, list_data_files
+from psfleet.data.synthetic import DatagenResult, generate_criteo, true_probabilities
 from psfleet.data.types import Batch
 
 __all__ = [
@@ -18,9 +20,12 @@ __all__ = [
     "NUM_SLOTS",
     "Batch",
     "CriteoReader",
+    "DatagenResult",
     "ParsedChunk",
+    "generate_criteo",
     "hash_feature",
     "hash_features",
     "list_data_files",
     "parse_lines",
+    "true_probabilities",
 ]
