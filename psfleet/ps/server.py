@@ -41,6 +41,13 @@ class _Barrier:
         self._cond = threading.Condition()
         self._arrived: dict[str, set[int]] = {}
         self._generation: dict[str, int] = {}
+        self._closed = False
+
+    def close(self) -> None:
+        """Release every waiter with an error (the server is stopping). Idempotent."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
     def wait(self, name: str, worker_index: int, worker_num: int, timeout_s: float) -> None:
         with self._cond:
@@ -52,8 +59,11 @@ class _Barrier:
                 self._generation[name] = generation + 1
                 self._cond.notify_all()
                 return
-            done = self._cond.wait_for(lambda: self._generation.get(name, 0) != generation,
-                                       timeout=timeout_s)
+            done = self._cond.wait_for(
+                lambda: self._closed or self._generation.get(name, 0) != generation,
+                timeout=timeout_s)
+            if self._closed and self._generation.get(name, 0) == generation:
+                raise RemoteError(f"barrier {name!r}: the server is stopping")
             if not done:
                 missing = sorted(set(range(worker_num)) - self._arrived.get(name, set()))
                 raise RemoteError(
@@ -226,6 +236,7 @@ def run_server(host: str, port: int, config: RpcConfig,
         while not handler.stop_requested.wait(0.5):
             pass
     finally:
+        handler._barrier.close()  # a blocked Barrier call would keep the process alive
         server.stop(grace_s=2.0)
         stats = {tid: len(t) for tid, t in handler.tables.items()}
         logger.info("server %s stopped; rows per table: %s", server.endpoint, stats)

@@ -1,0 +1,252 @@
+"""Fixtures shared by every test: leak checks, paths, data slices, running the CLI.
+
+- ``_no_leaks`` (autouse) fails a test that leaves behind child processes of pytest,
+  non-daemon threads, listening sockets or changed environment variables; it kills
+  leftover processes and restores the environment so later tests start clean. Mark a
+  test ``@pytest.mark.allow_leaks`` to skip the check (say why in the test).
+- ``repo_root``, ``criteo_dir``: where the code and the shared Criteo sample are.
+- ``data_slice``: writes the first N lines of a Criteo file into ``tmp_path``.
+- ``run_cli``: runs ``python -m psfleet.cli.main ...`` in a clean environment.
+- :func:`clean_env`, :func:`run_command`, :func:`processes_mentioning` for tests that
+  start processes themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CRITEO_DIR = (REPO_ROOT / ".." / "shared" / "data" / "criteo_kaggle_sample").resolve()
+LEAK_GRACE_S = 5.0
+
+# Variables that make a process part of a job; children of tests never inherit them.
+JOB_VARIABLES = ("TRAINING_ROLE", "POD_IP", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                 "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
+JOB_PREFIXES = ("PADDLE_", "PSFLEET_")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "allow_leaks: skip the process / thread / socket / env leak check")
+
+
+# -- leak check -------------------------------------------------------------------------
+
+
+def _live_children(me: psutil.Process) -> dict[int, psutil.Process]:
+    alive = {}
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive[child.pid] = child
+    return alive
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"pid {proc.pid}: {' '.join(proc.cmdline())[:200]}"
+    except psutil.Error:
+        return f"pid {proc.pid}"
+
+
+def _listening(me: psutil.Process) -> set[tuple[str, int]]:
+    try:
+        conns = me.net_connections(kind="inet")
+    except psutil.Error:
+        return set()
+    return {(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN}
+
+
+# Set by pytest itself, or by torch the first time it uses inductor: not a test's doing.
+_ENV_IGNORED_PREFIXES = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_", "TRITON_")
+
+
+def _env_snapshot() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(_ENV_IGNORED_PREFIXES)}
+
+
+def kill_processes(procs: Sequence[psutil.Process]) -> None:
+    """SIGKILL ``procs`` and wait (briefly) until they are gone."""
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(list(procs), timeout=5)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.node.get_closest_marker("allow_leaks"):
+        yield
+        return
+    me = psutil.Process()
+    children_before = set(_live_children(me))
+    threads_before = set(threading.enumerate())
+    listening_before = _listening(me)
+    env_before = _env_snapshot()
+    yield
+    problems = []
+    deadline = time.monotonic() + LEAK_GRACE_S
+    leaked = {p: c for p, c in _live_children(me).items() if p not in children_before}
+    while leaked and time.monotonic() < deadline:
+        time.sleep(0.1)
+        leaked = {p: c for p, c in _live_children(me).items() if p not in children_before}
+    if leaked:
+        problems.append("child processes still running: "
+                        + "; ".join(_describe(c) for c in leaked.values()))
+        kill_processes(list(leaked.values()))
+
+    def new_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate()
+                if t not in threads_before and t.is_alive() and not t.daemon]
+
+    threads = new_threads()
+    while threads and time.monotonic() < deadline:
+        time.sleep(0.05)
+        threads = new_threads()
+    if threads:
+        problems.append(f"non-daemon threads still alive: {[t.name for t in threads]}")
+    sockets = _listening(me) - listening_before
+    if sockets:
+        problems.append(f"listening sockets left open: {sorted(sockets)}")
+    env_after = _env_snapshot()
+    if env_after != env_before:
+        changed = sorted(k for k in set(env_after) | set(env_before)
+                         if env_after.get(k) != env_before.get(k))
+        problems.append(f"environment variables changed (use monkeypatch): {changed}")
+        for key in set(env_after) - set(env_before):
+            del os.environ[key]
+        os.environ.update(env_before)
+    if problems:
+        pytest.fail("test leaked resources:\n  " + "\n  ".join(problems), pytrace=False)
+
+
+# -- paths and data ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    """The repository root (the folder holding ``psfleet/`` and ``tests/``)."""
+    return REPO_ROOT
+
+
+@pytest.fixture
+def criteo_dir() -> Path:
+    """The shared Criteo Kaggle sample (train.csv 7,200 lines, dev.csv, test.csv)."""
+    if not (CRITEO_DIR / "train.csv").is_file():
+        pytest.skip(f"Criteo sample not found at {CRITEO_DIR} (expected next to the repo, "
+                    "in ../shared/data/criteo_kaggle_sample)")
+    return CRITEO_DIR
+
+
+def write_slice(source: Path, dest: Path, lines: int, start: int = 0) -> Path:
+    """Write lines ``start .. start+lines-1`` of ``source`` to ``dest``; returns ``dest``."""
+    with source.open(encoding="utf-8") as f:
+        chunk = [line for i, line in enumerate(f) if start <= i < start + lines]
+    if len(chunk) < lines:
+        raise ValueError(f"{source} has only {start + len(chunk)} lines, asked for "
+                         f"{start + lines}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text("".join(chunk), encoding="utf-8")
+    return dest
+
+
+@pytest.fixture
+def data_slice(criteo_dir: Path, tmp_path: Path) -> Callable[..., Path]:
+    """``data_slice(n, source="train.csv", name=None, start=0)``: a file in tmp_path
+    holding ``n`` lines of the Criteo sample's ``source``."""
+
+    def make(n: int, source: str = "train.csv", name: str | None = None,
+             start: int = 0) -> Path:
+        dest = tmp_path / "data" / (name or f"{Path(source).stem}_{start}_{n}.csv")
+        return write_slice(criteo_dir / source, dest, n, start)
+
+    return make
+
+
+# -- processes --------------------------------------------------------------------------
+
+
+def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment minus job variables, plus ``extra``.
+
+    PYTHONPATH starts with the repository so children import this checkout.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if k not in JOB_VARIABLES and not k.startswith(JOB_PREFIXES)}
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None,
+                cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in a clean environment (plus ``env``) and its own session.
+
+    On timeout every process of its tree is killed and the test fails with the
+    output so far.
+    """
+    started = time.monotonic()
+    proc = subprocess.Popen(list(argv), env=clean_env(env), cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(psutil.Error):
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(True)]
+            kill_processes(tree)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(argv)} did not finish within {timeout} s "
+                    f"({time.monotonic() - started:.1f} s)\n--- stdout\n{stdout[-4000:]}\n"
+                    f"--- stderr\n{stderr[-4000:]}", pytrace=False)
+    return subprocess.CompletedProcess(list(argv), proc.returncode, stdout, stderr)
+
+
+@pytest.fixture
+def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``run_cli(args, timeout=60, env=None, cwd=None)``: ``python -m psfleet.cli.main
+    *args`` in a clean environment; returns the CompletedProcess (text)."""
+
+    def run(args: Sequence[str], timeout: float = 60.0, env: Mapping[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return run_command([sys.executable, "-m", "psfleet.cli.main", *args], timeout,
+                           env=env, cwd=cwd)
+
+    return run
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    """Live processes (any parent) whose command line contains ``text``."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        if proc.pid != os.getpid() and any(text in part for part in cmdline):
+            with contextlib.suppress(psutil.Error):
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+    return found
+
+
+def assert_no_processes_mentioning(text: str, timeout_s: float = 10.0) -> None:
+    """Fail (after killing them) if processes mentioning ``text`` outlive ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    left = processes_mentioning(text)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = processes_mentioning(text)
+    if left:
+        described = [_describe(p) for p in left]
+        kill_processes(left)
+        pytest.fail(f"processes left behind: {described}", pytrace=False)

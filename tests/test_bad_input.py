@@ -1,0 +1,198 @@
+"""Bad input gives a clear error (what, the offending value, what to do) and leaves
+no process behind.
+
+Covers ``psfleet train`` with bad data (missing, empty, malformed lines), bad
+configuration (unknown optimizer, unknown key, bad sync_mode, missing file, bad -o,
+workers without servers), a worker whose server never comes up, and a server whose
+port is taken. Every process runs in a clean environment (conftest.clean_env); the
+autouse leak check fails a test that leaves children behind.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import assert_no_processes_mentioning
+
+RunCli = Callable[..., subprocess.CompletedProcess[str]]
+
+FAST = ["-o", "hyper_parameters.fc_sizes=[16]", "-o", "runner.epochs=1"]
+
+
+@pytest.fixture
+def config(repo_root: Path) -> Path:
+    return repo_root / "examples" / "criteo_dnn" / "config.yaml"
+
+
+def _local(config: Path, out: Path, train: Path | str, *extra: str) -> list[str]:
+    """Arguments of a one-process run of ``config`` on ``train``."""
+    return ["train", "-m", str(config), "-o", f"runner.train_data_dir={train}",
+            "-o", "runner.test_data_dir=null", "-o", f"runner.model_save_path={out}",
+            "-o", "cluster.server_num=0", "-o", "cluster.worker_num=1", *FAST, *extra]
+
+
+# -- data -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("server_num", "worker_num"), [(0, 1), (1, 2)],
+                         ids=["one_process", "1server_2workers"])
+def test_missing_train_data_dir(run_cli: RunCli, config: Path, tmp_path: Path,
+                                server_num: int, worker_num: int) -> None:
+    missing = tmp_path / "no_such_dir"
+    started = time.monotonic()
+
+    r = run_cli(["train", "-m", str(config), "-o", f"runner.train_data_dir={missing}",
+                 "-o", f"runner.model_save_path={tmp_path / 'out'}",
+                 "-o", f"cluster.server_num={server_num}",
+                 "-o", f"cluster.worker_num={worker_num}"], timeout=60)
+
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "runner.train_data_dir" in r.stderr
+    assert str(missing) in r.stderr
+    assert "does not exist" in r.stderr
+    # Checked before any process starts: no job, no log directory.
+    assert not (tmp_path / "out" / "log").exists()
+    assert time.monotonic() - started < 20
+    assert_no_processes_mentioning(str(tmp_path))
+
+
+def test_empty_train_file(run_cli: RunCli, config: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+
+    r = run_cli(_local(config, tmp_path / "out", empty), timeout=60)
+
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert str(empty) in r.stderr
+    assert "is empty" in r.stderr
+    assert not (tmp_path / "out" / "metrics.json").exists()
+    assert_no_processes_mentioning(str(tmp_path))
+
+
+def test_malformed_lines_are_counted_skipped_and_named(
+        run_cli: RunCli, config: Path, tmp_path: Path, criteo_dir: Path) -> None:
+    good = (criteo_dir / "train.csv").read_text().splitlines(keepends=True)[:600]
+    bad = ["garbage without tabs\n", "1\t2\t3\n", "7" + good[0][1:]]  # the last: label 7
+    data = tmp_path / "mixed.csv"
+    data.write_text("".join(good[:300] + bad + good[300:]))
+    out = tmp_path / "out"
+
+    r = run_cli(_local(config, out, data), timeout=60)
+
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"{data}:301" in r.stderr  # the first malformed line, by file:line
+    assert "skipped 3 malformed lines" in r.stderr
+    assert (out / "metrics.json").is_file()
+    assert "600 examples" in r.stderr
+    assert_no_processes_mentioning(str(tmp_path))
+
+
+# -- configuration ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("hyper_parameters.optimizer.class=Foo",
+     ["hyper_parameters.optimizer.class", "'Foo'", "Adam", "SGD", "Adagrad"]),
+    ("runner.epoch=3", ["runner.epoch", "unknown key"]),
+    ("runner.sync_mode=asyc", ["runner.sync_mode", "'asyc'", "async"]),
+    ("runner", ["-o 'runner'", "KEY.PATH=VALUE"]),
+    ("cluster.worker_num=2", ["cluster.worker_num", "server_num"]),
+], ids=["unknown_optimizer", "unknown_key", "bad_sync_mode", "bad_o_syntax",
+        "workers_without_servers"])
+def test_bad_config_exits_2_naming_the_field(run_cli: RunCli, config: Path, tmp_path: Path,
+                                             override: str, expected: list[str]) -> None:
+    args = ["train", "-m", str(config), "-o", f"runner.model_save_path={tmp_path / 'out'}",
+            "-o", "cluster.server_num=0", "-o", override]
+
+    r = run_cli(args, timeout=60)
+
+    assert r.returncode == 2, r.stderr[-3000:]
+    error = r.stderr.strip().splitlines()[-1]
+    assert error.startswith("psfleet: error:"), r.stderr[-3000:]
+    for text in expected:
+        assert text in error
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_config_file(run_cli: RunCli, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+
+    r = run_cli(["train", "-m", str(missing)], timeout=60)
+
+    assert r.returncode == 2
+    assert str(missing) in r.stderr
+    assert "does not exist" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# -- servers ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def dead_port() -> Iterator[int]:
+    """A port bound by a socket that never listens: connections are refused."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port held by a listening socket of this process."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        yield sock.getsockname()[1]
+
+
+def test_worker_gives_up_on_a_server_that_never_comes_up(
+        run_cli: RunCli, config: Path, tmp_path: Path, dead_port: int,
+        data_slice: Callable[..., Path]) -> None:
+    endpoint = f"127.0.0.1:{dead_port}"
+    env = {"TRAINING_ROLE": "TRAINER", "PADDLE_PSERVERS_IP_PORT_LIST": endpoint,
+           "PADDLE_TRAINERS_NUM": "1", "PADDLE_TRAINER_ID": "0",
+           "PSFLEET_SERVER_WAIT_TIMEOUT_S": "4"}
+    args = ["train", "-m", str(config), "-o", f"runner.train_data_dir={data_slice(200)}",
+            "-o", "runner.test_data_dir=null", "-o", f"runner.model_save_path={tmp_path}",
+            *FAST]
+    started = time.monotonic()
+
+    r = run_cli(args, timeout=30, env=env)
+
+    elapsed_s = time.monotonic() - started
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert elapsed_s < 20, f"took {elapsed_s:.1f} s\n{r.stderr[-3000:]}"  # 4 s + start-up
+    # It honoured the 4 s timeout (a retry every 3 s), not the 300 s default.
+    assert 1 <= r.stderr.count("server not ready, wait") <= 2, r.stderr[-3000:]
+    assert "not ready endpoints" in r.stderr
+    final = r.stderr.strip().splitlines()[-1]
+    assert "not ready" in final
+    assert endpoint in final
+    assert "PSFLEET_SERVER_WAIT_TIMEOUT_S" in final  # what to do
+    assert_no_processes_mentioning(str(tmp_path))
+
+
+def test_server_on_a_port_in_use_fails_fast(run_cli: RunCli, config: Path, tmp_path: Path,
+                                            busy_port: int) -> None:
+    env = {"TRAINING_ROLE": "PSERVER", "POD_IP": "127.0.0.1", "PADDLE_PORT": str(busy_port),
+           "PADDLE_PSERVERS_IP_PORT_LIST": f"127.0.0.1:{busy_port}",
+           "PADDLE_TRAINERS_NUM": "1"}
+    args = ["train", "-m", str(config), "-o", f"runner.model_save_path={tmp_path}", *FAST]
+    started = time.monotonic()
+
+    r = run_cli(args, timeout=30, env=env)
+
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert time.monotonic() - started < 20  # start-up (imports) is most of it
+    assert "Server listening" not in r.stderr
+    final = r.stderr.strip().splitlines()[-1]
+    assert f"127.0.0.1:{busy_port}" in final
+    assert "in use" in final
+    assert "PADDLE_PORT" in final
+    assert_no_processes_mentioning(str(tmp_path))
