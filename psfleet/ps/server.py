@@ -196,6 +196,12 @@ class PsHandler:
             msg.TableStats(table_id=tid, name=t.config.name, rows=len(t),
                            memory_bytes=t.memory_bytes) for tid, t in items])
 
+    def close(self) -> None:
+        """Fail the calls blocked in a Barrier or a sync round (the server is stopping)."""
+        self._barrier.close()
+        self._sparse_rounds.close()
+        self._dense_rounds.close()
+
     def Stop(self, request: msg.StopRequest) -> msg.Empty:  # noqa: N802
         logger.info("stop requested by worker %d", request.worker_index)
         self.stop_requested.set()
@@ -236,7 +242,7 @@ def run_server(host: str, port: int, config: RpcConfig,
         while not handler.stop_requested.wait(0.5):
             pass
     finally:
-        handler._barrier.close()  # a blocked Barrier call would keep the process alive
+        handler.close()  # a blocked Barrier or sync push would keep the process alive
         server.stop(grace_s=2.0)
         stats = {tid: len(t) for tid, t in handler.tables.items()}
         logger.info("server %s stopped; rows per table: %s", server.endpoint, stats)

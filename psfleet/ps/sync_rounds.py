@@ -38,6 +38,13 @@ class SyncRounds(Generic[P]):
         self._timeout_s = timeout_s
         self._cond = threading.Condition()
         self._rounds: dict[tuple[int, int], _Round[P]] = {}
+        self._closed = False
+
+    def close(self) -> None:
+        """Fail every waiting contributor (the server is stopping). Idempotent."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
     def contribute(self, table_id: int, step: int, worker_index: int, worker_num: int,
                    payload: P, apply: Callable[[list[P]], None]) -> None:
@@ -71,12 +78,15 @@ class SyncRounds(Generic[P]):
                     round_.done = True
                     self._cond.notify_all()
                 return
-            if not self._cond.wait_for(lambda: round_.done, timeout=self._timeout_s):
+            if not self._cond.wait_for(lambda: round_.done or self._closed,
+                                       timeout=self._timeout_s):
                 missing = sorted(set(range(worker_num)) - set(round_.payloads))
                 raise RemoteError(
                     f"sync step {step} of table {table_id}: workers {missing} did not push "
                     f"within {self._timeout_s:.0f} s; check their logs (workerlog.N). In sync "
                     "mode every worker must run the same number of steps")
+            if not round_.done:
+                raise RemoteError(f"sync step {step} of table {table_id}: the server is stopping")
             if round_.error is not None:
                 raise RemoteError(f"sync step {step} of table {table_id} failed: "
                                   f"{round_.error}")
