@@ -3,10 +3,12 @@
 from psfleet.fleet.fleet import Fleet
 from psfleet.fleet.optimizer import DistributedOptimizer, rule_from_optimizer
 from psfleet.fleet.role_maker import (
+    MPIRoleMaker,
     PaddleCloudRoleMaker,
     Role,
     RoleInfo,
     RoleMaker,
+    SlurmRoleMaker,
     UserDefinedRoleMaker,
 )
 from psfleet.fleet.strategy import AsyncSettings, DistributedStrategy, StrategyFactory
@@ -28,17 +30,21 @@ stop_worker = _fleet.stop_worker
 barrier_worker = _fleet.barrier_worker
 distributed_optimizer = _fleet.distributed_optimizer
 flush = _fleet.flush
+save_persistables = _fleet.save_persistables
+load_model = _fleet.load_model
 
 __all__ = [
     "AsyncSettings",
     "DistributedOptimizer",
     "DistributedStrategy",
     "Fleet",
+    "MPIRoleMaker",
     "PaddleCloudRoleMaker",
     "Role",
     "StrategyFactory",
     "RoleInfo",
     "RoleMaker",
+    "SlurmRoleMaker",
     "UserDefinedRoleMaker",
     "barrier_worker",
     "distributed_optimizer",
@@ -49,8 +55,10 @@ __all__ = [
     "is_first_worker",
     "is_server",
     "is_worker",
+    "load_model",
     "rule_from_optimizer",
     "run_server",
+    "save_persistables",
     "server_endpoints",
     "server_num",
     "stop_worker",

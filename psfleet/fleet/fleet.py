@@ -17,7 +17,9 @@ The paradigm (the same script runs as server and as worker, and alone on a lapto
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import torch
 
@@ -29,6 +31,7 @@ from psfleet.fleet.strategy import DistributedStrategy
 from psfleet.nn import live_embeddings
 from psfleet.ps import LocalClient, RemoteClient, TableClient, run_server
 from psfleet.ps.communicator import Communicator, make_communicator
+from psfleet.ps.persist import FORMAT_VERSION
 from psfleet.rpc import RpcConfig, parse_endpoint
 
 __all__ = ["Fleet"]
@@ -46,6 +49,7 @@ class Fleet:
         self._optimizer: DistributedOptimizer | None = None
         self._client: TableClient | None = None
         self._communicator: Communicator | None = None
+        self._preload_dir: Path | None = None
 
     # -- role -------------------------------------------------------------------------
     def init(self, role_maker: RoleMaker | None = None,
@@ -102,15 +106,20 @@ class Fleet:
     def init_server(self, dirname: str | None = None) -> None:
         """Prepare the server. Tables are created by the workers at init_worker.
 
+        Args:
+            dirname: a save (``save_persistables``) to load every table from when the
+                workers create it; this server keeps its share (any server count).
+
         Raises:
-            ConfigError: ``dirname`` given (loading a saved model is not available in
-                this release) or this process is not a server.
+            ConfigError: this process is not a server, or ``dirname`` has no manifest.
         """
         if not self.is_server():
             raise ConfigError("init_server() called on a worker")
         if dirname is not None:
-            raise ConfigError("init_server(dirname=...): loading saved tables is not "
-                              "available in this release")
+            if not (Path(dirname) / "manifest.json").is_file():
+                raise ConfigError(f"init_server(dirname={dirname!r}): no manifest.json there; "
+                                  "pass a folder written by fleet.save_persistables()")
+            self._preload_dir = Path(dirname)
 
     def run_server(self) -> None:
         """Serve tables until a worker's stop_worker() (or SIGTERM). Blocks."""
@@ -118,7 +127,7 @@ class Fleet:
         if role.bind_endpoint is None:
             raise ConfigError("run_server() called on a worker")
         host, port = parse_endpoint(role.bind_endpoint, "POD_IP:PADDLE_PORT")
-        run_server(host, port, self.rpc_config, role.endpoint_file)
+        run_server(host, port, self.rpc_config, role.endpoint_file, self._preload_dir)
 
     # -- worker -----------------------------------------------------------------------
     def distributed_optimizer(self, optimizer: torch.optim.Optimizer,
@@ -214,6 +223,58 @@ class Fleet:
             self._communicator.flush()
         if self._optimizer is not None:
             self._optimizer.refresh()
+
+    def save_persistables(self, dirname: str) -> None:
+        """Save every table (values and optimizer state) to ``dirname``.
+
+        Call on one worker (``is_first_worker()``), after ``barrier_worker()`` when
+        every worker's updates must be in it. This worker's pushes are flushed first.
+        Each server writes its share; this worker writes ``manifest.json``.
+
+        Raises:
+            FatalError: init_worker() was not called.
+            OSError: ``dirname`` cannot be written.
+        """
+        self.flush()
+        self.client.save(dirname)
+        embeddings = live_embeddings()
+        manifest = {
+            "format_version": FORMAT_VERSION, "server_num": max(self.server_num(), 1),
+            "worker_num": self.worker_num(), "mode": self.strategy.mode,
+            "sparse_tables": {e.name: i for i, e in enumerate(embeddings)},
+            "dense_shapes": [list(p.shape) for p in self._require_optimizer().params],
+        }
+        (Path(dirname) / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        logger.info("saved tables to %s", dirname)
+
+    def load_model(self, dirname: str) -> None:
+        """Load a save into the servers' tables; every worker calls it after init_worker.
+
+        Worker 0 asks every server to load its share (the save may come from another
+        server count); then every worker takes the loaded dense values.
+
+        Raises:
+            ConfigError: ``dirname`` has no manifest.json.
+            DataError, RemoteError: a table is missing from the save or does not fit
+                (names the table and both values).
+        """
+        if not (Path(dirname) / "manifest.json").is_file():
+            raise ConfigError(f"load_model({dirname!r}): no manifest.json there; pass a "
+                              "folder written by fleet.save_persistables()")
+        role = self.role
+        if role.worker_index == 0:
+            self.client.load(dirname)
+        self.client.barrier("load_model", role.worker_index, role.worker_num)
+        optimizer = self._require_optimizer()
+        optimizer.refresh()
+        if self._communicator is not None:
+            self._communicator.on_dense_table(len(live_embeddings()), optimizer.rule,
+                                              optimizer.flat_values())
+
+    def _require_optimizer(self) -> DistributedOptimizer:
+        if self._optimizer is None:
+            raise FatalError("call fleet.distributed_optimizer(optimizer) first")
+        return self._optimizer
 
     def stop_worker(self) -> None:
         """Flush pushes, wait for every worker, then (worker 0) stop the servers."""

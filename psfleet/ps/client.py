@@ -86,6 +86,21 @@ class TableClient(ABC):
         """
 
     @abstractmethod
+    def save(self, dirname: str) -> None:
+        """Every server writes its tables (values, optimizer state) under ``dirname``.
+
+        Call on one worker after every worker flushed (see ``psfleet.ps.persist``).
+        """
+
+    @abstractmethod
+    def load(self, dirname: str) -> None:
+        """Every server loads its share of a save (any server count) into its tables.
+
+        Raises:
+            DataError, RemoteError: a table is missing from the save or does not fit.
+        """
+
+    @abstractmethod
     def barrier(self, name: str, worker_index: int, worker_num: int) -> None:
         """Block until all ``worker_num`` workers called barrier ``name``."""
 
@@ -124,8 +139,10 @@ class RemoteClient(TableClient):
         return [p.result() for p in pending]
 
     def create_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
-        request = msg.CreateTableRequest(table_id=table_id, config_json=config.model_dump_json())
-        self._all("CreateTable", [request] * len(self._clients))
+        num = len(self._clients)
+        self._all("CreateTable", [msg.CreateTableRequest(
+            table_id=table_id, config_json=config.model_dump_json(), server_index=s,
+            server_num=num) for s in range(num)])
         self._routers[table_id] = BucketRouter(config.num_buckets, len(self._clients))
         self._dims[table_id] = config.dim
 
@@ -141,7 +158,9 @@ class RemoteClient(TableClient):
                 config_json=DenseTableConfig(
                     name=name, size=layout.server_size(s), rule=rule,
                     dc_asgd_lambda=dc_asgd_lambda).model_dump_json(),
-                init_values=codec.floats_to_bytes(parts[s]))
+                init_values=codec.floats_to_bytes(parts[s]), server_index=s,
+                server_num=len(self._clients),
+                dense_index=layout.server_index(s).astype("<i8").tobytes())
             for s in range(len(self._clients))
         ]
         self._all("CreateTable", requests)
@@ -202,6 +221,21 @@ class RemoteClient(TableClient):
         self._all("PushDense", [msg.PushDenseRequest(
             table_id=table_id, grads=codec.floats_to_bytes(p), worker_index=self.worker_index,
             step=step, mode=mode.name, worker_num=worker_num) for p in parts])
+
+    def _dense_index(self, server: int) -> list[msg.DenseIndex]:
+        return [msg.DenseIndex(table_id=tid, index=layout.server_index(server).astype(
+            "<i8").tobytes()) for tid, layout in self._layouts.items()]
+
+    def save(self, dirname: str) -> None:
+        self._all("Save", [msg.SaveRequest(dirname=dirname, server_index=s,
+                                           dense=self._dense_index(s))
+                           for s in range(len(self._clients))])
+
+    def load(self, dirname: str) -> None:
+        self._all("Load", [msg.LoadRequest(dirname=dirname, server_index=s,
+                                           server_num=len(self._clients),
+                                           dense=self._dense_index(s))
+                           for s in range(len(self._clients))])
 
     def barrier(self, name: str, worker_index: int, worker_num: int) -> None:
         self._clients[0].call("Barrier", msg.BarrierRequest(

@@ -117,6 +117,20 @@ class DenseTable:
         with self._lock:
             self._w[0] += deltas
 
+    def load(self, values: np.ndarray, state: np.ndarray) -> None:
+        """Set values float32[size] and rule state float32[state_width(size)].
+
+        Raises:
+            RemoteError: a size differs from this table's.
+        """
+        self._check(values, "saved values")
+        if state.size != self._state.shape[1]:
+            raise RemoteError(f"dense table {self.config.name!r}: saved optimizer state has "
+                              f"{state.size} floats, this rule needs {self._state.shape[1]}")
+        with self._lock:
+            self._w[0] = values
+            self._state[0] = state
+
     def state(self) -> tuple[np.ndarray, np.ndarray]:
         """Copies of (values float32[size], state float32[state_width(size)])."""
         with self._lock:

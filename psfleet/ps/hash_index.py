@@ -20,6 +20,8 @@ __all__ = ["HashIndex"]
 
 _EMPTY = np.uint64(RESERVED_KEY)
 _MAX_LOAD = 0.5
+_WINDOW = 8  # slots a lookup examines per key per round after the first
+_WINDOW_OFFSETS = np.arange(_WINDOW, dtype=np.int64)[None, :]
 
 
 class HashIndex:
@@ -58,15 +60,28 @@ class HashIndex:
         n = keys.shape[0]
         out = np.full(n, -1, dtype=np.int64)
         pos = self._home(keys)
-        pending = np.arange(n)
+        # First round: one slot per key (most keys sit in their home slot).
+        slot_keys = self._keys[pos]
+        hit = slot_keys == keys
+        out[hit] = self._rows[pos[hit]]
+        more = ~(hit | (slot_keys == _EMPTY))
+        pending = np.flatnonzero(more)
+        pos = (pos[more] + 1) & self._mask
+        # The rest: the next _WINDOW slots of each key at once, so the number of rounds
+        # is the longest probe sequence / _WINDOW. No key follows an empty slot in its
+        # probe sequence, so the first hit-or-empty slot in a window decides.
         while pending.size:
-            slot_keys = self._keys[pos]
-            hit = slot_keys == keys[pending]
-            if hit.any():
-                out[pending[hit]] = self._rows[pos[hit]]
-            more = ~(hit | (slot_keys == _EMPTY))
+            slots = (pos[:, None] + _WINDOW_OFFSETS) & self._mask  # [P, W]
+            slot_keys = self._keys[slots]
+            hit = slot_keys == keys[pending][:, None]
+            stop = hit | (slot_keys == _EMPTY)
+            first = stop.argmax(axis=1)  # [P]
+            decided = stop[np.arange(pending.size), first]
+            found = decided & hit[np.arange(pending.size), first]
+            out[pending[found]] = self._rows[slots[found, first[found]]]
+            more = ~decided
             pending = pending[more]
-            pos = (pos[more] + 1) & self._mask
+            pos = (pos[more] + _WINDOW) & self._mask
         return out
 
     def insert_new(self, keys: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ reference the distributed modes are compared against.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 from psfleet.errors import ConfigError, FatalError
 from psfleet.ps.client import TableClient
 from psfleet.ps.dense_table import DenseTable
+from psfleet.ps.persist import load_server, save_server
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.types import (
     DenseTableConfig,
@@ -88,6 +90,18 @@ class LocalClient(TableClient):
             table.add(grads)
         else:
             table.push(grads)
+
+    def _tables(self) -> tuple[dict[int, SparseTable | DenseTable], dict[int, np.ndarray]]:
+        tables: dict[int, SparseTable | DenseTable] = {**self.sparse, **self.dense}
+        return tables, {tid: np.arange(len(t), dtype=np.int64) for tid, t in self.dense.items()}
+
+    def save(self, dirname: str) -> None:
+        tables, index = self._tables()
+        save_server(tables, Path(dirname), 0, index)
+
+    def load(self, dirname: str) -> None:
+        tables, index = self._tables()
+        load_server(tables, Path(dirname), 0, 1, index)
 
     def barrier(self, name: str, worker_index: int, worker_num: int) -> None:
         _one_worker(worker_num)

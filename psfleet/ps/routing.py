@@ -115,6 +115,10 @@ class DenseLayout:
                             if b.server == s] or [np.zeros(0, dtype=np.int64)]).astype(np.int64)
             for s in range(num_servers)
         ]
+    def server_index(self, server: int) -> np.ndarray:
+        """Flat indices (int64[n]) of the elements ``server`` holds, in its order."""
+        return self._index[server]
+
     def server_size(self, server: int) -> int:
         """Elements held by ``server``."""
         return int(self._index[server].size)

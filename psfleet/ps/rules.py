@@ -28,13 +28,17 @@ class Rule(ABC):
     """An optimizer rule; stateless itself, its state lives in the table's rows."""
 
     name: ClassVar[str]
+    #: State layout of a row of D values: ``element_states`` blocks of D floats (one
+    #: per value, e.g. Adam's m and v), then ``scalar_states`` floats (Adam's t).
+    element_states: ClassVar[int] = 0
+    scalar_states: ClassVar[int] = 0
 
     def __init__(self, config: RuleConfig) -> None:
         self.config = config
 
-    @abstractmethod
     def state_width(self, dim: int) -> int:
         """float32 state values kept per row of ``dim`` values."""
+        return self.element_states * dim + self.scalar_states
 
     def init_state(self, n: int, dim: int) -> np.ndarray:
         """Initial state of ``n`` new rows: float32[n, state_width(dim)]."""
@@ -50,9 +54,6 @@ class SgdRule(Rule):
 
     name = "sgd"
 
-    def state_width(self, dim: int) -> int:
-        return 0
-
     def update(self, w: np.ndarray, state: np.ndarray, g: np.ndarray) -> None:
         w -= np.float32(self.config.learning_rate) * g
 
@@ -64,9 +65,7 @@ class AdagradRule(Rule):
     """
 
     name = "adagrad"
-
-    def state_width(self, dim: int) -> int:
-        return dim
+    element_states = 1
 
     def init_state(self, n: int, dim: int) -> np.ndarray:
         return np.full((n, dim), self.config.initial_accumulator, dtype=np.float32)
@@ -86,9 +85,8 @@ class AdamRule(Rule):
     """
 
     name = "adam"
-
-    def state_width(self, dim: int) -> int:
-        return 2 * dim + 1
+    element_states = 2
+    scalar_states = 1
 
     def update(self, w: np.ndarray, state: np.ndarray, g: np.ndarray) -> None:
         c = self.config

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TypeVar
 
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 from psfleet.errors import ConfigError, RemoteError
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.merge import merge_sparse
+from psfleet.ps.persist import load_server, save_server
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.sync_rounds import SyncRounds
 from psfleet.ps.types import SparseTableConfig, table_config_from_json
@@ -78,10 +80,14 @@ class PsHandler:
     Args:
         barrier_timeout_s: how long a Barrier call, or a sync-mode push, waits for
             the other workers.
+        preload_dir: a save (``fleet.save_persistables``) each table is loaded from
+            when the workers create it (``fleet.init_server(dirname)``).
     """
 
-    def __init__(self, barrier_timeout_s: float = 180.0) -> None:
+    def __init__(self, barrier_timeout_s: float = 180.0,
+                 preload_dir: Path | None = None) -> None:
         self.tables: dict[int, Table] = {}
+        self.preload_dir = preload_dir
         self._tables_lock = threading.Lock()
         self._barrier = _Barrier()
         self._barrier_timeout_s = barrier_timeout_s
@@ -120,6 +126,12 @@ class PsHandler:
             table: Table = (
                 SparseTable(config) if isinstance(config, SparseTableConfig)
                 else DenseTable(config, codec.floats_from_bytes(request.init_values)))
+            if self.preload_dir is not None:
+                index = {request.table_id: np.frombuffer(request.dense_index, dtype="<i8")}
+                loaded = load_server({request.table_id: table}, self.preload_dir,
+                                     request.server_index, max(request.server_num, 1), index)
+                logger.info("table %d: loaded %s from %s", request.table_id, loaded,
+                            self.preload_dir)
             self.tables[request.table_id] = table
         logger.info("created table %d: %r", request.table_id, config)
         return msg.CreateTableResponse(created=True)
@@ -189,6 +201,26 @@ class PsHandler:
                            self._barrier_timeout_s)
         return msg.Empty()
 
+    @staticmethod
+    def _dense_index(entries: Iterable[msg.DenseIndex]) -> dict[int, np.ndarray]:
+        return {e.table_id: np.frombuffer(e.index, dtype="<i8") for e in entries}
+
+    def Save(self, request: msg.SaveRequest) -> msg.Empty:  # noqa: N802
+        with self._tables_lock:
+            tables = dict(self.tables)
+        path = save_server(tables, Path(request.dirname), request.server_index,
+                           self._dense_index(request.dense))
+        logger.info("saved %d tables to %s", len(tables), path)
+        return msg.Empty()
+
+    def Load(self, request: msg.LoadRequest) -> msg.Empty:  # noqa: N802
+        with self._tables_lock:
+            tables = dict(self.tables)
+        loaded = load_server(tables, Path(request.dirname), request.server_index,
+                             request.server_num, self._dense_index(request.dense))
+        logger.info("loaded from %s: %s rows/elements per table", request.dirname, loaded)
+        return msg.Empty()
+
     def Stats(self, request: msg.StatsRequest) -> msg.StatsResponse:  # noqa: N802
         with self._tables_lock:
             items = list(self.tables.items())
@@ -220,7 +252,7 @@ def start_server(host: str, port: int, config: RpcConfig,
 
 
 def run_server(host: str, port: int, config: RpcConfig,
-               endpoint_file: Path | None = None) -> None:
+               endpoint_file: Path | None = None, preload_dir: Path | None = None) -> None:
     """Serve until a worker sends Stop or the process gets SIGTERM/SIGINT. Blocks.
 
     Args:
@@ -228,11 +260,12 @@ def run_server(host: str, port: int, config: RpcConfig,
         port: port to bind; 0 asks the OS for a free one.
         config: rpc settings.
         endpoint_file: where to write the bound ``host:port`` once listening.
+        preload_dir: a save to load each table from when it is created.
 
     Raises:
         ConfigError: the port cannot be bound.
     """
-    handler, server = start_server(host, port, config)
+    handler, server = start_server(host, port, config, PsHandler(config.deadline_s, preload_dir))
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: handler.stop_requested.set())

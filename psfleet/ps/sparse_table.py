@@ -168,6 +168,29 @@ class SparseTable:
 
         self._update(keys, values, set_values)
 
+    def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Set whole rows, values and rule state, of distinct ``keys`` (a saved table).
+
+        Args:
+            keys (uint64[N]): the keys.
+            rows (float32[N, dim + state_width]): as :meth:`items` returns them.
+
+        Raises:
+            RemoteError: the row width differs (another dim or rule).
+        """
+        width = self.dim + self.state_width
+        if rows.shape != (keys.size, width):
+            raise RemoteError(
+                f"table {self.config.name!r}: saved rows have shape {tuple(rows.shape)}, this "
+                f"table needs ({keys.size}, {width}) (dim {self.dim}, rule "
+                f"{self.config.rule.name!r}); load into a model with the saved config")
+
+        def set_rows(w: np.ndarray, state: np.ndarray, r: np.ndarray) -> None:
+            w[...] = r[:, : self.dim]
+            state[...] = r[:, self.dim:]
+
+        self._update(keys, rows, set_rows)
+
     def contains(self, keys: np.ndarray) -> np.ndarray:
         """bool[N]: which of ``keys`` (uint64[N]) have a row."""
         out = np.zeros(keys.size, dtype=bool)

@@ -21,14 +21,20 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class CreateTableRequest(_message.Message):
-    __slots__ = ("table_id", "config_json", "init_values")
+    __slots__ = ("table_id", "config_json", "init_values", "server_index", "server_num", "dense_index")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     INIT_VALUES_FIELD_NUMBER: _ClassVar[int]
+    SERVER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SERVER_NUM_FIELD_NUMBER: _ClassVar[int]
+    DENSE_INDEX_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     config_json: str
     init_values: bytes
-    def __init__(self, table_id: _Optional[int] = ..., config_json: _Optional[str] = ..., init_values: _Optional[bytes] = ...) -> None: ...
+    server_index: int
+    server_num: int
+    dense_index: bytes
+    def __init__(self, table_id: _Optional[int] = ..., config_json: _Optional[str] = ..., init_values: _Optional[bytes] = ..., server_index: _Optional[int] = ..., server_num: _Optional[int] = ..., dense_index: _Optional[bytes] = ...) -> None: ...
 
 class CreateTableResponse(_message.Message):
     __slots__ = ("created",)
@@ -117,6 +123,36 @@ class StopRequest(_message.Message):
     WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
     worker_index: int
     def __init__(self, worker_index: _Optional[int] = ...) -> None: ...
+
+class SaveRequest(_message.Message):
+    __slots__ = ("dirname", "server_index", "dense")
+    DIRNAME_FIELD_NUMBER: _ClassVar[int]
+    SERVER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    dirname: str
+    server_index: int
+    dense: _containers.RepeatedCompositeFieldContainer[DenseIndex]
+    def __init__(self, dirname: _Optional[str] = ..., server_index: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[DenseIndex, _Mapping]]] = ...) -> None: ...
+
+class DenseIndex(_message.Message):
+    __slots__ = ("table_id", "index")
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    table_id: int
+    index: bytes
+    def __init__(self, table_id: _Optional[int] = ..., index: _Optional[bytes] = ...) -> None: ...
+
+class LoadRequest(_message.Message):
+    __slots__ = ("dirname", "server_index", "server_num", "dense")
+    DIRNAME_FIELD_NUMBER: _ClassVar[int]
+    SERVER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SERVER_NUM_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    dirname: str
+    server_index: int
+    server_num: int
+    dense: _containers.RepeatedCompositeFieldContainer[DenseIndex]
+    def __init__(self, dirname: _Optional[str] = ..., server_index: _Optional[int] = ..., server_num: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[DenseIndex, _Mapping]]] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()

@@ -64,6 +64,16 @@ class ParameterServerStub:
                 request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.BarrierRequest.SerializeToString,
                 response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
                 _registered_method=True)
+        self.Save = channel.unary_unary(
+                '/psfleet.ParameterServer/Save',
+                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.SaveRequest.SerializeToString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+                _registered_method=True)
+        self.Load = channel.unary_unary(
+                '/psfleet.ParameterServer/Load',
+                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.LoadRequest.SerializeToString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/psfleet.ParameterServer/Stats',
                 request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.StatsRequest.SerializeToString,
@@ -115,6 +125,18 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Save(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Load(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -158,6 +180,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
             'Barrier': grpc.unary_unary_rpc_method_handler(
                     servicer.Barrier,
                     request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.BarrierRequest.FromString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.SerializeToString,
+            ),
+            'Save': grpc.unary_unary_rpc_method_handler(
+                    servicer.Save,
+                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.SaveRequest.FromString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.SerializeToString,
+            ),
+            'Load': grpc.unary_unary_rpc_method_handler(
+                    servicer.Load,
+                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.LoadRequest.FromString,
                     response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
@@ -332,6 +364,60 @@ class ParameterServer:
             target,
             '/psfleet.ParameterServer/Barrier',
             psfleet_dot_rpc_dot_psfleet__pb2.BarrierRequest.SerializeToString,
+            psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Save(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psfleet.ParameterServer/Save',
+            psfleet_dot_rpc_dot_psfleet__pb2.SaveRequest.SerializeToString,
+            psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Load(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psfleet.ParameterServer/Load',
+            psfleet_dot_rpc_dot_psfleet__pb2.LoadRequest.SerializeToString,
             psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
             options,
             channel_credentials,

@@ -43,12 +43,14 @@ class ServiceHandler(Protocol):
     def PullDense(self, request: pb.PullDenseRequest) -> pb.PullDenseResponse: ...  # noqa: N802
     def PushDense(self, request: pb.PushDenseRequest) -> pb.Empty: ...  # noqa: N802
     def Barrier(self, request: pb.BarrierRequest) -> pb.Empty: ...  # noqa: N802
+    def Save(self, request: pb.SaveRequest) -> pb.Empty: ...  # noqa: N802
+    def Load(self, request: pb.LoadRequest) -> pb.Empty: ...  # noqa: N802
     def Stats(self, request: pb.StatsRequest) -> pb.StatsResponse: ...  # noqa: N802
     def Stop(self, request: pb.StopRequest) -> pb.Empty: ...  # noqa: N802
 
 
 _METHODS = ("CreateTable", "PullSparse", "PushSparse", "PullDense", "PushDense", "Barrier",
-            "Stats", "Stop")
+            "Save", "Load", "Stats", "Stop")
 
 
 def _make_servicer(handler: ServiceHandler, auth_token: str | None) -> Any:
