@@ -72,6 +72,7 @@ def _train(config_path: Path, overrides: Sequence[str]) -> int:
     if cluster.server_num >= 1 and not _in_job():
         from psfleet.launch import launch_local
 
+        logs.set_role("launcher")
         log_dir = config.runner.model_save_path / "log"
         print(f"psfleet: starting {cluster.server_num} servers x {cluster.worker_num} workers;"
               f" logs in {log_dir}", flush=True)

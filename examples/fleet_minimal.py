@@ -1,0 +1,62 @@
+"""The seeds' fleet paradigm on the shared Criteo data: one script, every role.
+
+    fleetrun --server_num=2 --worker_num=2 examples/fleet_minimal.py
+    python examples/fleet_minimal.py                  # alone, in-process tables
+
+or by hand on several machines with the seeds' environment variables (README.md,
+"Running on several machines"). Worker 0 prints the test AUC and, with --save_dir,
+saves every table with fleet.save_persistables().
+"""
+
+import argparse
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from psfleet import fleet
+from psfleet.data import CriteoReader
+from psfleet.nn import SparseEmbedding
+from psfleet.rec.metrics import auc
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_kaggle_sample"
+parser = argparse.ArgumentParser()
+parser.add_argument("--data", type=Path, default=DATA)
+parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--save_dir", type=str, default=None)
+args = parser.parse_args()
+torch.manual_seed(0)
+
+fleet.init()  # role from the environment (PaddleCloudRoleMaker)
+embedding = SparseEmbedding(dim=8, name="embedding")
+model = nn.Sequential(nn.Flatten(), nn.Linear(26 * 8, 32), nn.ReLU(), nn.Linear(32, 1))
+optimizer = fleet.distributed_optimizer(torch.optim.Adam(model.parameters(), lr=1e-3),
+                                        fleet.StrategyFactory.create_async_strategy())
+
+if fleet.is_server():
+    fleet.init_server()
+    fleet.run_server()
+else:
+    reader = CriteoReader([args.data / "train.csv"], 64, fleet.worker_index(),
+                          fleet.worker_num(), shuffle_seed=0)
+    fleet.init_worker()
+    for epoch in range(args.epochs):
+        reader.set_epoch(epoch)
+        for batch in reader:
+            logits = model(embedding(batch.sparse)).squeeze(1)
+            loss = nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    fleet.flush()
+    fleet.barrier_worker()
+    if fleet.is_first_worker():
+        optimizer.refresh()  # every worker's updates
+        test = CriteoReader([args.data / "dev.csv", args.data / "test.csv"], 1024)
+        with torch.no_grad():
+            scores = [torch.sigmoid(model(embedding(b.sparse)).squeeze(1)) for b in test]
+            labels = [b.labels for b in test]
+        print(f"test auc {auc(torch.cat(labels), torch.cat(scores)):.4f}", flush=True)
+        if args.save_dir:
+            fleet.save_persistables(args.save_dir)
+    fleet.stop_worker()
