@@ -1,5 +1,6 @@
 """The launcher: ``fleetrun`` and :func:`launch_local` (manual: :mod:`psfleet.launch.main`)."""
 
+from psfleet.launch.cluster import JobLayout, plan_job
 from psfleet.launch.endpoints import read_endpoint
 from psfleet.launch.local import EXIT_FAILURE, launch_local, run_job
 from psfleet.launch.process import ChildProcess, describe_exit
@@ -9,11 +10,13 @@ __all__ = [
     "EXIT_FAILURE",
     "LOCAL_HOST",
     "ChildProcess",
+    "JobLayout",
     "LaunchConfig",
     "ProcessSpec",
     "Role",
     "describe_exit",
     "launch_local",
+    "plan_job",
     "read_endpoint",
     "run_job",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,10 +19,12 @@ from typing import BinaryIO
 
 from psfleet.errors import ConfigError, LaunchError
 from psfleet.launch._signals import SignalCatcher
+from psfleet.launch.cluster import JobLayout, plan_job
 from psfleet.launch.endpoints import clean_endpoint_dir, read_endpoint
+from psfleet.launch.hosts import bind_error
 from psfleet.launch.process import ChildProcess, describe_exit, read_tail
 from psfleet.launch.specs import server_spec, worker_spec
-from psfleet.launch.types import LOCAL_HOST, LaunchConfig, ProcessSpec
+from psfleet.launch.types import LaunchConfig, ProcessSpec
 
 __all__ = ["launch_local", "run_job", "EXIT_FAILURE"]
 
@@ -72,7 +75,6 @@ def launch_local(
         ConfigError: an argument is out of range or ``log_dir`` cannot be created.
         OSError: a child could not be started (after stopping the ones started).
     """
-    kwargs = {} if python_executable is None else {"python_executable": python_executable}
     config = LaunchConfig(
         command=tuple(command),
         server_num=server_num,
@@ -81,7 +83,7 @@ def launch_local(
         server_wait_timeout_s=server_wait_timeout_s,
         stop_grace_s=stop_grace_s,
         tee_worker_0=tee_worker_0,
-        **kwargs,
+        python_executable=python_executable or sys.executable,
     )
     return run_job(config)
 
@@ -94,33 +96,47 @@ def run_job(config: LaunchConfig, tee_stream: BinaryIO | None = None) -> int:
         tee_stream: where worker 0's output is copied; this process's stdout when None.
     """
     config = dataclasses.replace(config, log_dir=config.log_dir.resolve())
+    layout = plan_job(config)
     log_dir = config.log_dir
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
-        clean_endpoint_dir(config.endpoint_dir)
+        if not layout.endpoints_known:
+            clean_endpoint_dir(config.endpoint_dir)
     except OSError as e:
         raise ConfigError(
             f"--log_dir: cannot create or clean {str(log_dir)!r} ({e}); give a writable directory"
         ) from e
+    if config.is_multi_node:
+        logger.info(
+            "this node (%s) runs %s of a job of %d server(s) and %d worker(s): "
+            "--servers=%s --workers=%s",
+            ",".join(layout.node_addresses),
+            layout.describe_node(),
+            len(layout.servers),
+            len(layout.workers),
+            ",".join(config.servers),
+            ",".join(config.workers),
+        )
     logger.info(
         "launching %d server(s) and %d worker(s) on %s: %s %s "
         "(log_dir=%s, server_wait_timeout_s=%s, stop_grace_s=%s)",
-        config.server_num,
-        config.worker_num,
-        LOCAL_HOST,
+        len(layout.local_servers),
+        len(layout.local_workers),
+        ",".join(layout.node_addresses),
         config.python_executable,
         " ".join(config.command),
         log_dir,
         config.server_wait_timeout_s,
         config.stop_grace_s,
     )
+    tee = config.tee_worker_0 and bool(layout.local_workers)
     logger.info(
         "logs: %s/serverlog.N and %s/workerlog.N%s",
         log_dir,
         log_dir,
-        "; worker 0's output follows" if config.tee_worker_0 else "",
+        f"; worker {layout.local_workers[0]}'s output follows" if tee else "",
     )
-    job = _Job(config, tee_stream)
+    job = _Job(config, layout, tee_stream)
     with SignalCatcher() as signals:
         try:
             return job.run(signals)
@@ -134,8 +150,11 @@ def run_job(config: LaunchConfig, tee_stream: BinaryIO | None = None) -> int:
 class _Job:
     """The children of one job and the steps that drive them (one thread)."""
 
-    def __init__(self, config: LaunchConfig, tee_stream: BinaryIO | None) -> None:
+    def __init__(
+        self, config: LaunchConfig, layout: JobLayout, tee_stream: BinaryIO | None
+    ) -> None:
         self.config = config
+        self.layout = layout
         self.tee_stream = tee_stream
         self.servers: list[ChildProcess] = []
         self.workers: list[ChildProcess] = []
@@ -150,24 +169,60 @@ class _Job:
 
     def run(self, signals: SignalCatcher) -> int:
         """Start servers, wait for their endpoints, start workers, supervise; exit code."""
+        config, layout = self.config, self.layout
         started = time.monotonic()
-        for i in range(self.config.server_num):
+        if layout.endpoints_known and not self._ports_free():
+            return EXIT_FAILURE
+        for i in layout.local_servers:
             if signals.signum is not None:
                 return self._interrupted(signals.signum)
-            self.servers.append(self._start(server_spec(self.config, i)))
-        endpoints = self._wait_for_endpoints(signals)
-        if isinstance(endpoints, int):
-            return endpoints
-        if endpoints:
-            logger.info("all %d server(s) ready: %s", len(endpoints), ",".join(endpoints))
-        for k in range(self.config.worker_num):
+            self.servers.append(self._start(server_spec(config, i, layout=layout)))
+        endpoints: list[str] | int
+        if layout.endpoints_known:
+            # Fixed ports, possibly on other nodes: the workers wait for the servers.
+            endpoints = list(layout.server_endpoints)
+            if endpoints:
+                logger.info("server endpoints: %s", ",".join(endpoints))
+        else:
+            endpoints = self._wait_for_endpoints(signals)
+            if isinstance(endpoints, int):
+                return endpoints
+            if endpoints:
+                logger.info("all %d server(s) ready: %s", len(endpoints), ",".join(endpoints))
+        for k in layout.local_workers:
             if signals.signum is not None:
                 return self._interrupted(signals.signum)
-            self.workers.append(self._start(worker_spec(self.config, k, endpoints)))
+            tee = config.tee_worker_0 and k == layout.local_workers[0]
+            spec = worker_spec(config, k, endpoints, layout=layout, tee=tee)
+            self.workers.append(self._start(spec))
+        if not self.workers:
+            logger.info(
+                "no worker on this node: the server(s) run until the job's workers stop them "
+                "(or a signal)"
+            )
         code = self._supervise(signals)
         if code == 0:
             logger.info("job succeeded in %.1f s", time.monotonic() - started)
         return code
+
+    def _ports_free(self) -> bool:
+        """Check that this node's servers can bind their fixed endpoints; log the first
+        that cannot (before anything starts) and return False."""
+        for i in self.layout.local_servers:
+            slot = self.layout.servers[i]
+            error = bind_error(slot.host, slot.port)
+            if error is not None:
+                logger.error(
+                    "fleetrun: server %d cannot bind %s on this node (%s): the port is taken "
+                    "or the address is not this node's. Free the port or choose another one "
+                    "in %s. Nothing was started.",
+                    i,
+                    slot.endpoint,
+                    error,
+                    "--servers" if self.config.is_multi_node else "--start_port",
+                )
+                return False
+        return True
 
     def _wait_for_endpoints(self, signals: SignalCatcher) -> list[str] | int:
         """Endpoints of all servers in index order, or the exit code if the job must end."""
@@ -217,7 +272,11 @@ class _Job:
             time.sleep(_POLL_INTERVAL_S)
 
     def _supervise(self, signals: SignalCatcher) -> int:
-        """Watch every child until the workers are done (0), one fails (1) or a signal."""
+        """Watch every child until the workers are done (0), one fails (1) or a signal.
+
+        On a node without workers: until every server exited 0 by itself (the job's
+        workers stopped them over RPC), one fails, or a signal.
+        """
         config = self.config
         grace_deadline: float | None = None
         while True:
@@ -231,7 +290,10 @@ class _Job:
                 if code != 0:
                     return self._report_failure(child, "")
                 logger.info("%s exited 0", child.name)
-            if grace_deadline is None and all(w.returncode == 0 for w in self.workers):
+            if not self.workers:
+                if all(s.returncode is not None for s in self.servers):
+                    return 0
+            elif grace_deadline is None and all(w.returncode == 0 for w in self.workers):
                 if not self.servers:
                     return 0
                 logger.info(

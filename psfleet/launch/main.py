@@ -1,31 +1,51 @@
-"""``fleetrun``: start a parameter-server training job on this host.
+"""``fleetrun``: start a parameter-server training job, on one host or across nodes.
 
 Usage::
 
-    fleetrun [--server_num S] [--worker_num W] [--log_dir DIR]
-             [--server_wait_timeout_s T] [--stop_grace_s G]
+    fleetrun [--server_num S] [--worker_num W] [--start_port P] [options]
              train.py [script args ...]
-    fleetrun [options] -m package.module [module args ...]
+    fleetrun --servers IP:PORT,IP:PORT,... --workers IP[:PORT],IP[:PORT],...
+             [--node_ip IP] [options] train.py [script args ...]
+    fleetrun [...] -m package.module [module args ...]
 
-Also ``python -m psfleet.launch.main ...``; from Python, call
-:func:`psfleet.launch.launch_local`. Everything after the script (or after the module
-name) is passed to every child unchanged, so the script's own flags may share names
-with fleetrun's. Each child runs ``sys.executable train.py args`` (or
-``sys.executable -m package.module args``); the same script runs as server and as
-worker and asks ``psfleet.fleet`` which role it has.
+The first form runs a whole job on this host. The second runs one node's part of a
+multi-node job: give the *same* lists on every node, and each node starts the servers
+and workers whose IP is one of its addresses. Also ``python -m psfleet.launch.main
+...``; from Python, call :func:`psfleet.launch.launch_local` (one host) or build a
+:class:`~psfleet.launch.types.LaunchConfig` and call :func:`psfleet.launch.run_job`.
+Everything after the script (or after the module name) is passed to every child
+unchanged, so the script's own flags may share names with fleetrun's. Each child runs
+``sys.executable train.py args`` (or ``sys.executable -m package.module args``); the
+same script runs as server and as worker and asks ``psfleet.fleet`` which role it has.
 
 Options:
-    --server_num S              servers to start, >= 0 (default 0: workers only, e.g.
-                                a single-process or collective job).
-    --worker_num W              workers to start, >= 1 (default 1).
+    --server_num S              servers to start on this host, >= 0 (default 0: workers
+                                only, e.g. a single-process or collective job).
+    --worker_num W              workers to start on this host, >= 1 (default 1).
+    --start_port P              with --server_num: server i binds port P+i (default: each
+                                server binds a free port and reports it, see Start-up).
+    --servers IP:PORT,...       every server of a multi-node job, in server-index order;
+                                server i binds its IP:PORT (ports 1..65535, no duplicates).
+    --workers IP[:PORT],...     every worker of a multi-node job, in worker-index order;
+                                an IP may repeat (several workers on a node). The ports
+                                are informational, as in Paddle: workers bind nothing.
+    --node_ip IP                this node's IP as it appears in the lists (default: every
+                                address of this host: /proc/net/fib_trie and
+                                /proc/net/if_inet6 on Linux, else the host name's
+                                addresses and loopback; 127.0.0.1 always matches).
     --log_dir DIR               where the logs go (default ./log), created if missing.
-    --server_wait_timeout_s T   how long to wait for every server to report its
-                                endpoint, seconds > 0 (default 300).
+    --server_wait_timeout_s T   how long to wait for the servers, seconds > 0 (default
+                                300): fleetrun waits for endpoint files this long; with
+                                fixed ports the workers wait (PSFLEET_SERVER_WAIT_TIMEOUT_S,
+                                unless already set).
     --stop_grace_s G            how long processes get to exit by themselves, seconds
                                 >= 0, before SIGTERM and again before SIGKILL (default 10).
     -m, --module                run the argument as a module, like ``python -m``.
 
-Start-up:
+    --servers and --workers go together, and exclude --server_num, --worker_num and
+    --start_port; --node_ip needs them.
+
+Start-up, one host (--server_num / --worker_num):
     1. Stale endpoint files in ``DIR/.endpoints`` are removed.
     2. S servers start, each with::
 
@@ -33,7 +53,7 @@ Start-up:
         POD_IP=127.0.0.1       PADDLE_CURRENT_IP=127.0.0.1
         PADDLE_PORT=0          PSFLEET_SERVER_INDEX=i
         PSFLEET_ENDPOINT_FILE=DIR/.endpoints/server.i
-        PADDLE_TRAINERS_NUM=W
+        PADDLE_TRAINERS_NUM=W  PADDLE_TRAINER_IPS=127.0.0.1,... (W times)
 
        ``PADDLE_PORT=0`` means the server binds a free port itself (no pick-then-bind
        race). Once listening it writes ``host:port\\n`` to ``PSFLEET_ENDPOINT_FILE``
@@ -47,6 +67,42 @@ Start-up:
         POD_IP=127.0.0.1       PADDLE_CURRENT_IP=127.0.0.1
         PADDLE_PSERVERS_IP_PORT_LIST=host:port,...  (server-index order; unset if S=0)
         PADDLE_TRAINERS_NUM=W  PADDLE_TRAINER_ID=k
+        PADDLE_TRAINER_IPS=127.0.0.1,... (W times)
+
+    With ``--start_port P`` server i gets ``PADDLE_PORT=P+i`` and
+    ``PADDLE_PSERVERS_IP_PORT_LIST`` instead of an endpoint file, and the workers start
+    right after the servers, as on a multi-node job.
+
+Start-up, multi-node (--servers / --workers, run on every node):
+    This node's part is every entry whose IP is one of its addresses (--node_ip, else
+    detected); indices are the entries' positions in the lists, the same on every node.
+    A node none of whose addresses is in the lists is an error (exit 2, naming the
+    addresses and the lists). The node's servers start first, each with::
+
+        TRAINING_ROLE=PSERVER  PADDLE_TRAINING_ROLE=PSERVER
+        POD_IP=IP              PADDLE_CURRENT_IP=IP           (its entry's IP)
+        PADDLE_PORT=PORT       PSFLEET_SERVER_INDEX=i         (its entry's port, index)
+        PADDLE_PSERVERS_IP_PORT_LIST=<--servers>
+        PADDLE_TRAINERS_NUM=len(--workers)   PADDLE_TRAINER_IPS=<--workers' IPs>
+
+    A server binds its IP:PORT or fails at once naming it (exit non-zero: see below).
+    Then the node's workers start, each with::
+
+        TRAINING_ROLE=TRAINER  PADDLE_TRAINING_ROLE=TRAINER
+        POD_IP=IP              PADDLE_CURRENT_IP=IP           (its entry's IP)
+        PADDLE_PSERVERS_IP_PORT_LIST=<--servers>
+        PADDLE_TRAINERS_NUM=len(--workers)   PADDLE_TRAINER_ID=k (global index)
+        PADDLE_TRAINER_IPS=<--workers' IPs>
+        PSFLEET_SERVER_WAIT_TIMEOUT_S=T      (unless set)
+
+    fleetrun does not wait for the servers (some are on other nodes): each worker waits
+    until every server answers, retrying visibly, at most T seconds. Example, servers
+    and workers on two nodes 10.0.0.1 and 10.0.0.2 (run both lines, one per node)::
+
+        fleetrun --servers=10.0.0.1:6170,10.0.0.2:6170 --workers=10.0.0.1,10.0.0.2 train.py
+        fleetrun --servers=10.0.0.1:6170,10.0.0.2:6170 --workers=10.0.0.1,10.0.0.2 train.py
+
+    Node 10.0.0.1 runs server 0 and worker 0, node 10.0.0.2 server 1 and worker 1.
 
     Every child inherits fleetrun's environment, minus job variables inherited from an
     enclosing job (the ``PADDLE_*`` / ``PSFLEET_*`` role variables above and torchrun's
@@ -56,8 +112,9 @@ Start-up:
 
 Logs:
     Each child's stdout and stderr go to ``DIR/serverlog.i`` and ``DIR/workerlog.k``
-    (overwritten by each run). Worker 0's output is also copied to fleetrun's stdout
-    as it comes, so its progress bar shows in the terminal.
+    (global indices; overwritten by each run). The output of this node's first worker
+    (worker 0 on one host) is also copied to fleetrun's stdout as it comes, so its
+    progress bar shows in the terminal.
 
 Processes:
     Each child runs in its own session and process group, so stopping a child stops
@@ -65,19 +122,31 @@ Processes:
     groups of children it started, and no child outlives fleetrun, also when fleetrun
     itself fails.
 
+Lifecycle of a node:
+    With workers: fleetrun ends when its workers are done (below). Without workers
+    (servers only): the servers run until the job's workers, on other nodes, stop them
+    over RPC (worker 0's ``fleet.stop_worker()``) and they exit 0 by themselves; then
+    fleetrun exits 0. A failure or a signal ends it earlier. fleetrun does not talk to
+    the other nodes: when a process fails on one node, the others learn it through
+    their own workers' failing calls (``PSFLEET_RPC_DEADLINE_S``).
+
 Exit codes and failure modes:
-    0    every worker exited 0. The servers then get ``--stop_grace_s`` to exit by
-         themselves (workers normally stop them over RPC); the ones still running are
-         sent SIGTERM, then SIGKILL after another ``--stop_grace_s``.
-    1    a child exited non-zero or was killed by a signal. The first failure is the
-         root cause: fleetrun prints its role, index, exit code (or signal name), its
-         log path and the last 20 lines of its log, then stops the others (SIGTERM,
+    0    every worker of this node exited 0. The node's servers then get
+         ``--stop_grace_s`` to exit by themselves (workers normally stop them over
+         RPC); the ones still running are sent SIGTERM, then SIGKILL after another
+         ``--stop_grace_s``. A node with servers only: every server exited 0.
+    1    a child exited non-zero or was killed by a signal, e.g. a server whose port is
+         taken (its log's last lines, shown, name the endpoint). The first failure is
+         the root cause: fleetrun prints its role, index, exit code (or signal name),
+         its log path and the last 20 lines of its log, then stops the others (SIGTERM,
          ``--stop_grace_s``, SIGKILL). Also 1 when a server exits before writing its
          endpoint file (named at once, with its log), when a server does not report
          its endpoint within ``--server_wait_timeout_s`` (the missing servers are
          listed), and when fleetrun itself fails unexpectedly (after stopping all).
-    2    a bad flag value, e.g. ``--worker_num 0``; the message names the flag and the
-         allowed values. Nothing is started.
+    2    a bad flag value, e.g. ``--worker_num 0``, a malformed or duplicate endpoint
+         in ``--servers``, ``--servers`` with ``--server_num``, or a node that is in
+         neither list; the message names the flag and the allowed values. Nothing is
+         started.
     128+N  fleetrun received signal N (SIGINT: 130, SIGTERM: 143). The signal is
          forwarded to every child's group, which gets ``--stop_grace_s`` before
          SIGKILL; a second signal skips the wait.
@@ -85,7 +154,10 @@ Exit codes and failure modes:
 Examples::
 
     fleetrun --server_num 2 --worker_num 2 train.py --epochs 1
+    fleetrun --server_num 2 --worker_num 2 --start_port 6170 train.py
     fleetrun --server_num 1 --worker_num 4 -m psfleet.cli.main train -m config.yaml
+    fleetrun --servers=10.0.0.1:6170,10.0.0.2:6170 --workers=10.0.0.1,10.0.0.1,10.0.0.2 \\
+        --node_ip 10.0.0.1 train.py
 """
 
 from __future__ import annotations
@@ -98,6 +170,7 @@ from pathlib import Path
 
 from psfleet import env
 from psfleet.errors import ConfigError
+from psfleet.launch.hosts import split_list
 from psfleet.launch.local import EXIT_FAILURE, run_job
 from psfleet.launch.types import LaunchConfig
 
@@ -112,11 +185,28 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``fleetrun`` argument parser (see the module docstring)."""
     parser = argparse.ArgumentParser(
         prog="fleetrun",
-        description="Start a parameter-server training job (servers and workers) on this host.",
+        description="Start a parameter-server training job (servers and workers) on this host, "
+        "or this node's part of a multi-node job (--servers / --workers).",
         epilog="Run `python -m pydoc psfleet.launch.main` for the manual.",
     )
-    parser.add_argument("--server_num", type=int, default=0, help="servers, >= 0 (default 0)")
-    parser.add_argument("--worker_num", type=int, default=1, help="workers, >= 1 (default 1)")
+    parser.add_argument(
+        "--server_num", type=int, default=None, help="servers on this host, >= 0 (default 0)"
+    )
+    parser.add_argument(
+        "--worker_num", type=int, default=None, help="workers on this host, >= 1 (default 1)"
+    )
+    parser.add_argument(
+        "--start_port", type=int, default=None, help="with --server_num: server i binds P+i"
+    )
+    parser.add_argument(
+        "--servers", default=None, help="multi-node: every server's IP:PORT, comma-separated"
+    )
+    parser.add_argument(
+        "--workers", default=None, help="multi-node: every worker's IP[:PORT], comma-separated"
+    )
+    parser.add_argument(
+        "--node_ip", default=None, help="multi-node: this node's IP (default: detected)"
+    )
     parser.add_argument(
         "--log_dir", type=Path, default=Path("log"), help="log directory (default ./log)"
     )
@@ -153,13 +243,23 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """
     script: str = args.training_script
     prefix = ("-m",) if args.module else ()
+    for listed, counted in (("servers", "server_num"), ("workers", "worker_num")):
+        if getattr(args, listed) is not None and getattr(args, counted) is not None:
+            raise ConfigError(
+                f"--{counted}: not with --{listed}; --{listed} lists every {listed[:-1]} "
+                f"of the job, so give one of --{listed} and --{counted}"
+            )
     config = LaunchConfig(
         command=(*prefix, script, *args.training_script_args),
-        server_num=args.server_num,
-        worker_num=args.worker_num,
+        server_num=0 if args.server_num is None else args.server_num,
+        worker_num=1 if args.worker_num is None else args.worker_num,
         log_dir=args.log_dir,
         server_wait_timeout_s=args.server_wait_timeout_s,
         stop_grace_s=args.stop_grace_s,
+        servers=split_list(args.servers) if args.servers is not None else (),
+        workers=split_list(args.workers) if args.workers is not None else (),
+        node_ips=split_list(args.node_ip) if args.node_ip is not None else (),
+        start_port=args.start_port,
     )
     if not args.module and not Path(script).is_file():
         raise ConfigError(

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from psfleet.launch.types import LOCAL_HOST, LaunchConfig, ProcessSpec, Role
+from psfleet.launch.cluster import JobLayout, plan_job
+from psfleet.launch.types import LaunchConfig, ProcessSpec, Role
 
 __all__ = ["JOB_VARIABLES", "server_spec", "worker_spec"]
 
@@ -27,34 +28,51 @@ JOB_VARIABLES: frozenset[str] = frozenset(
 )  # fmt: skip
 
 
-def _base_env(config: LaunchConfig, environ: Mapping[str, str] | None) -> dict[str, str]:
+def _base_env(
+    layout: JobLayout, host: str, environ: Mapping[str, str] | None
+) -> dict[str, str]:
     source = os.environ if environ is None else environ
     env = {k: v for k, v in source.items() if k not in JOB_VARIABLES}
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env["POD_IP"] = LOCAL_HOST
-    env["PADDLE_CURRENT_IP"] = LOCAL_HOST
-    env["PADDLE_TRAINERS_NUM"] = str(config.worker_num)
+    env["POD_IP"] = host
+    env["PADDLE_CURRENT_IP"] = host
+    env["PADDLE_TRAINERS_NUM"] = str(len(layout.workers))
+    env["PADDLE_TRAINER_IPS"] = ",".join(layout.worker_hosts)
     return env
 
 
 def server_spec(
-    config: LaunchConfig, index: int, environ: Mapping[str, str] | None = None
+    config: LaunchConfig,
+    index: int,
+    environ: Mapping[str, str] | None = None,
+    *,
+    layout: JobLayout | None = None,
 ) -> ProcessSpec:
-    """The spec of server ``index``: it binds port 0 and reports it in its endpoint file.
+    """The spec of server ``index``.
+
+    It binds ``POD_IP:PADDLE_PORT``. With port 0 (a one-host job without
+    ``--start_port``) it reports the port it got in ``PSFLEET_ENDPOINT_FILE``;
+    otherwise it is also told every server's endpoint.
 
     Args:
         config: the job.
-        index: server index, 0 .. server_num-1.
+        index: global server index.
         environ: the environment to inherit; ``os.environ`` when None.
+        layout: the job's layout; :func:`plan_job` of ``config`` when None.
     """
-    env = _base_env(config, environ)
+    layout = layout if layout is not None else plan_job(config)
+    slot = layout.servers[index]
+    env = _base_env(layout, slot.host, environ)
     env.update(
         TRAINING_ROLE=Role.SERVER.paddle_name,
         PADDLE_TRAINING_ROLE=Role.SERVER.paddle_name,
-        PADDLE_PORT="0",
+        PADDLE_PORT=str(slot.port),
         PSFLEET_SERVER_INDEX=str(index),
-        PSFLEET_ENDPOINT_FILE=str(config.endpoint_file(index)),
     )
+    if slot.port == 0:
+        env["PSFLEET_ENDPOINT_FILE"] = str(config.endpoint_file(index))
+    if layout.endpoints_known:
+        env["PADDLE_PSERVERS_IP_PORT_LIST"] = ",".join(layout.server_endpoints)
     return _spec(config, Role.SERVER, index, env, tee=False)
 
 
@@ -63,17 +81,24 @@ def worker_spec(
     index: int,
     endpoints: Sequence[str],
     environ: Mapping[str, str] | None = None,
+    *,
+    layout: JobLayout | None = None,
+    tee: bool | None = None,
 ) -> ProcessSpec:
-    """The spec of worker ``index``; worker 0's output is teed if the config says so.
+    """The spec of worker ``index``.
 
     Args:
         config: the job.
-        index: worker index, 0 .. worker_num-1 (``PADDLE_TRAINER_ID``).
+        index: global worker index (``PADDLE_TRAINER_ID``).
         endpoints: the servers' endpoints in server-index order (empty: no servers,
             and ``PADDLE_PSERVERS_IP_PORT_LIST`` is left unset).
         environ: the environment to inherit; ``os.environ`` when None.
+        layout: the job's layout; :func:`plan_job` of ``config`` when None.
+        tee: copy its output to the launcher's stdout; when None, for worker 0 if
+            ``config.tee_worker_0``.
     """
-    env = _base_env(config, environ)
+    layout = layout if layout is not None else plan_job(config)
+    env = _base_env(layout, layout.workers[index].host, environ)
     env.update(
         TRAINING_ROLE=Role.WORKER.paddle_name,
         PADDLE_TRAINING_ROLE=Role.WORKER.paddle_name,
@@ -81,7 +106,13 @@ def worker_spec(
     )
     if endpoints:
         env["PADDLE_PSERVERS_IP_PORT_LIST"] = ",".join(endpoints)
-    return _spec(config, Role.WORKER, index, env, tee=index == 0 and config.tee_worker_0)
+    if layout.endpoints_known and layout.servers:
+        # The launcher does not wait for servers whose ports are fixed (they may be on
+        # other nodes): the workers wait, as long as --server_wait_timeout_s says.
+        env.setdefault("PSFLEET_SERVER_WAIT_TIMEOUT_S", f"{config.server_wait_timeout_s:g}")
+    if tee is None:
+        tee = index == 0 and config.tee_worker_0
+    return _spec(config, Role.WORKER, index, env, tee=tee)
 
 
 def _spec(

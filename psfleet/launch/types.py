@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from psfleet.errors import ConfigError
+from psfleet.launch.hosts import normalize_host, parse_server_list, parse_worker_list, split_list
 
 __all__ = ["LOCAL_HOST", "Role", "LaunchConfig", "ProcessSpec"]
 
@@ -59,13 +60,20 @@ def _check_seconds(flag: str, value: object, *, allow_zero: bool) -> None:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """How to run one job on this host: what to run, how many of each role, where to log.
+    """How to run one job (or this node's part of it): what, how many of each role, where.
+
+    Two shapes: a one-host job (``server_num`` / ``worker_num``, every child on
+    127.0.0.1) or a multi-node job (``servers`` / ``workers`` list the whole job; this
+    node runs the entries whose host is one of its addresses, see
+    :mod:`psfleet.launch.cluster`).
 
     Attributes:
         command: the argv after the interpreter, the same for every child, e.g.
             ``("train.py", "--epochs", "2")`` or ``("-m", "psfleet.cli.main", "train")``.
-        server_num: number of servers (``--server_num``), >= 0; 0 runs workers only.
-        worker_num: number of workers (``--worker_num``), >= 1.
+        server_num: number of servers (``--server_num``), >= 0; 0 runs workers only. With
+            ``servers`` it must be 0 or ``len(servers)`` and becomes ``len(servers)``.
+        worker_num: number of workers (``--worker_num``), >= 1. With ``workers`` it must
+            be 1 or ``len(workers)`` and becomes ``len(workers)``.
         log_dir: directory of ``serverlog.N`` / ``workerlog.N`` (``--log_dir``); created
             if missing. Endpoint files go to ``log_dir/.endpoints``.
         server_wait_timeout_s: how long to wait for every server to report its endpoint
@@ -73,7 +81,15 @@ class LaunchConfig:
         stop_grace_s: how long processes get to exit after the workers are done or after
             SIGTERM before they are killed (``--stop_grace_s``), >= 0.
         python_executable: the interpreter every child runs (``sys.executable``).
-        tee_worker_0: also copy worker 0's output to the launcher's stdout.
+        tee_worker_0: also copy the output of this node's first worker (worker 0 on one
+            host) to the launcher's stdout.
+        servers: every server's ``host:port`` of a multi-node job, in server-index order
+            (``--servers``; a comma-separated string is split). Empty: one-host job.
+        workers: every worker's host of a multi-node job, in worker-index order
+            (``--workers``; ``host`` or ``host:port``, ports are dropped).
+        node_ips: this node's addresses (``--node_ip``); empty: detected.
+        start_port: one-host job only: servers bind ``start_port + i`` instead of a free
+            port reported through an endpoint file (``--start_port``).
 
     Raises:
         ConfigError: a value is out of range; the message names the flag and the
@@ -88,6 +104,10 @@ class LaunchConfig:
     stop_grace_s: float = 10.0
     python_executable: str = field(default_factory=lambda: sys.executable)
     tee_worker_0: bool = True
+    servers: tuple[str, ...] = ()
+    workers: tuple[str, ...] = ()
+    node_ips: tuple[str, ...] = ()
+    start_port: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.command, str) or not all(isinstance(a, str) for a in self.command):
@@ -105,6 +125,7 @@ class LaunchConfig:
             raise ConfigError("command: '-m' needs a module name, e.g. -m package.module")
         _check_count("--server_num", self.server_num, 0)
         _check_count("--worker_num", self.worker_num, 1)
+        self._check_lists()
         _check_seconds("--server_wait_timeout_s", self.server_wait_timeout_s, allow_zero=False)
         _check_seconds("--stop_grace_s", self.stop_grace_s, allow_zero=True)
         if not isinstance(self.log_dir, (str, Path)) or str(self.log_dir) == "":
@@ -112,6 +133,50 @@ class LaunchConfig:
         object.__setattr__(self, "log_dir", Path(self.log_dir))
         if not self.python_executable:
             raise ConfigError("python_executable: empty; give the interpreter to run")
+
+    def _check_lists(self) -> None:
+        """Validate and normalise ``servers``, ``workers``, ``node_ips``, ``start_port``."""
+        if self.servers or self.workers:
+            if not self.servers:
+                raise ConfigError("--servers: required with --workers; list every server's "
+                                  "IP:PORT (the same lists on every node)")
+            if not self.workers:
+                raise ConfigError("--workers: required with --servers; list every worker's IP "
+                                  "(or IP:PORT; the same lists on every node)")
+            servers = parse_server_list(self.servers)
+            workers = parse_worker_list(self.workers)
+            if self.server_num not in (0, len(servers)):
+                raise ConfigError(f"--server_num: got {self.server_num} but --servers lists "
+                                  f"{len(servers)} server(s); give one of the two flags")
+            if self.worker_num not in (1, len(workers)):
+                raise ConfigError(f"--worker_num: got {self.worker_num} but --workers lists "
+                                  f"{len(workers)} worker(s); give one of the two flags")
+            if self.start_port is not None:
+                raise ConfigError("--start_port: not with --servers (the ports are in the "
+                                  "list); it numbers the ports of --server_num servers")
+            object.__setattr__(self, "servers", servers)
+            object.__setattr__(self, "workers", workers)
+            object.__setattr__(self, "server_num", len(servers))
+            object.__setattr__(self, "worker_num", len(workers))
+        node_ips = tuple(normalize_host(ip) for ip in split_list(self.node_ips) if ip)
+        if self.node_ips and not node_ips:
+            raise ConfigError("--node_ip: empty; give this node's IP as it appears in the lists")
+        if node_ips and not self.servers:
+            raise ConfigError("--node_ip: only with --servers and --workers (it picks this "
+                              "node's entries); a one-host job runs everything on 127.0.0.1")
+        object.__setattr__(self, "node_ips", node_ips)
+        if self.start_port is not None:
+            top = 65535 - max(self.server_num, 1) + 1
+            if (isinstance(self.start_port, bool) or not isinstance(self.start_port, int)
+                    or not 1 <= self.start_port <= top):
+                raise ConfigError(f"--start_port: got {self.start_port!r}; allowed: an integer "
+                                  f"in 1..{top} (servers bind start_port .. "
+                                  "start_port+server_num-1)")
+
+    @property
+    def is_multi_node(self) -> bool:
+        """Whether the job is given as ``servers`` / ``workers`` lists (one node's part)."""
+        return bool(self.servers)
 
     @property
     def endpoint_dir(self) -> Path:
