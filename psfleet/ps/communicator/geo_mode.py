@@ -4,9 +4,12 @@ As Paddle's GeoCommunicator (GEO-SGD): each worker applies the optimizer to its 
 copy of the rows it uses and of the dense parameters. The first time a row is used
 in a sync interval its fresh value is pulled from the servers and remembered as the
 row's base; every ``geo_step`` steps the worker pushes the delta (local value - base)
-of every row it touched and of the dense parameters, the servers add the deltas,
-and the worker takes the servers' fresh dense values. Communication drops by about
-``geo_step`` times; workers see each other's updates at the next sync.
+of every row it touched and of the dense parameters, divided by the number of
+workers (as Paddle's GeoCommunicator scales deltas by 1/trainers: the servers then
+hold the average of the workers' models, not W times their common movement), the
+servers add the deltas, and the worker takes the servers' fresh dense values.
+Communication drops by about ``geo_step`` times; workers see each other's updates
+at the next sync.
 """
 
 from __future__ import annotations
@@ -29,11 +32,14 @@ class GeoCommunicator(Communicator):
     Args:
         client: the servers' tables.
         geo_step: steps between syncs (PaddleRec's default is 400).
+        worker_num: workers whose deltas the servers add; each delta is scaled by
+            1/worker_num.
     """
 
-    def __init__(self, client: TableClient, geo_step: int) -> None:
+    def __init__(self, client: TableClient, geo_step: int, worker_num: int = 1) -> None:
         super().__init__(client)
         self.geo_step = geo_step
+        self._scale = np.float32(1.0 / worker_num)
         self.steps = 0
         self.syncs = 0
         self._local: dict[int, SparseTable] = {}
@@ -96,11 +102,11 @@ class GeoCommunicator(Communicator):
             keys, rows = base.items()
             if keys.size:
                 delta = self._local[table_id].pull(keys) - rows[:, : base.dim]
-                self.client.push_sparse(table_id, keys, delta, PushMode.DELTA)
+                self.client.push_sparse(table_id, keys, delta * self._scale, PushMode.DELTA)
             self._base[table_id] = self._new_base(base.config)
         for table_id, local in self._local_dense.items():
             delta = local.pull() - self._base_dense[table_id]
-            self.client.push_dense(table_id, delta, PushMode.DELTA)
+            self.client.push_dense(table_id, delta * self._scale, PushMode.DELTA)
             fresh = self.client.pull_dense(table_id)
             local.assign(fresh)
             self._base_dense[table_id] = fresh

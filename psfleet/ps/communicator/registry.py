@@ -29,7 +29,8 @@ MODES: dict[str, Callable[[TableClient, CommunicatorSettings], Communicator]] = 
     "local": lambda client, settings: LocalCommunicator(client),
     "async": lambda client, settings: AsyncCommunicator(client, settings.async_config),
     "sync": lambda client, settings: SyncCommunicator(client, settings.worker_num),
-    "geo": lambda client, settings: GeoCommunicator(client, settings.geo_step),
+    "geo": lambda client, settings: GeoCommunicator(client, settings.geo_step,
+                                                    settings.worker_num),
 }
 
 
