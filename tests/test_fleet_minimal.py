@@ -1,0 +1,91 @@
+"""The seeds' fleet example, started by fleetrun and by hand with environment only."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import assert_no_processes_mentioning, clean_env, run_command
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fleet_minimal.py"
+
+
+def _test_auc(stdout: str) -> float:
+    lines = [line for line in stdout.splitlines() if line.startswith("test auc ")]
+    assert lines, f"no 'test auc' line in:\n{stdout[-3000:]}"
+    return float(lines[-1].split()[-1])
+
+
+def test_fleetrun_two_servers_two_workers(tmp_path: Path) -> None:
+    result = run_command([sys.executable, "-m", "psfleet.launch.main", "--server_num=2",
+                          "--worker_num=2", "--log_dir", str(tmp_path / "log"), str(EXAMPLE),
+                          "--epochs", "1", "--save_dir", str(tmp_path / "save")], timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert _test_auc(result.stdout) > 0.6
+    saved = sorted(p.relative_to(tmp_path / "save").as_posix()
+                   for p in (tmp_path / "save").rglob("*") if p.is_file())
+    assert saved == ["manifest.json", "server-0/table-0.npz", "server-0/table-1.npz",
+                     "server-1/table-0.npz", "server-1/table-1.npz"]
+    assert_no_processes_mentioning(str(tmp_path))
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports free now (bound to 0 then closed: a test convenience with a tiny race)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_four_processes_started_by_hand_with_environment_only(tmp_path: Path) -> None:
+    """The seeds' two-machine walkthrough, on one host: no launcher, only variables."""
+    ports = _free_ports(2)
+    endpoints = ",".join(f"127.0.0.1:{p}" for p in ports)
+    common = {"PADDLE_PSERVERS_IP_PORT_LIST": endpoints, "PADDLE_TRAINERS_NUM": "2",
+              "POD_IP": "127.0.0.1", "PSFLEET_SERVER_WAIT_TIMEOUT_S": "120"}
+    roles = [{"TRAINING_ROLE": "PSERVER", "PADDLE_PORT": str(p)} for p in ports] + [
+        {"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": str(k)} for k in range(2)]
+    procs: list[subprocess.Popen[str]] = []
+    logs = []
+    try:
+        for i, role in enumerate(roles):
+            log = open(tmp_path / f"proc{i}.log", "w")  # noqa: SIM115 - closed below
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [sys.executable, str(EXAMPLE), "--epochs", "1"], env=clean_env({**common, **role}),
+                stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        codes = [p.wait(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+    outputs = [(tmp_path / f"proc{i}.log").read_text() for i in range(4)]
+    assert codes == [0, 0, 0, 0], "\n\n".join(o[-2000:] for o in outputs)
+    assert _test_auc(outputs[2]) > 0.6  # worker 0
+    assert all(f"Server listening on 127.0.0.1:{p}" in outputs[i]
+               for i, p in enumerate(ports))
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"TRAINING_ROLE": "PSERVER", "PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:1"},
+     "POD_IP"),
+    ({"TRAINING_ROLE": "TRAINER", "PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:1",
+      "PADDLE_TRAINERS_NUM": "2", "PADDLE_TRAINER_ID": "2"}, "PADDLE_TRAINER_ID"),
+    ({"TRAINING_ROLE": "TRAINER", "PADDLE_PSERVERS_IP_PORT_LIST": "localhost"},
+     "PADDLE_PSERVERS_IP_PORT_LIST"),
+])
+def test_bad_environment_fails_naming_the_variable(bad: dict[str, str], message: str,
+                                                   tmp_path: Path) -> None:
+    result = run_command([sys.executable, str(EXAMPLE), "--epochs", "1"], timeout=120, env=bad)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr[-3000:]
