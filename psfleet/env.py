@@ -34,11 +34,52 @@ VARIABLES: tuple[EnvVar, ...] = (
         None,
         "Comma-separated server endpoints host:port, in server-index order.",
     ),
+    EnvVar(
+        "PADDLE_PSERVER_IPS",
+        None,
+        "Older seeds' server list: comma-separated IPs, with PADDLE_PSERVER_PORT. If "
+        "PADDLE_PSERVERS_IP_PORT_LIST is also set, both must name the same endpoints.",
+    ),
+    EnvVar(
+        "PADDLE_PSERVER_PORT",
+        None,
+        "Port of the servers in PADDLE_PSERVER_IPS: one port for all, or a comma list with "
+        "one port per IP.",
+    ),
     EnvVar("PADDLE_TRAINERS_NUM", None, "Number of workers (worker_num)."),
+    EnvVar(
+        "PADDLE_TRAINERS",
+        None,
+        "Older seeds' worker count: an integer, or a comma list of worker IPs whose length "
+        "is the count. Must agree with PADDLE_TRAINERS_NUM if both are set.",
+    ),
     EnvVar("PADDLE_TRAINER_ID", None, "This worker's index, 0 .. worker_num-1."),
+    EnvVar(
+        "PADDLE_TRAINER_IPS",
+        None,
+        "Comma-separated worker IPs in worker-index order; must list one per worker (gives "
+        "worker_num when no count is set).",
+    ),
     EnvVar("POD_IP", None, "IP address this process binds (servers) or reports."),
     EnvVar("PADDLE_CURRENT_IP", None, "Same as POD_IP (newer seeds' name)."),
     EnvVar("PADDLE_PORT", None, "Port a server binds; 0 asks the OS for a free port."),
+    EnvVar(
+        "PSFLEET_SERVER_NUM",
+        None,
+        "MPIRoleMaker / SlurmRoleMaker: how many ranks are servers (ranks 0 .. N-1), when "
+        "server_num is not passed in code.",
+    ),
+    EnvVar("OMPI_COMM_WORLD_RANK", None, "Open MPI's rank of this process (MPIRoleMaker)."),
+    EnvVar("OMPI_COMM_WORLD_SIZE", None, "Open MPI's number of processes (MPIRoleMaker)."),
+    EnvVar(
+        "PMI_RANK",
+        None,
+        "MPICH / Intel MPI (PMI) rank of this process (MPIRoleMaker, when the OMPI_* "
+        "variables are unset).",
+    ),
+    EnvVar("PMI_SIZE", None, "MPICH / Intel MPI (PMI) number of processes (MPIRoleMaker)."),
+    EnvVar("SLURM_PROCID", None, "Slurm task rank of this process (SlurmRoleMaker)."),
+    EnvVar("SLURM_NTASKS", None, "Slurm number of tasks in the job step (SlurmRoleMaker)."),
     EnvVar(
         "PSFLEET_SERVER_INDEX",
         None,

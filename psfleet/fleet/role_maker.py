@@ -1,15 +1,27 @@
 """Role makers: who this process is (server or worker, which index, which endpoints).
 
-:class:`PaddleCloudRoleMaker` reads the seeds' environment variables (see
-``psfleet.env``), so jobs started by ``fleetrun`` or by hand with Paddle's variables
-work unchanged. With no role variables and no server list the process is a single
-local worker training against in-process tables (``is_local``), so the same script
-runs on a laptop and on a cluster.
+Three ways to say it, all producing one :class:`RoleInfo`:
+
+- :class:`PaddleCloudRoleMaker` reads the seeds' environment variables (both
+  generations of Paddle Fleet's names, see ``psfleet.env``), so jobs started by
+  ``fleetrun`` or by hand with Paddle's variables work unchanged. With no role
+  variables and no server list the process is a single local worker training against
+  in-process tables (``is_local``), so the same script runs on a laptop and a cluster.
+- :class:`MPIRoleMaker` and :class:`SlurmRoleMaker` derive the role from the rank
+  ``mpirun`` / ``srun`` gives each process: ranks ``0 .. server_num-1`` are servers
+  (server index = rank), ranks ``server_num .. size-1`` are workers
+  (``worker_index = rank - server_num``, ``worker_num = size - server_num``).
+- :class:`UserDefinedRoleMaker` takes the role in code.
+
+Every inconsistency is a :class:`~psfleet.errors.ConfigError` naming the variable, its
+value and what to do; two variables that say the same thing differently are an error,
+never a silent choice.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,9 +29,18 @@ from pathlib import Path
 
 from psfleet import env
 from psfleet.errors import ConfigError
+from psfleet.fleet._role_env import Workers, int_var, server_endpoints, workers_of
 from psfleet.rpc import parse_endpoint
 
-__all__ = ["Role", "RoleInfo", "RoleMaker", "PaddleCloudRoleMaker", "UserDefinedRoleMaker"]
+__all__ = [
+    "Role",
+    "RoleInfo",
+    "RoleMaker",
+    "PaddleCloudRoleMaker",
+    "MPIRoleMaker",
+    "SlurmRoleMaker",
+    "UserDefinedRoleMaker",
+]
 
 
 class Role(enum.Enum):
@@ -42,6 +63,8 @@ class RoleInfo:
             on a server started with port 0 by fleetrun, which reports its port).
         bind_endpoint: ``host:port`` a server binds (None for workers).
         endpoint_file: where a server writes its bound endpoint (fleetrun).
+        worker_ips: every worker's IP in index order, when the job lists them
+            (``PADDLE_TRAINER_IPS`` or ``PADDLE_TRAINERS`` as a list), else empty.
     """
 
     role: Role
@@ -51,6 +74,7 @@ class RoleInfo:
     server_endpoints: tuple[str, ...] = ()
     bind_endpoint: str | None = None
     endpoint_file: Path | None = None
+    worker_ips: tuple[str, ...] = ()
 
     @property
     def is_local(self) -> bool:
@@ -66,89 +90,227 @@ class RoleMaker(ABC):
         """Return the role. Raises ConfigError naming what is missing or wrong."""
 
 
-def _int(environ: Mapping[str, str], name: str, minimum: int) -> int | None:
-    raw = env.read(name, environ)
-    if raw is None:
-        return None
+def _role(environ: Mapping[str, str]) -> tuple[Role, str]:
+    """The role and the variable that named it (TRAINER when neither is set)."""
+    named = [(name, raw) for name in ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE")
+             if (raw := env.read(name, environ)) is not None]
+    if not named:
+        return Role.WORKER, "TRAINING_ROLE"
+    if len({raw.strip().upper() for _, raw in named}) > 1:
+        raise ConfigError(f"TRAINING_ROLE is {named[0][1]!r} but PADDLE_TRAINING_ROLE is "
+                          f"{named[1][1]!r}: set only one, or make them agree")
+    name, raw = named[0]
     try:
-        value = int(raw)
+        return Role(raw.strip().upper()), name
     except ValueError:
-        raise ConfigError(f"{name}: {raw!r} is not an integer") from None
-    if value < minimum:
-        raise ConfigError(f"{name}: {value} must be >= {minimum}")
-    return value
+        hint = (" (heterogeneous trainers are not supported)"
+                if raw.strip().upper() == "HETER_TRAINER" else "")
+        raise ConfigError(f"{name}: {raw!r} is not one of PSERVER, TRAINER{hint}") from None
 
+
+# -- role makers ------------------------------------------------------------------------
 
 class PaddleCloudRoleMaker(RoleMaker):
     """The role from the seeds' environment variables.
 
-    Reads TRAINING_ROLE / PADDLE_TRAINING_ROLE (PSERVER or TRAINER),
-    PADDLE_PSERVERS_IP_PORT_LIST, PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ID, POD_IP /
-    PADDLE_CURRENT_IP, PADDLE_PORT, PSFLEET_SERVER_INDEX, PSFLEET_ENDPOINT_FILE.
+    Variables (all declared in ``psfleet.env``; a pair that says the same thing must
+    agree, else ConfigError):
+
+    - role: ``TRAINING_ROLE`` / ``PADDLE_TRAINING_ROLE``: ``PSERVER`` or ``TRAINER``
+      (any case; ``TRAINER`` when unset).
+    - servers: ``PADDLE_PSERVERS_IP_PORT_LIST``, or ``PADDLE_PSERVER_IPS`` +
+      ``PADDLE_PSERVER_PORT`` (one port for all IPs, or one per IP).
+    - worker count: ``PADDLE_TRAINERS_NUM``, or ``PADDLE_TRAINERS`` (a count, or a comma
+      list of IP addresses whose length is the count), or else the length of
+      ``PADDLE_TRAINER_IPS``; 1 when none is set. ``PADDLE_TRAINER_IPS``, when set,
+      must list one IP per worker.
+    - a worker: ``PADDLE_TRAINER_ID`` (required when there is more than one worker).
+    - a server: ``POD_IP`` / ``PADDLE_CURRENT_IP`` and ``PADDLE_PORT``; the server index
+      is the position of ``ip:port`` in the server list (either IP may match), or
+      ``PSFLEET_SERVER_INDEX`` when given (then no list is needed, and without
+      ``POD_IP`` / ``PADDLE_PORT`` the server binds its list entry);
+      ``PSFLEET_ENDPOINT_FILE`` is where it reports its bound endpoint.
+
+    torchrun's ``RANK`` / ``WORLD_SIZE`` are not read: they belong to collective mode.
 
     Args:
         environ: the environment to read; ``os.environ`` when None.
     """
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
-        import os
-
         self._env = dict(os.environ if environ is None else environ)
 
     def generate_role(self) -> RoleInfo:
+        """Return the role.
+
+        Raises:
+            ConfigError: a variable is malformed, two variables disagree, a trainer id
+                is out of range, or a server cannot tell its index.
+        """
         e = self._env
-        raw_role = env.read("TRAINING_ROLE", e) or env.read("PADDLE_TRAINING_ROLE", e)
-        endpoints = self._endpoints()
-        worker_num = _int(e, "PADDLE_TRAINERS_NUM", 1) or 1
-        if raw_role is None:
-            raw_role = "TRAINER"
-        try:
-            role = Role(raw_role.upper())
-        except ValueError:
-            raise ConfigError(
-                f"TRAINING_ROLE: {raw_role!r} is not one of PSERVER, TRAINER") from None
+        role, role_var = _role(e)
+        endpoints, source = server_endpoints(e)
+        workers = workers_of(e)
         if role is Role.SERVER:
-            return self._server(endpoints, worker_num)
-        worker_index = _int(e, "PADDLE_TRAINER_ID", 0)
+            return self._server(role_var, endpoints, source, workers)
+        worker_index = int_var(e, "PADDLE_TRAINER_ID", 0)
         if worker_index is None:
-            if worker_num > 1:
-                raise ConfigError("PADDLE_TRAINER_ID is not set but PADDLE_TRAINERS_NUM is "
-                                  f"{worker_num}: set it to this worker's index")
+            if workers.num > 1:
+                raise ConfigError(f"PADDLE_TRAINER_ID is not set but {workers.source} is "
+                                  f"{workers.num}: set it to this worker's index")
             worker_index = 0
-        if worker_index >= worker_num:
-            raise ConfigError(f"PADDLE_TRAINER_ID: {worker_index} must be < "
-                              f"PADDLE_TRAINERS_NUM ({worker_num})")
-        if not endpoints and worker_num > 1:
+        if worker_index >= workers.num:
+            raise ConfigError(f"PADDLE_TRAINER_ID: {worker_index} must be < {workers.source} "
+                              f"({workers.num}): worker indices are 0..{workers.num - 1}")
+        if not endpoints and workers.num > 1:
             raise ConfigError(
-                f"PADDLE_TRAINERS_NUM is {worker_num} but PADDLE_PSERVERS_IP_PORT_LIST is "
-                "empty: list the servers' host:port, or start the job with fleetrun")
-        return RoleInfo(Role.WORKER, worker_index, worker_num, server_endpoints=endpoints)
+                f"{workers.source} is {workers.num} but {source} is empty: list the "
+                "servers' host:port, or start the job with fleetrun")
+        return RoleInfo(Role.WORKER, worker_index, workers.num, server_endpoints=endpoints,
+                        worker_ips=workers.ips)
 
-    def _endpoints(self) -> tuple[str, ...]:
-        raw = env.read("PADDLE_PSERVERS_IP_PORT_LIST", self._env) or ""
-        endpoints = tuple(p.strip() for p in raw.split(",") if p.strip())
-        for endpoint in endpoints:
-            parse_endpoint(endpoint, "PADDLE_PSERVERS_IP_PORT_LIST")
-        return endpoints
-
-    def _server(self, endpoints: tuple[str, ...], worker_num: int) -> RoleInfo:
+    def _server(self, role_var: str, endpoints: tuple[str, ...], source: str,
+                workers: Workers) -> RoleInfo:
         e = self._env
-        ip = env.read("POD_IP", e) or env.read("PADDLE_CURRENT_IP", e)
-        port = _int(e, "PADDLE_PORT", 0)
-        if ip is None or port is None:
-            raise ConfigError("TRAINING_ROLE is PSERVER but POD_IP (or PADDLE_CURRENT_IP) "
-                              "and PADDLE_PORT are not both set: set the address to bind")
-        endpoint = f"{ip}:{port}"
-        index = _int(e, "PSFLEET_SERVER_INDEX", 0)
-        if index is None:
-            if endpoint not in endpoints:
-                raise ConfigError(f"this server's endpoint {endpoint} (POD_IP:PADDLE_PORT) is "
-                                  f"not in PADDLE_PSERVERS_IP_PORT_LIST {list(endpoints)}")
-            index = endpoints.index(endpoint)
+        ips = [ip for name in ("POD_IP", "PADDLE_CURRENT_IP")
+               if (ip := env.read(name, e)) is not None]
+        port = int_var(e, "PADDLE_PORT", 0, 65535)
+        index = int_var(e, "PSFLEET_SERVER_INDEX", 0)
+        if index is None and not endpoints:
+            raise ConfigError(
+                f"{role_var} is PSERVER but no server list is set: set "
+                "PADDLE_PSERVERS_IP_PORT_LIST (or PADDLE_PSERVER_IPS + PADDLE_PSERVER_PORT) "
+                "to every server's host:port, or PSFLEET_SERVER_INDEX")
+        if index is not None and endpoints and index >= len(endpoints):
+            raise ConfigError(f"PSFLEET_SERVER_INDEX: {index} must be < the {len(endpoints)} "
+                              f"servers in {source}")
+        if not ips or port is None:
+            if index is None or not endpoints:
+                raise ConfigError(f"{role_var} is PSERVER but POD_IP (or PADDLE_CURRENT_IP) "
+                                  "and PADDLE_PORT are not both set: set the address to bind")
+            bind = endpoints[index]
+        else:
+            candidates = [f"{ip}:{port}" for ip in dict.fromkeys(ips)]
+            matches = [c for c in candidates if c in endpoints]
+            if index is None:
+                if not matches:
+                    raise ConfigError(
+                        f"this server's endpoint {' or '.join(candidates)} (POD_IP:PADDLE_PORT)"
+                        f" is not in {source} {list(endpoints)}: set POD_IP and PADDLE_PORT to "
+                        "one of its entries, or PSFLEET_SERVER_INDEX")
+                index = endpoints.index(matches[0])
+            elif matches and endpoints.index(matches[0]) != index:
+                raise ConfigError(
+                    f"PSFLEET_SERVER_INDEX is {index} but POD_IP:PADDLE_PORT {matches[0]} is "
+                    f"entry {endpoints.index(matches[0])} of {source}: make them agree")
+            bind = matches[0] if matches else candidates[0]
         file = env.read("PSFLEET_ENDPOINT_FILE", e)
-        return RoleInfo(Role.SERVER, 0, worker_num, server_index=index,
-                        server_endpoints=endpoints, bind_endpoint=endpoint,
-                        endpoint_file=Path(file) if file else None)
+        return RoleInfo(Role.SERVER, 0, workers.num, server_index=index,
+                        server_endpoints=endpoints, bind_endpoint=bind,
+                        endpoint_file=Path(file) if file else None, worker_ips=workers.ips)
+
+
+class _RankRoleMaker(RoleMaker):
+    """Role by rank: ranks 0..server_num-1 serve, the rest train (see module doc)."""
+
+    #: (rank variable, size variable) pairs, tried in order.
+    _RANK_VARS: tuple[tuple[str, str], ...] = ()
+    #: how the user starts such a job, for messages.
+    _LAUNCHER = ""
+
+    def __init__(self, server_num: int | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:
+        self._server_num = server_num
+        self._env = dict(os.environ if environ is None else environ)
+
+    def _rank_and_size(self) -> tuple[int, int, str, str]:
+        for rank_var, size_var in self._RANK_VARS:
+            has_rank = env.read(rank_var, self._env) is not None
+            has_size = env.read(size_var, self._env) is not None
+            if has_rank != has_size:
+                missing, present = (size_var, rank_var) if has_rank else (rank_var, size_var)
+                raise ConfigError(f"{present} is set but {missing} is not: start the job "
+                                  f"with {self._LAUNCHER}, which sets both")
+            if has_rank:
+                rank = int_var(self._env, rank_var, 0) or 0
+                size = int_var(self._env, size_var, 1) or 1
+                if rank >= size:
+                    raise ConfigError(f"{rank_var}: {rank} must be < {size_var} ({size})")
+                return rank, size, rank_var, size_var
+        looked = ", ".join(f"{r}/{s}" for r, s in self._RANK_VARS)
+        raise ConfigError(f"{type(self).__name__}: none of {looked} is set: start the job "
+                          f"with {self._LAUNCHER}")
+
+    def _resolve_server_num(self) -> tuple[int, str]:
+        if self._server_num is not None:
+            if isinstance(self._server_num, bool) or not isinstance(self._server_num, int):
+                raise ConfigError(f"server_num: {self._server_num!r} is not an integer")
+            if self._server_num < 1:
+                raise ConfigError(f"server_num: {self._server_num} must be >= 1")
+            return self._server_num, "server_num"
+        num = int_var(self._env, "PSFLEET_SERVER_NUM", 1)
+        if num is None:
+            raise ConfigError(f"{type(self).__name__}: server_num is not given and "
+                              "PSFLEET_SERVER_NUM is not set: say how many ranks are servers")
+        return num, "PSFLEET_SERVER_NUM"
+
+    def generate_role(self) -> RoleInfo:
+        """Return the role of this rank.
+
+        Raises:
+            ConfigError: the rank variables are missing or malformed, server_num is
+                missing or leaves no worker, or the server list does not have exactly
+                server_num entries.
+        """
+        server_num, num_var = self._resolve_server_num()
+        rank, size, rank_var, size_var = self._rank_and_size()
+        if size <= server_num:
+            raise ConfigError(f"{size_var} is {size} but {num_var} is {server_num}: no rank "
+                              f"is left for a worker; start more than {server_num} processes "
+                              "or lower server_num")
+        endpoints, source = server_endpoints(self._env)
+        if len(endpoints) != server_num:
+            raise ConfigError(f"{source} lists {len(endpoints)} servers {list(endpoints)} but "
+                              f"{num_var} is {server_num}: list one host:port per server rank")
+        worker_num = size - server_num
+        if rank < server_num:
+            return RoleInfo(Role.SERVER, 0, worker_num, server_index=rank,
+                            server_endpoints=endpoints, bind_endpoint=endpoints[rank])
+        return RoleInfo(Role.WORKER, rank - server_num, worker_num, server_endpoints=endpoints)
+
+
+class MPIRoleMaker(_RankRoleMaker):
+    """The role from the MPI rank.
+
+    The rank and size are Open MPI's ``OMPI_COMM_WORLD_RANK`` / ``OMPI_COMM_WORLD_SIZE``,
+    else MPICH's, Intel MPI's and other PMI launchers' ``PMI_RANK`` / ``PMI_SIZE``.
+    Ranks ``0 .. server_num-1`` are servers (server index = rank) and bind their entry of
+    ``PADDLE_PSERVERS_IP_PORT_LIST`` exactly as written; ranks ``server_num .. size-1``
+    are workers (``worker_index = rank - server_num``, ``worker_num = size -
+    server_num``). MPI itself is not used: only the variables ``mpirun`` sets.
+
+    Args:
+        server_num: how many ranks are servers; ``PSFLEET_SERVER_NUM`` when None.
+        environ: the environment to read; ``os.environ`` when None.
+    """
+
+    _RANK_VARS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"))
+    _LAUNCHER = "mpirun (Open MPI, MPICH or Intel MPI)"
+
+
+class SlurmRoleMaker(_RankRoleMaker):
+    """The role from the Slurm task: ``SLURM_PROCID`` / ``SLURM_NTASKS``.
+
+    The same rule as :class:`MPIRoleMaker` with the task id as rank (``SLURM_LOCALID``
+    does not matter).
+
+    Args:
+        server_num: how many tasks are servers; ``PSFLEET_SERVER_NUM`` when None.
+        environ: the environment to read; ``os.environ`` when None.
+    """
+
+    _RANK_VARS = (("SLURM_PROCID", "SLURM_NTASKS"),)
+    _LAUNCHER = "srun (one task per process, --ntasks set)"
 
 
 class UserDefinedRoleMaker(RoleMaker):
