@@ -5,7 +5,7 @@
 
 or by hand on several machines with the seeds' environment variables (README.md,
 "Running on several machines"). Worker 0 prints the test AUC and, with --save_dir,
-saves every table with fleet.save_persistables().
+saves every table with fleet.save_persistables(); --load_dir starts from such a save.
 """
 
 import argparse
@@ -24,6 +24,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--data", type=Path, default=DATA)
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--save_dir", type=str, default=None)
+parser.add_argument("--load_dir", type=str, default=None)
 args = parser.parse_args()
 torch.manual_seed(0)
 
@@ -40,6 +41,8 @@ else:
     reader = CriteoReader([args.data / "train.csv"], 64, fleet.worker_index(),
                           fleet.worker_num(), shuffle_seed=0)
     fleet.init_worker()
+    if args.load_dir:
+        fleet.load_model(args.load_dir)  # every table, into this job's server count
     for epoch in range(args.epochs):
         reader.set_epoch(epoch)
         for batch in reader:

@@ -29,6 +29,13 @@ def test_fleetrun_two_servers_two_workers(tmp_path: Path) -> None:
                    for p in (tmp_path / "save").rglob("*") if p.is_file())
     assert saved == ["manifest.json", "server-0/table-0.npz", "server-0/table-1.npz",
                      "server-1/table-0.npz", "server-1/table-1.npz"]
+    # The save loads into one server and scores exactly what was saved (no training).
+    reloaded = run_command([sys.executable, "-m", "psfleet.launch.main", "--server_num=1",
+                            "--worker_num=1", "--log_dir", str(tmp_path / "log2"),
+                            str(EXAMPLE), "--epochs", "0", "--load_dir",
+                            str(tmp_path / "save")], timeout=240)
+    assert reloaded.returncode == 0, reloaded.stderr[-4000:]
+    assert _test_auc(reloaded.stdout) == _test_auc(result.stdout)
     assert_no_processes_mentioning(str(tmp_path))
 
 
