@@ -16,8 +16,8 @@ from torch import nn
 
 from psfleet import fleet
 from psfleet.data import CriteoReader
+from psfleet.metrics import auc
 from psfleet.nn import SparseEmbedding
-from psfleet.rec.metrics import auc
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_kaggle_sample"
 parser = argparse.ArgumentParser()

@@ -15,7 +15,7 @@ from psfleet.data import generate_criteo, true_probabilities
 from psfleet.data.criteo import NUM_DENSE, NUM_SLOTS, ParsedChunk, hash_feature, parse_lines
 from psfleet.data.synthetic import VOCAB_SIZES
 from psfleet.errors import ConfigError, DataError
-from psfleet.rec.metrics import auc
+from psfleet.metrics import auc
 
 ROWS = 20_000
 SEED = 11

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from psfleet.data import CriteoReader
 from psfleet.errors import ConfigError
-from psfleet.rec.metrics import auc
+from psfleet.metrics import auc
 from psfleet.rec.models import DNN, build_model, list_models, register_model
 
 DATA_DIR = Path("/work/shared/data/criteo_kaggle_sample")

@@ -1,4 +1,4 @@
-"""Tests of psfleet.rec.metrics."""
+"""Tests of psfleet.metrics."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from psfleet.errors import ConfigError
-from psfleet.rec.metrics import StreamingAuc, auc, log_loss
+from psfleet.metrics import StreamingAuc, auc, log_loss
 
 
 def pairwise_auc(labels: np.ndarray, scores: np.ndarray) -> float:

@@ -78,6 +78,7 @@ import numpy.typing as npt
 
 from psfleet.data.criteo import NUM_DENSE, NUM_SLOTS
 from psfleet.errors import ConfigError, DataError
+from psfleet.metrics import auc
 
 __all__ = [
     "CHUNK_ROWS",
@@ -388,22 +389,6 @@ def _chunks(model: _HiddenModel, rows: int, split: str) -> Iterator[_Chunk]:
         yield model.draw_chunk(split, chunk, min(CHUNK_ROWS, rows - first))
 
 
-def _exact_auc(labels: npt.NDArray[np.int8], scores: npt.NDArray[np.float64]) -> float:
-    """ROC AUC, ties averaged (as :func:`psfleet.rec.metrics.auc`; data sits below rec)."""
-    positive = labels == 1
-    num_pos = int(positive.sum())
-    num_neg = positive.size - num_pos
-    if num_pos == 0 or num_neg == 0:
-        return math.nan
-    order = np.argsort(scores, kind="stable")
-    ordered = scores[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    ends = np.r_[starts[1:], ordered.size]
-    ranks = np.empty(ordered.size, dtype=np.float64)
-    ranks[order] = np.repeat((starts + 1 + ends) / 2.0, ends - starts)
-    return (float(ranks[positive].sum()) - num_pos * (num_pos + 1) / 2.0) / (num_pos * num_neg)
-
-
 def _check(rows: int, seed: int, split: str) -> None:
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise ConfigError(f"rows: {rows!r} must be an integer >= 1")
@@ -489,7 +474,7 @@ def generate_criteo(rows: int, seed: int, out: Path, *, split: str = "train") ->
         rows=rows,
         seed=seed,
         split=split,
-        optimum_auc=_exact_auc(all_labels, np.concatenate(probs)),
+        optimum_auc=auc(all_labels, np.concatenate(probs)),
         positive_rate=float(all_labels.mean()),
         vocab_sizes=VOCAB_SIZES,
         sha256=digest.hexdigest(),

@@ -1,6 +1,6 @@
 """CTR layer: metrics and the built-in models (registered by name)."""
 
-from psfleet.rec.metrics import StreamingAuc, auc, log_loss
+from psfleet.metrics import StreamingAuc, auc, log_loss
 from psfleet.rec.models import DNN, build_model, list_models, register_model
 
 __all__ = [

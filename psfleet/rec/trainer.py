@@ -24,9 +24,9 @@ from tqdm import tqdm
 from psfleet import fleet
 from psfleet.data import CriteoReader, list_data_files
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy
+from psfleet.metrics import StreamingAuc, auc, log_loss
 from psfleet.nn import SparseEmbedding
 from psfleet.rec.config import TrainConfig
-from psfleet.rec.metrics import StreamingAuc, auc, log_loss
 from psfleet.rec.models import build_model
 
 __all__ = ["train", "evaluate", "OPTIMIZERS"]

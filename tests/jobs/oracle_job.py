@@ -37,8 +37,8 @@ from torch import nn
 
 from psfleet import fleet
 from psfleet.data import CriteoReader
+from psfleet.metrics import auc
 from psfleet.nn import SparseEmbedding
-from psfleet.rec.metrics import auc
 from psfleet.rec.models import build_model
 
 DIM = 4

@@ -1,5 +1,7 @@
 """CTR metrics: exact ROC AUC, log loss and a streaming (bucketed) AUC.
 
+A leaf module every layer may use (the runner, the data generator, user scripts).
+
 - :func:`auc`: exact ROC AUC from ranks, ties averaged (the Mann-Whitney U statistic
   divided by ``num_pos * num_neg``).
 - :func:`log_loss`: mean binary cross-entropy of probabilities.
