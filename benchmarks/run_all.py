@@ -1,0 +1,123 @@
+"""Run every benchmark and write BENCHMARKS.md.
+
+Each script runs as a subprocess (its stderr shown, its stdout parsed as JSON lines);
+then the tables, the targets, the machine and the exact commands are written to
+``BENCHMARKS.md`` at the repository root (``--out``).
+
+    python benchmarks/run_all.py                 # the figures in BENCHMARKS.md
+    python benchmarks/run_all.py --quick --out /tmp/B.md   # a small smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import (
+    DEFAULT_CACHE_DIR,
+    REPO_ROOT,
+    clean_env,
+    ensure_criteo,
+    log,
+    machine_info,
+    parse_json_lines,
+)
+from report import write_report
+
+
+def script_commands(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """(name, argv after ``python``) of every benchmark, in the order they run."""
+    repeats = ["--repeats", str(args.repeats)]
+    data = ["--train_rows", str(args.train_rows), "--test_rows", str(args.test_rows)]
+    if args.cache_dir != DEFAULT_CACHE_DIR:
+        data += ["--cache_dir", str(args.cache_dir)]
+    table = ["--pool_rows", str(args.pool_rows), "--memory_rows", str(args.memory_rows)]
+    return [
+        ("table_ops", ["benchmarks/table_ops.py", *repeats, *table]),
+        ("wire_ops", ["benchmarks/wire_ops.py", *repeats, "--pool_rows",
+                      str(args.wire_pool_rows)]),
+        ("step_profile", ["benchmarks/step_profile.py", *repeats, "--steps",
+                          str(args.steps), *data]),
+        ("e2e_throughput", ["benchmarks/e2e_throughput.py", *repeats, *data]),
+    ]
+
+
+def run_script(argv: list[str], timeout_s: float) -> tuple[list[dict[str, Any]], float]:
+    """Run ``python argv`` from the repository root; its JSON lines and wall seconds."""
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, env=clean_env(),
+                            stdout=subprocess.PIPE, text=True, timeout=timeout_s, check=False)
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed with exit code {result.returncode}")
+    return parse_json_lines(result.stdout.splitlines()), wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--train_rows", type=int, default=150_000)
+    parser.add_argument("--test_rows", type=int, default=40_000)
+    parser.add_argument("--pool_rows", type=int, default=1_000_000)
+    parser.add_argument("--memory_rows", type=int, default=1_000_000)
+    parser.add_argument("--wire_pool_rows", type=int, default=500_000)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--cache_dir", type=Path, default=DEFAULT_CACHE_DIR)
+    parser.add_argument("--only", default="", help="comma-separated script names to run")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, 1 repeat: checks the harness, not the figures")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
+    parser.add_argument("--from_json", type=Path, default=None,
+                        help="re-render the report from a run's saved records "
+                        "(benchmarks/.data/last_run.json) instead of running")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.train_rows, args.test_rows = 1, 20_000, 5_000
+        args.pool_rows, args.memory_rows, args.steps = 100_000, 100_000, 20
+        args.wire_pool_rows = 100_000
+
+    if args.from_json is not None:  # re-render a finished run
+        saved = json.loads(args.from_json.read_text())
+        write_report(args.out, **saved, rerendered=True)
+        log(f"run_all: wrote {args.out} from {args.from_json}")
+        return
+    start = time.perf_counter()
+    started_at = datetime.datetime.now().astimezone()
+    machine = machine_info()
+    t0 = time.perf_counter()
+    ensure_criteo(args.train_rows, args.test_rows, args.cache_dir)
+    data_s = time.perf_counter() - t0
+    records: dict[str, list[dict[str, Any]]] = {}
+    timings: dict[str, float] = {"data (cached: ~0 s)": data_s}
+    commands: list[str] = []
+    only = set(filter(None, args.only.split(",")))
+    for name, argv in script_commands(args):
+        if only and name not in only:
+            continue
+        commands.append("python " + " ".join(argv))
+        log(f"run_all: {commands[-1]}")
+        records[name], timings[name] = run_script(argv, timeout_s=1800)
+        log(f"run_all: {name} took {timings[name]:.0f} s")
+    total_s = time.perf_counter() - start
+    report = {"records": records, "machine": machine,
+              "end_loadavg": machine_info()["loadavg"],
+              "started_at": started_at.isoformat(timespec="seconds"), "total_s": total_s,
+              "timings": timings, "commands": commands,
+              "run_all_command": "python benchmarks/run_all.py"
+              + (" --quick" if args.quick else ""),
+              "settings": {k: (str(v) if isinstance(v, Path) else v)
+                           for k, v in vars(args).items()}}
+    args.cache_dir.mkdir(parents=True, exist_ok=True)
+    (args.cache_dir / "last_run.json").write_text(json.dumps(report, indent=1))
+    write_report(args.out, **report)
+    log(f"run_all: wrote {args.out} in {total_s:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
