@@ -120,3 +120,29 @@ def test_loading_into_another_dim_names_the_table_and_both_dims(tmp_path: Path) 
     other = SparseTable(SparseTableConfig(name="emb", dim=7))
     with pytest.raises(RemoteError, match=r"dim 5.*dim 7"):
         load_server({0: other}, tmp_path, 0, 1, {})
+
+
+def test_servers_started_with_a_save_load_it_when_workers_create_tables(tmp_path: Path) -> None:
+    """fleet.init_server(dirname): each table is loaded at CreateTable, re-sharded."""
+    from psfleet.ps import PsHandler
+
+    with servers(3) as source:
+        keys = train_a_little(source, "adagrad", seed=5)
+        expected_rows = source.pull_sparse(0, keys, create=False)
+        expected_dense = source.pull_dense(1)
+        source.save(str(tmp_path))
+    with ExitStack() as stack:
+        endpoints = []
+        for _ in range(2):
+            _, server = start_server("127.0.0.1", 0, RpcConfig(),
+                                     PsHandler(preload_dir=tmp_path))
+            stack.callback(server.stop)
+            endpoints.append(server.endpoint)
+        client = RemoteClient(endpoints, RpcConfig())
+        stack.callback(client.close)
+        rule = RuleConfig(name="adagrad", learning_rate=0.1)
+        client.create_sparse_table(0, SparseTableConfig(name="emb", dim=5, rule=rule))
+        total = sum(int(np.prod(s)) for s in SHAPES)
+        client.create_dense_table(1, "dense", SHAPES, rule, np.zeros(total, np.float32))
+        assert np.array_equal(client.pull_sparse(0, keys, create=False), expected_rows)
+        assert np.array_equal(client.pull_dense(1), expected_dense)
