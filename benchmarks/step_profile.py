@@ -117,8 +117,8 @@ def _train(mode: str, train: Path, steps: int, repeats: int, warmup: int,
     from psfleet import fleet
     from psfleet.data import CriteoReader
     from psfleet.fleet import DistributedStrategy
+    from psfleet.metrics import StreamingAuc
     from psfleet.nn import SparseEmbedding
-    from psfleet.rec.metrics import StreamingAuc
     from psfleet.rec.models import build_model
 
     torch.set_num_threads(1)
