@@ -4,7 +4,9 @@ Linear probing over a power-of-two slot array, kept at most half full. Lookups a
 inserts process a whole batch of keys per numpy operation: each round compares every
 still-pending key with its current slot, resolves hits and empties, and advances the
 rest by one slot, so the number of Python-level rounds is the longest probe sequence
-(a handful at load <= 0.5), not the number of keys.
+(10-25 at load <= 0.5 for 10^5 keys), not the number of keys. Lookups, after a first
+round on the home slots, examine a window of 8 slots per key per round, which cuts
+those rounds about eightfold.
 
 Not thread safe: the sparse table holds a lock per shard around it.
 """
