@@ -12,6 +12,7 @@ initial values seeded by each key, and updated by the table's rule.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from psfleet.ps.types import RuleConfig, SparseTableConfig
 __all__ = ["SparseEmbedding", "live_embeddings"]
 
 _LIVE: weakref.WeakSet[SparseEmbedding] = weakref.WeakSet()
+_MAX_PREFETCHED = 2  # pulls in flight per embedding: the next batch and the one after
 
 
 def live_embeddings() -> list[SparseEmbedding]:
@@ -75,6 +77,9 @@ class SparseEmbedding(nn.Module):
         self._communicator: Communicator | None = None
         self._table_id = -1
         self._pending: list[tuple[np.ndarray, torch.Tensor]] = []
+        # Pulls started by prefetch(), oldest first: (ids, inverse, keys, collect).
+        self._prefetched: list[tuple[torch.Tensor, torch.Tensor, np.ndarray,
+                                     Callable[[], np.ndarray]]] = []
         self.table_config(RuleConfig())  # validate the arguments now
         _LIVE.add(self)
 
@@ -97,6 +102,30 @@ class SparseEmbedding(nn.Module):
         self._communicator = communicator
         self._table_id = table_id
 
+    def prefetch(self, ids: torch.Tensor) -> bool:
+        """Start pulling the rows of a coming batch while the current one computes.
+
+        The next ``forward`` whose input is this very tensor uses the rows (any other
+        input pulls as usual). Only the async mode prefetches (its steps may read rows
+        a step older); elsewhere this does nothing, so sync stays exact.
+
+        Args:
+            ids (Tensor[..., S], int64): the coming batch's ids.
+
+        Returns:
+            Whether a pull was started.
+        """
+        communicator = self._communicator
+        if communicator is None or not communicator.prefetches or not (
+                self.training and torch.is_grad_enabled()):
+            return False
+        uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+        keys = uniq.numpy().view(np.uint64)
+        self._prefetched.append(
+            (ids, inverse, keys, communicator.start_pull_sparse(self._table_id, keys, True)))
+        del self._prefetched[:-_MAX_PREFETCHED]
+        return True
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self._communicator is None:
             raise FatalError(f"SparseEmbedding {self.name!r} is not connected to a table: "
@@ -104,10 +133,16 @@ class SparseEmbedding(nn.Module):
         if ids.dtype != torch.int64:
             raise ConfigError(f"SparseEmbedding {self.name!r}: ids must be int64, "
                               f"got {ids.dtype}")
-        uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
-        keys = uniq.numpy().view(np.uint64)
         training = self.training and torch.is_grad_enabled()
-        values = self._communicator.pull_sparse(self._table_id, keys, create=training)
+        match = next((i for i, p in enumerate(self._prefetched) if p[0] is ids), None)
+        if match is not None and training:
+            _, inverse, keys, collect = self._prefetched[match]
+            del self._prefetched[: match + 1]  # this one and any never used
+            values = collect()
+        else:
+            uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+            keys = uniq.numpy().view(np.uint64)
+            values = self._communicator.pull_sparse(self._table_id, keys, create=training)
         rows = torch.from_numpy(values)  # [U, dim]
         if training:
             rows.requires_grad_(True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -60,6 +60,15 @@ class TableClient(ABC):
     @abstractmethod
     def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool = True) -> np.ndarray:
         """Rows of ``keys`` (uint64[N]): float32[N, dim]. Blocks."""
+
+    def start_pull_sparse(self, table_id: int, keys: np.ndarray,
+                          create: bool = True) -> Callable[[], np.ndarray]:
+        """Issue :meth:`pull_sparse` without waiting; calling the result waits for it.
+
+        This default pulls at once; clients with a network overlap the call.
+        """
+        rows = self.pull_sparse(table_id, keys, create)
+        return lambda: rows
 
     @abstractmethod
     def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray,
@@ -181,6 +190,10 @@ class RemoteClient(TableClient):
         return layout
 
     def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool = True) -> np.ndarray:
+        return self.start_pull_sparse(table_id, keys, create)()
+
+    def start_pull_sparse(self, table_id: int, keys: np.ndarray,
+                          create: bool = True) -> Callable[[], np.ndarray]:
         positions = self._route(table_id, keys)
         dim = self._dims[table_id]
         pending = [
@@ -188,12 +201,16 @@ class RemoteClient(TableClient):
                 table_id=table_id, keys=codec.keys_to_bytes(keys[pos]), create=create)))
             for c, pos in zip(self._clients, positions, strict=True) if pos.size
         ]
-        if len(pending) == 1 and pending[0][0].size == keys.size:
-            return codec.floats_from_bytes(pending[0][1].result().values, dim).copy()
-        out = np.empty((keys.size, dim), dtype=np.float32)
-        for pos, call in pending:
-            out[pos] = codec.floats_from_bytes(call.result().values, dim)
-        return out
+
+        def collect() -> np.ndarray:
+            if len(pending) == 1 and pending[0][0].size == keys.size:
+                return codec.floats_from_bytes(pending[0][1].result().values, dim).copy()
+            out = np.empty((keys.size, dim), dtype=np.float32)
+            for pos, call in pending:
+                out[pos] = codec.floats_from_bytes(call.result().values, dim)
+            return out
+
+        return collect
 
     def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray,
                     mode: PushMode = PushMode.APPLY, step: int = 0, worker_num: int = 1) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from torch import nn
 from tqdm import tqdm
 
 from psfleet import fleet
-from psfleet.data import CriteoReader, list_data_files
+from psfleet.data import Batch, CriteoReader, list_data_files
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy
 from psfleet.metrics import StreamingAuc, auc, log_loss
 from psfleet.nn import SparseEmbedding
@@ -59,6 +59,24 @@ def evaluate(model: nn.Module, reader: CriteoReader) -> dict[str, float]:
     return {"auc": auc(y, p), "logloss": log_loss(y, p), "examples": int(y.size)}
 
 
+def _with_prefetch(reader: CriteoReader, embeddings: list[SparseEmbedding]
+                   ) -> Iterator[Batch]:
+    """Yield the batches, starting each next batch's row pulls before yielding one.
+
+    The pulls of batch t+1 overlap the forward and backward of batch t (async mode;
+    ``SparseEmbedding.prefetch`` does nothing in the other modes).
+    """
+    batches = iter(reader)
+    current = next(batches, None)
+    while current is not None:
+        upcoming = next(batches, None)
+        if upcoming is not None:
+            for embedding in embeddings:
+                embedding.prefetch(upcoming.sparse)
+        yield current
+        current = upcoming
+
+
 def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: CriteoReader,
                  epoch: int, config: TrainConfig, show: bool) -> dict[str, float]:
     loss_fn = nn.BCEWithLogitsLoss()
@@ -67,7 +85,8 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Crit
     total_loss, examples, start = 0.0, 0, time.perf_counter()
     bar = tqdm(total=len(reader), desc=f"epoch {epoch + 1}/{config.runner.epochs}",
                disable=not show, mininterval=0.5, unit="batch", dynamic_ncols=True)
-    for step, batch in enumerate(reader):
+    embeddings = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
+    for step, batch in enumerate(_with_prefetch(reader, embeddings)):
         logits = model(batch.sparse, batch.dense)
         loss = loss_fn(logits, batch.labels)
         optimizer.zero_grad()

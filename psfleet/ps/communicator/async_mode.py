@@ -56,10 +56,15 @@ _STOP = None
 class AsyncCommunicator(Communicator):
     """Sends gradients in the background; see the module docstring.
 
+    Rows may be prefetched (``SparseEmbedding.prefetch``): a step may read rows one
+    step older than the last push, as async training already allows.
+
     Args:
         client: the tables.
         config: queue size, merge limit and dense pull interval.
     """
+
+    prefetches = True
 
     def __init__(self, client: TableClient, config: AsyncConfig | None = None) -> None:
         super().__init__(client)

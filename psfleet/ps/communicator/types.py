@@ -10,6 +10,7 @@ mode beside this file, chosen by name through :func:`make_communicator`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,9 +72,18 @@ class Communicator(ABC):
     def on_dense_table(self, table_id: int, rule: RuleConfig, values: np.ndarray) -> None:
         """Called once per dense table with its rule and starting values float32[n]."""
 
+    #: Whether rows may be pulled ahead of the step that uses them (``prefetch``):
+    #: only where a step's rows may be a step older than the last push (async).
+    prefetches = False
+
     def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool = True) -> np.ndarray:
         """Rows of ``keys`` (uint64[N]) as float32[N, dim]; blocks until they arrive."""
         return self.client.pull_sparse(table_id, keys, create)
+
+    def start_pull_sparse(self, table_id: int, keys: np.ndarray,
+                          create: bool = True) -> Callable[[], np.ndarray]:
+        """Issue a pull now; calling the result waits for the rows (see ``prefetches``)."""
+        return self.client.start_pull_sparse(table_id, keys, create)
 
     @abstractmethod
     def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
