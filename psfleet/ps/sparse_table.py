@@ -97,17 +97,22 @@ class SparseTable:
         for shard, pos in self._split(keys):
             k = keys[pos]
             with shard.lock:
-                rows = shard.index.lookup(k)
+                rows = self._rows(shard, k, create)
                 missing = rows < 0
-                if missing.any():
-                    if create:
-                        rows[missing] = self._insert(shard, k[missing])
-                    else:
-                        out[pos[missing]] = self._initial(k[missing])
-                        found = ~missing
-                        pos, rows = pos[found], rows[found]
+                if missing.any():  # only when not creating
+                    out[pos[missing]] = self._initial(k[missing])
+                    pos, rows = pos[~missing], rows[~missing]
                 out[pos] = np.take(shard.data, rows, axis=0)[:, : self.dim]
         return out
+
+    def _rows(self, shard: _Shard, keys: np.ndarray, create: bool) -> np.ndarray:
+        """Row numbers of ``keys`` in ``shard`` (caller holds its lock); missing keys
+        get new rows when ``create``, else -1."""
+        rows = shard.index.lookup(keys)
+        missing = rows < 0
+        if create and missing.any():
+            rows[missing] = self._insert(shard, keys[missing])
+        return rows
 
     def _check_shape(self, keys: np.ndarray, values: np.ndarray, what: str) -> None:
         if values.shape != (keys.size, self.dim):
@@ -120,12 +125,8 @@ class SparseTable:
                 op: Callable[[np.ndarray, np.ndarray, np.ndarray], None]) -> None:
         """``op(w, state, v)`` in place on the rows of distinct ``keys``, creating them."""
         for shard, pos in self._split(keys):
-            k = keys[pos]
             with shard.lock:
-                rows = shard.index.lookup(k)
-                missing = rows < 0
-                if missing.any():
-                    rows[missing] = self._insert(shard, k[missing])
+                rows = self._rows(shard, keys[pos], create=True)
                 block = np.take(shard.data, rows, axis=0)  # [M, dim + state]
                 op(block[:, : self.dim], block[:, self.dim:], values[pos])
                 shard.data[rows] = block
