@@ -183,7 +183,7 @@ def test_servers_that_do_not_stop_are_terminated_after_grace(job: Job) -> None:
 
     assert r.returncode == 0, r.stderr
     assert "SIGTERM" in r.stderr
-    assert r.elapsed_s < 15
+    assert r.elapsed_s < 60  # far below any hang (timeouts of 300 s, barriers of 180 s)
     assert job.alive() == {}
 
 
@@ -199,7 +199,7 @@ def test_worker_failure_names_root_cause_and_stops_everything(job: Job) -> None:
     assert "first failure" in r.stderr
     assert str(job.log_dir / "workerlog.1") in r.stderr
     assert "RuntimeError: simulated failure of worker 1" in r.stderr  # the log's tail
-    assert r.elapsed_s < 15
+    assert r.elapsed_s < 60  # far below any hang (timeouts of 300 s, barriers of 180 s)
     assert {"server.0", "server.1", "worker.0", "worker.1"} <= set(job.child_pids())
     assert job.alive() == {}
 
@@ -223,7 +223,7 @@ def test_server_crash_before_endpoint_fails_at_once(job: Job) -> None:
     assert str(job.log_dir / "serverlog.1") in r.stderr
     assert "simulated crash before listening" in r.stderr
     assert not list(job.log_dir.glob("workerlog.*"))  # no worker was started
-    assert r.elapsed_s < 15
+    assert r.elapsed_s < 60  # far below any hang (timeouts of 300 s, barriers of 180 s)
     assert job.alive() == {}
 
 
@@ -238,7 +238,7 @@ def test_server_that_never_reports_endpoint_times_out(job: Job) -> None:
     assert "server 0 (log" in r.stderr
     assert "server 1 (log" not in r.stderr  # server 1 did report
     assert str(job.log_dir / "serverlog.0") in r.stderr
-    assert r.elapsed_s < 15
+    assert r.elapsed_s < 60  # far below any hang (timeouts of 300 s, barriers of 180 s)
     assert job.alive() == {}
 
 
