@@ -1,6 +1,7 @@
 """Worker-side engines that send gradients and receive parameters, one per mode."""
 
 from psfleet.ps.communicator.async_mode import AsyncCommunicator
+from psfleet.ps.communicator.collective_mode import CollectiveCommunicator
 from psfleet.ps.communicator.geo_mode import GeoCommunicator
 from psfleet.ps.communicator.local_mode import LocalCommunicator
 from psfleet.ps.communicator.registry import MODES, CommunicatorSettings, make_communicator
@@ -12,6 +13,7 @@ __all__ = [
     "MODES",
     "AsyncCommunicator",
     "AsyncConfig",
+    "CollectiveCommunicator",
     "Communicator",
     "CommunicatorSettings",
     "GeoCommunicator",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from psfleet.errors import ConfigError
 from psfleet.ps.client import TableClient
 from psfleet.ps.communicator.async_mode import AsyncCommunicator
+from psfleet.ps.communicator.collective_mode import CollectiveCommunicator
 from psfleet.ps.communicator.geo_mode import GeoCommunicator
 from psfleet.ps.communicator.local_mode import LocalCommunicator
 from psfleet.ps.communicator.sync_mode import SyncCommunicator
@@ -18,11 +19,15 @@ __all__ = ["CommunicatorSettings", "make_communicator", "MODES"]
 
 @dataclass(frozen=True)
 class CommunicatorSettings:
-    """What the modes' constructors need: async settings, geo_step, worker count."""
+    """What the modes' constructors need: async settings, geo_step, worker count, and
+    for collective mode the step's example count (``ExampleCounter.take``) and the
+    device of collective tensors (``cpu`` or ``cuda:N``)."""
 
     async_config: AsyncConfig = AsyncConfig()
     geo_step: int = 400
     worker_num: int = 1
+    example_count: Callable[[], int] | None = None
+    device: str = "cpu"
 
 
 MODES: dict[str, Callable[[TableClient, CommunicatorSettings], Communicator]] = {
@@ -31,14 +36,16 @@ MODES: dict[str, Callable[[TableClient, CommunicatorSettings], Communicator]] = 
     "sync": lambda client, settings: SyncCommunicator(client, settings.worker_num),
     "geo": lambda client, settings: GeoCommunicator(client, settings.geo_step,
                                                     settings.worker_num),
+    "collective": lambda client, settings: CollectiveCommunicator(
+        client, settings.example_count, settings.device),
 }
 
 
 
 def make_communicator(mode: str, client: TableClient,
                       settings: CommunicatorSettings) -> Communicator:
-    """Build the communicator of ``mode``: ``async``, ``sync``, ``geo``, or ``local``
-    (one worker on in-process tables).
+    """Build the communicator of ``mode``: ``async``, ``sync``, ``geo``, ``local``
+    (one worker on in-process tables) or ``collective`` (every rank holds the tables).
 
     Raises:
         ConfigError: unknown mode (lists the known ones).

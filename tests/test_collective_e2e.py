@@ -1,0 +1,117 @@
+"""Collective mode end to end: the Criteo example, a failing rank, bad input.
+
+- examples/criteo_dnn/config_collective.yaml trains with 2 ranks started three ways
+  (``psfleet train`` launching the job itself, ``fleetrun --mode collective``,
+  ``torchrun``), exit 0; the three runs are the same computation, so they report the
+  same test AUC, and the model learned (AUC well above 0.5).
+- A rank that fails: fleetrun exits 1 naming it and its log, and stops the rank
+  waiting at the barrier.
+- A world size given twice with two values fails naming both.
+- A rank that cannot reach MASTER_ADDR:MASTER_PORT fails within the connect timeout
+  with an error naming the address.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import run_command
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "examples" / "criteo_dnn" / "config_collective.yaml"
+PROBE = REPO / "tests" / "jobs" / "collective_probe_job.py"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+TIMEOUT_S = 180.0
+
+
+def _train_args(train: Path, test: Path, out: Path) -> list[str]:
+    return ["train", "-m", str(CONFIG), "-o", f"runner.train_data_dir={train}",
+            "-o", f"runner.test_data_dir={test}", "-o", "runner.epochs=1",
+            "-o", f"runner.model_save_path={out}"]
+
+
+@pytest.fixture(scope="module")
+def criteo_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    """The example trained three ways: name -> (CompletedProcess, metrics or None)."""
+    from conftest import CRITEO_DIR, write_slice
+
+    if not (CRITEO_DIR / "train.csv").is_file():
+        pytest.skip(f"Criteo sample not found at {CRITEO_DIR}")
+    work = tmp_path_factory.mktemp("criteo_collective")
+    train = write_slice(CRITEO_DIR / "train.csv", work / "train.csv", 3000)
+    test = write_slice(CRITEO_DIR / "dev.csv", work / "test.csv", 400)
+    module = ["-m", "psfleet.cli.main"]
+    commands = {
+        "psfleet train": [sys.executable, *module, *_train_args(train, test, work / "cli")],
+        "fleetrun": [sys.executable, "-m", "psfleet.launch.main", "--mode", "collective",
+                     "--nproc_per_node", "2", "--log_dir", str(work / "fleetrun-log"), *module,
+                     *_train_args(train, test, work / "fleetrun")],
+        "torchrun": [str(TORCHRUN), "--nproc_per_node", "2", *module,
+                     *_train_args(train, test, work / "torchrun")],
+    }
+    runs: dict[str, object] = {}
+    for name, argv in commands.items():
+        result = run_command(argv, timeout=TIMEOUT_S, cwd=work)
+        out = work / name.split()[0].replace("psfleet", "cli") / "metrics.json"
+        metrics = json.loads(out.read_text()) if out.is_file() else None
+        runs[name] = (result, metrics)
+    yield runs
+
+
+@pytest.mark.parametrize("how", ["psfleet train", "fleetrun", "torchrun"])
+def test_criteo_example_trains_with_two_ranks(criteo_runs: dict[str, object], how: str) -> None:
+    result, metrics = criteo_runs[how]  # type: ignore[misc]
+    assert result.returncode == 0, f"{how}: exit {result.returncode}\n{result.stderr[-4000:]}"
+    assert metrics is not None
+    assert (metrics["sync_mode"], metrics["worker_num"], metrics["server_num"]) == (
+        "collective", 2, 0)
+    assert metrics["global_batch"] == 2 * metrics["batch_size"]
+    assert metrics["epochs"][0]["examples"] == 1500  # rank 0's half of the 3,000 lines
+    assert metrics["test"]["examples"] == 400
+    assert metrics["test"]["auc"] > 0.6
+    reference = criteo_runs["psfleet train"][1]  # type: ignore[index]
+    assert metrics["test"]["auc"] == pytest.approx(reference["test"]["auc"], abs=1e-6)
+
+
+def test_failing_rank_is_the_root_cause(tmp_path: Path) -> None:
+    log_dir = tmp_path / "log"
+    result = run_command([sys.executable, "-m", "psfleet.launch.main", "--mode", "collective",
+                          "--nproc_per_node", "2", "--log_dir", str(log_dir),
+                          "--stop_grace_s", "2", str(PROBE), "--fail_rank", "1"],
+                         timeout=TIMEOUT_S, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "worker 1" in result.stderr and "exit code 3" in result.stderr
+    assert "stopping the other processes: worker 0" in result.stderr
+    assert str(log_dir / "workerlog.1") in result.stderr
+    assert "rank 1 fails on purpose" in (log_dir / "workerlog.1").read_text()
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A port on 127.0.0.1 bound (so nobody else takes it) but not listening."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+def test_unreachable_master_fails_within_the_timeout_naming_it(
+        tmp_path: Path, closed_port: int) -> None:
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(closed_port), "PSFLEET_COLLECTIVE_CONNECT_TIMEOUT_S": "2"}
+    result = run_command([sys.executable, str(PROBE)], timeout=60, env=env, cwd=tmp_path)
+    assert result.returncode != 0
+    assert f"MASTER_ADDR:MASTER_PORT 127.0.0.1:{closed_port}" in result.stderr
+    assert "within 2 s" in result.stderr
+
+
+def test_world_size_mismatch_fails_naming_both(tmp_path: Path) -> None:
+    env = {"RANK": "0", "WORLD_SIZE": "2", "PADDLE_TRAINERS_NUM": "3",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    result = run_command([sys.executable, str(PROBE)], timeout=60, env=env, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "WORLD_SIZE is 2 but PADDLE_TRAINERS_NUM is 3" in result.stderr
