@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from psfleet.checkpoint.storage import FileDigest
 from psfleet.errors import FatalError
 from psfleet.ps.routing import BucketRouter, DenseLayout
 from psfleet.ps.types import (
@@ -95,10 +96,16 @@ class TableClient(ABC):
         """
 
     @abstractmethod
-    def save(self, dirname: str) -> None:
+    def save(self, dirname: str) -> list[FileDigest] | None:
         """Every server writes its tables (values, optimizer state) under ``dirname``.
 
         Call on one worker after every worker flushed (see ``psfleet.ps.persist``).
+
+        Args:
+            dirname: a local path or an fsspec URL the servers can write.
+
+        Returns:
+            The files written with their checksums, when the tables report them.
         """
 
     @abstractmethod
@@ -243,10 +250,12 @@ class RemoteClient(TableClient):
         return [msg.DenseIndex(table_id=tid, index=layout.server_index(server).astype(
             "<i8").tobytes()) for tid, layout in self._layouts.items()]
 
-    def save(self, dirname: str) -> None:
-        self._all("Save", [msg.SaveRequest(dirname=dirname, server_index=s,
-                                           dense=self._dense_index(s))
-                           for s in range(len(self._clients))])
+    def save(self, dirname: str) -> list[FileDigest]:
+        replies = self._all("Save", [msg.SaveRequest(dirname=dirname, server_index=s,
+                                                     dense=self._dense_index(s))
+                                     for s in range(len(self._clients))])
+        return [FileDigest(f.path, f.size, f.sha256)
+                for r in replies for f in r.files]  # type: ignore[attr-defined]
 
     def load(self, dirname: str) -> None:
         self._all("Load", [msg.LoadRequest(dirname=dirname, server_index=s,

@@ -8,7 +8,6 @@ reference the distributed modes are compared against.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
@@ -97,11 +96,11 @@ class LocalClient(TableClient):
 
     def save(self, dirname: str) -> None:
         tables, index = self._tables()
-        save_server(tables, Path(dirname), 0, index)
+        save_server(tables, dirname, 0, index)
 
     def load(self, dirname: str) -> None:
         tables, index = self._tables()
-        load_server(tables, Path(dirname), 0, 1, index)
+        load_server(tables, dirname, 0, 1, index)
 
     def barrier(self, name: str, worker_index: int, worker_num: int) -> None:
         _one_worker(worker_num)

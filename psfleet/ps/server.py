@@ -10,17 +10,25 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 from pydantic import ValidationError
 
+from psfleet.checkpoint import CheckpointStore
 from psfleet.errors import ConfigError, RemoteError
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.merge import merge_sparse
-from psfleet.ps.persist import load_server, save_server
+from psfleet.ps.persist import (
+    load_server,
+    saved_dense_index,
+    saved_table_configs,
+    snapshot_tables,
+    write_snapshot,
+)
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.sync_rounds import SyncRounds
 from psfleet.ps.types import SparseTableConfig, table_config_from_json
@@ -74,6 +82,48 @@ class _Barrier:
                 )
 
 
+class _PushGate:
+    """Keeps table writes out while a snapshot is copied.
+
+    Every push (apply, delta, or a sync round's mean) runs inside :meth:`write`; a
+    save runs its copy inside :meth:`closed`, which waits for the writes in progress
+    to finish and holds new ones back until the copy is done. So a snapshot holds
+    every table's values and rule state as of one moment of this server (no push half
+    applied, no table copied before and another after a push).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._closed = False
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._closed)
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                if self._active == 0:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def closed(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._closed)  # one snapshot at a time
+            self._closed = True
+            self._cond.wait_for(lambda: self._active == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._closed = False
+                self._cond.notify_all()
+
+
 class PsHandler:
     """The rpc methods of one server. Thread safe.
 
@@ -85,10 +135,11 @@ class PsHandler:
     """
 
     def __init__(self, barrier_timeout_s: float = 180.0,
-                 preload_dir: Path | None = None) -> None:
+                 preload_dir: Path | str | None = None) -> None:
         self.tables: dict[int, Table] = {}
         self.preload_dir = preload_dir
         self._tables_lock = threading.Lock()
+        self._gate = _PushGate()
         self._barrier = _Barrier()
         self._barrier_timeout_s = barrier_timeout_s
         self._sparse_rounds: SyncRounds[tuple[np.ndarray, np.ndarray]] = SyncRounds(
@@ -151,17 +202,20 @@ class PsHandler:
 
     def _sparse_apply(self, request: msg.PushSparseRequest, table: SparseTable,
                       keys: np.ndarray, grads: np.ndarray) -> None:
-        table.push(keys, grads)
+        with self._gate.write():
+            table.push(keys, grads)
 
     def _sparse_delta(self, request: msg.PushSparseRequest, table: SparseTable,
                       keys: np.ndarray, deltas: np.ndarray) -> None:
-        table.add(keys, deltas)
+        with self._gate.write():
+            table.add(keys, deltas)
 
     def _sparse_sync(self, request: msg.PushSparseRequest, table: SparseTable,
                      keys: np.ndarray, grads: np.ndarray) -> None:
         def apply_mean(pushes: list[tuple[np.ndarray, np.ndarray]]) -> None:
             merged_keys, summed = merge_sparse([k for k, _ in pushes], [g for _, g in pushes])
-            table.push(merged_keys, summed / np.float32(len(pushes)))
+            with self._gate.write():
+                table.push(merged_keys, summed / np.float32(len(pushes)))
 
         self._sparse_rounds.contribute(request.table_id, request.step, request.worker_index,
                                        request.worker_num, (keys, grads), apply_mean)
@@ -179,16 +233,20 @@ class PsHandler:
 
     def _dense_apply(self, request: msg.PushDenseRequest, table: DenseTable,
                      grads: np.ndarray) -> None:
-        table.push(grads, request.worker_index)
+        with self._gate.write():
+            table.push(grads, request.worker_index)
 
     def _dense_delta(self, request: msg.PushDenseRequest, table: DenseTable,
                      deltas: np.ndarray) -> None:
-        table.add(deltas)
+        with self._gate.write():
+            table.add(deltas)
 
     def _dense_sync(self, request: msg.PushDenseRequest, table: DenseTable,
                     grads: np.ndarray) -> None:
         def apply_mean(pushes: list[np.ndarray]) -> None:
-            table.push(np.add.reduce(pushes, dtype=np.float32) / np.float32(len(pushes)))
+            mean = np.add.reduce(pushes, dtype=np.float32) / np.float32(len(pushes))
+            with self._gate.write():
+                table.push(mean)
 
         self._dense_rounds.contribute(request.table_id, request.step, request.worker_index,
                                       request.worker_num, grads, apply_mean)
@@ -205,21 +263,61 @@ class PsHandler:
     def _dense_index(entries: Iterable[msg.DenseIndex]) -> dict[int, np.ndarray]:
         return {e.table_id: np.frombuffer(e.index, dtype="<i8") for e in entries}
 
-    def Save(self, request: msg.SaveRequest) -> msg.Empty:  # noqa: N802
+    def Save(self, request: msg.SaveRequest) -> msg.SaveResponse:  # noqa: N802
+        """Copy every table at one moment (pushes held back), then write the copy."""
         with self._tables_lock:
             tables = dict(self.tables)
-        path = save_server(tables, Path(request.dirname), request.server_index,
-                           self._dense_index(request.dense))
-        logger.info("saved %d tables to %s", len(tables), path)
-        return msg.Empty()
+        with self._gate.closed():
+            snapshot = snapshot_tables(tables)
+        try:
+            digests = write_snapshot(snapshot, request.dirname, request.server_index,
+                                     self._dense_index(request.dense))
+        except OSError as exc:
+            raise RemoteError(f"save to {request.dirname!r} failed: {exc}") from None
+        logger.info("saved %d tables to %s/server-%d", len(tables), request.dirname,
+                    request.server_index)
+        return msg.SaveResponse(files=[msg.FileDigest(path=d.path, size=d.size,
+                                                      sha256=d.sha256) for d in digests])
 
     def Load(self, request: msg.LoadRequest) -> msg.Empty:  # noqa: N802
         with self._tables_lock:
             tables = dict(self.tables)
-        loaded = load_server(tables, Path(request.dirname), request.server_index,
+        loaded = load_server(tables, request.dirname, request.server_index,
                              request.server_num, self._dense_index(request.dense))
         logger.info("loaded from %s: %s rows/elements per table", request.dirname, loaded)
         return msg.Empty()
+
+    def recover(self, checkpoint_dir: str, server_index: int) -> bool:
+        """Re-create this server's tables from the newest complete checkpoint (a server
+        restarted by the launcher: the workers created its tables before it died).
+
+        Returns:
+            False when there is no complete checkpoint (tables stay empty).
+
+        Raises:
+            DataError: the checkpoint has no tables of this server index.
+        """
+        latest = CheckpointStore(checkpoint_dir).latest()
+        if latest is None:
+            logger.warning("restart: no complete checkpoint in %s; this server starts empty",
+                           checkpoint_dir)
+            return False
+        server_num = latest.manifest.server_num
+        created: dict[int, Table] = {}
+        for table_id, config in saved_table_configs(latest.storage, server_index).items():
+            if isinstance(config, SparseTableConfig):
+                created[table_id] = SparseTable(config)
+            else:
+                created[table_id] = DenseTable(config, np.zeros(config.size, np.float32))
+        index = {tid: saved_dense_index(latest.storage, server_index, tid)
+                 for tid, t in created.items() if isinstance(t, DenseTable)}
+        loaded = load_server(created, latest.storage, server_index, server_num, index)
+        with self._tables_lock:
+            self.tables.update(created)
+        logger.info("restart: server %d of %d recovered %d tables from checkpoint %s "
+                    "(step %d): %s rows/elements per table", server_index, server_num,
+                    len(created), latest.storage.url, latest.manifest.step, loaded)
+        return True
 
     def Stats(self, request: msg.StatsRequest) -> msg.StatsResponse:  # noqa: N802
         with self._tables_lock:
@@ -252,7 +350,8 @@ def start_server(host: str, port: int, config: RpcConfig,
 
 
 def run_server(host: str, port: int, config: RpcConfig,
-               endpoint_file: Path | None = None, preload_dir: Path | None = None) -> None:
+               endpoint_file: Path | None = None, preload_dir: Path | str | None = None,
+               recover: tuple[str, int] | None = None) -> None:
     """Serve until a worker sends Stop or the process gets SIGTERM/SIGINT. Blocks.
 
     Args:
@@ -261,11 +360,18 @@ def run_server(host: str, port: int, config: RpcConfig,
         config: rpc settings.
         endpoint_file: where to write the bound ``host:port`` once listening.
         preload_dir: a save to load each table from when it is created.
+        recover: ``(checkpoint_dir, server_index)``: a restarted server first
+            re-creates its tables from the newest complete checkpoint there
+            (:meth:`PsHandler.recover`), then listens.
 
     Raises:
         ConfigError: the port cannot be bound.
+        DataError: ``recover`` names a checkpoint without this server's tables.
     """
-    handler, server = start_server(host, port, config, PsHandler(config.deadline_s, preload_dir))
+    handler = PsHandler(config.deadline_s, preload_dir)
+    if recover is not None:
+        handler.recover(*recover)
+    handler, server = start_server(host, port, config, handler)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: handler.stop_requested.set())

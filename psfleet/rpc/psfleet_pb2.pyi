@@ -142,6 +142,22 @@ class DenseIndex(_message.Message):
     index: bytes
     def __init__(self, table_id: _Optional[int] = ..., index: _Optional[bytes] = ...) -> None: ...
 
+class FileDigest(_message.Message):
+    __slots__ = ("path", "size", "sha256")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    sha256: str
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class SaveResponse(_message.Message):
+    __slots__ = ("files",)
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    files: _containers.RepeatedCompositeFieldContainer[FileDigest]
+    def __init__(self, files: _Optional[_Iterable[_Union[FileDigest, _Mapping]]] = ...) -> None: ...
+
 class LoadRequest(_message.Message):
     __slots__ = ("dirname", "server_index", "server_num", "dense")
     DIRNAME_FIELD_NUMBER: _ClassVar[int]

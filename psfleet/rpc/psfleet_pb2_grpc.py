@@ -67,7 +67,7 @@ class ParameterServerStub:
         self.Save = channel.unary_unary(
                 '/psfleet.ParameterServer/Save',
                 request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.SaveRequest.SerializeToString,
-                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.SaveResponse.FromString,
                 _registered_method=True)
         self.Load = channel.unary_unary(
                 '/psfleet.ParameterServer/Load',
@@ -185,7 +185,7 @@ def add_ParameterServerServicer_to_server(servicer, server):
             'Save': grpc.unary_unary_rpc_method_handler(
                     servicer.Save,
                     request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.SaveRequest.FromString,
-                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.SerializeToString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.SaveResponse.SerializeToString,
             ),
             'Load': grpc.unary_unary_rpc_method_handler(
                     servicer.Load,
@@ -391,7 +391,7 @@ class ParameterServer:
             target,
             '/psfleet.ParameterServer/Save',
             psfleet_dot_rpc_dot_psfleet__pb2.SaveRequest.SerializeToString,
-            psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+            psfleet_dot_rpc_dot_psfleet__pb2.SaveResponse.FromString,
             options,
             channel_credentials,
             insecure,

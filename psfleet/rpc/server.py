@@ -43,7 +43,7 @@ class ServiceHandler(Protocol):
     def PullDense(self, request: pb.PullDenseRequest) -> pb.PullDenseResponse: ...  # noqa: N802
     def PushDense(self, request: pb.PushDenseRequest) -> pb.Empty: ...  # noqa: N802
     def Barrier(self, request: pb.BarrierRequest) -> pb.Empty: ...  # noqa: N802
-    def Save(self, request: pb.SaveRequest) -> pb.Empty: ...  # noqa: N802
+    def Save(self, request: pb.SaveRequest) -> pb.SaveResponse: ...  # noqa: N802
     def Load(self, request: pb.LoadRequest) -> pb.Empty: ...  # noqa: N802
     def Stats(self, request: pb.StatsRequest) -> pb.StatsResponse: ...  # noqa: N802
     def Stop(self, request: pb.StopRequest) -> pb.Empty: ...  # noqa: N802

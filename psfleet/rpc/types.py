@@ -51,7 +51,8 @@ class RpcConfig:
 
     @classmethod
     def from_env(cls) -> RpcConfig:
-        """Build from ``PSFLEET_RPC_DEADLINE_S`` and ``PSFLEET_AUTH_TOKEN``.
+        """Build from ``PSFLEET_RPC_DEADLINE_S``, ``PSFLEET_RPC_MAX_RETRIES`` and
+        ``PSFLEET_AUTH_TOKEN``.
 
         Raises:
             ConfigError: the deadline is not a positive number.
@@ -63,13 +64,21 @@ class RpcConfig:
             raise ConfigError(
                 f"PSFLEET_RPC_DEADLINE_S: {raw!r} is not a number of seconds"
             ) from None
-        return cls(deadline_s=deadline, auth_token=env.read("PSFLEET_AUTH_TOKEN"))
+        retries_raw = env.read("PSFLEET_RPC_MAX_RETRIES") or "5"
+        if not retries_raw.isdigit():
+            raise ConfigError(f"PSFLEET_RPC_MAX_RETRIES: {retries_raw!r} is not an integer >= 0")
+        return cls(deadline_s=deadline, max_retries=int(retries_raw),
+                   auth_token=env.read("PSFLEET_AUTH_TOKEN"))
 
     def channel_options(self) -> list[tuple[str, int]]:
         """gRPC channel/server options raising the message-size limits."""
         return [
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.max_receive_message_length", self.max_message_bytes),
+            # A restarted server is reconnected to within 2 s (gRPC's default backoff
+            # grows to 120 s between connection attempts).
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2000),
         ]
 
 
