@@ -1,0 +1,134 @@
+"""Export after training and offline scoring of an exported model (``psfleet predict``).
+
+:func:`export_trained_model` is what the runner's worker 0 calls after the test
+evaluation when ``runner.inference_model_path`` is set: ``fleet.save_inference_model``
+with the model name, hyper-parameters and test metrics as manifest metadata.
+
+:func:`predict` scores a data file with an exported model, with no server and no
+fleet: the file is read by the same reader as the runner's test evaluation and the
+scores are exactly the evaluation's (the tables' key-seeded initializer gives the
+rows of keys never trained on), so its AUC equals the in-training test AUC.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from psfleet import fleet
+from psfleet.data import Batch, list_data_files
+from psfleet.errors import ConfigError, DataError
+from psfleet.export import InferenceManifest, load_inference_model
+from psfleet.metrics import auc, log_loss
+from psfleet.rec.config import TrainConfig
+from psfleet.rec.readers import build_test_reader
+
+__all__ = ["export_trained_model", "predict", "check_compatible"]
+
+_EMBEDDING = "embedding"  # the runner's one SparseEmbedding
+
+
+def export_trained_model(config: TrainConfig, model: nn.Module, metrics: dict[str, Any],
+                         sample: Batch | None) -> None:
+    """Export ``model`` to ``runner.inference_model_path`` (worker 0, after training).
+
+    Args:
+        config: the job's config.
+        model: the trained model, dense parameters fresh.
+        metrics: the run's metrics; its ``test`` entry goes into the manifest.
+        sample: any batch of the data (its shapes define the model's inputs); None
+            takes the model's ``num_slots`` / ``num_dense``.
+    """
+    path = config.runner.inference_model_path
+    if path is None:
+        return
+    runner = config.runner
+    metadata: dict[str, object] = {
+        "model": runner.model, "sync_mode": runner.sync_mode,
+        "hyper_parameters": config.hyper_parameters.model_dump(mode="json", by_alias=True),
+        "server_num": metrics.get("server_num"), "worker_num": metrics.get("worker_num"),
+        "test": metrics.get("test"),
+    }
+    examples = None if sample is None else (sample.sparse[:2], sample.dense[:2])
+    fleet.save_inference_model(str(path), model, examples, metadata)
+
+
+def check_compatible(manifest: InferenceManifest, config: TrainConfig, model_dir: str) -> None:
+    """Check that an exported model is the one ``config`` describes.
+
+    Raises:
+        ConfigError: the model name or the embedding dim differs (names the manifest
+            field, the config field and both values).
+    """
+    where = f"{model_dir}/manifest.json"
+    exported = manifest.metadata.get("model")
+    if exported is not None and exported != config.runner.model:
+        raise ConfigError(f"{where}: model {exported!r}, but the config's runner.model is "
+                          f"{config.runner.model!r}; pass the config the model was trained with")
+    dim = config.hyper_parameters.sparse_feature_dim
+    for table in manifest.sparse_tables:
+        if table.name == _EMBEDDING and table.dim != dim:
+            raise ConfigError(f"{where}: table {table.name!r} has dim {table.dim}, but the "
+                              f"config's hyper_parameters.sparse_feature_dim is {dim}; pass the "
+                              "config the model was trained with")
+
+
+def _write_scores(out: Path, labels: np.ndarray, probs: np.ndarray) -> None:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", encoding="utf-8") as f:
+            f.writelines(f"{int(y)}\t{p:.9g}\n" for y, p in zip(labels, probs, strict=True))
+    except OSError as exc:
+        raise DataError(f"--out {str(out)!r}: cannot be written: {exc}") from None
+
+
+def predict(config: TrainConfig, model_dir: str, data: Path,
+            out: Path | None = None) -> dict[str, Any]:
+    """Score ``data`` with the exported model in ``model_dir``; no server needed.
+
+    Args:
+        config: the config the model was trained with (reader and model checks).
+        model_dir: the inference model directory (local path or fsspec URL).
+        data: a data file or directory, in the runner's test-data format.
+        out: if given, write one ``label<TAB>probability`` line per example there,
+            in file order.
+
+    Returns:
+        ``{"auc", "logloss", "examples"}``.
+
+    Raises:
+        DataError: the model directory, a file of it or the data is missing or
+            unreadable, or the data does not fit the model's inputs (names it).
+        ConfigError: the model does not match ``config`` (see :func:`check_compatible`).
+    """
+    model = load_inference_model(model_dir)
+    check_compatible(model.manifest, config, model_dir)
+    try:
+        list_data_files(data)
+    except DataError as exc:
+        raise DataError(f"--data: {exc}") from None
+    # The runner's test reader (same parser and options as the in-training evaluation).
+    reader = build_test_reader(config.model_copy(update={
+        "runner": config.runner.model_copy(update={"test_data_dir": data})}))
+    if reader is None:  # cannot happen: test_data_dir is set
+        raise DataError(f"--data {str(data)!r}: the runner built no test reader")
+    torch.set_num_threads(config.runner.thread_num)
+    labels, probs = [], []
+    for batch in reader:
+        try:
+            logits = model(batch.sparse, batch.dense)
+        except ConfigError as exc:
+            raise DataError(f"--data {str(data)!r} does not fit the model in {model_dir}: "
+                            f"{exc}") from None
+        labels.append(batch.labels.numpy())
+        probs.append(torch.sigmoid(logits).numpy())
+    if not labels:
+        raise DataError(f"--data {str(data)!r}: no well-formed example to score")
+    y, p = np.concatenate(labels), np.concatenate(probs)
+    if out is not None:
+        _write_scores(out, y, p)
+    return {"auc": auc(y, p), "logloss": log_loss(y, p), "examples": int(y.size)}
