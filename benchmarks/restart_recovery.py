@@ -4,7 +4,7 @@ server SIGKILLed mid-epoch vs a worker SIGKILLed mid-epoch, with --max_restarts 
 Usage (data from ``psfleet datagen criteo --rows 1000000 --seed 7 --out TRAIN
 --test_rows 200000 --test_out TEST``)::
 
-    python tests/jobs/checkpoint_restart_measure.py --train TRAIN --test TEST --work DIR
+    python benchmarks/restart_recovery.py --train TRAIN --test TEST --work DIR
 
 Each run: ``psfleet train``, async, 2 servers x 2 workers, 1 epoch, batch 512,
 ``runner.checkpoint`` every 200 batches, ``cluster.max_restarts: 1``. The kill comes
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _config(work: Path, name: str, train: Path, test: Path) -> Path:
