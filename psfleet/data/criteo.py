@@ -40,16 +40,30 @@ NUL character) are counted and skipped with a rate-limited warning naming ``file
 from __future__ import annotations
 
 import logging
-import math
-import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.csv as pa_csv
 
+from psfleet.data._fields import (
+    MAX_HEX_CHARS,
+    MAX_INT_CHARS,
+    NOT_HEX_BIT,
+    SLOT_SHIFT,
+    binary_matrix,
+    binary_words,
+    generic_low_bits,
+    hex_low_bits,
+    hex_word_low_bits,
+    int_fields,
+    int_word_values,
+    word_chars,
+)
+from psfleet.data.malformed import WARN_INTERVAL_S, RateLimitedWarner
 from psfleet.errors import ConfigError, DataError
 
 __all__ = [
@@ -57,10 +71,13 @@ __all__ = [
     "NUM_SLOTS",
     "NUM_FIELDS",
     "WARN_INTERVAL_S",
+    "binary_keys",
     "ParsedChunk",
     "hash_feature",
     "hash_features",
+    "parse_criteo_bytes",
     "parse_lines",
+    "slot_prefixes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -68,37 +85,29 @@ logger = logging.getLogger(__name__)
 NUM_DENSE = 13
 NUM_SLOTS = 26
 NUM_FIELDS = 1 + NUM_DENSE + NUM_SLOTS
-WARN_INTERVAL_S = 5.0
 
-_SLOT_SHIFT = 33
-_MAX_SLOT = (1 << (64 - _SLOT_SHIFT)) - 2  # (slot + 1) << 33 must fit in 64 bits
-_NOT_HEX_BIT = 1 << 32
-_MAX_HEX_CHARS = 8
-_MAX_INT_CHARS = 20  # '-' and 19 digits; longer I fields are malformed
-
-# ASCII code point -> nibble value; 16 = NUL padding, 17 = not a hex digit.
-_HEX_TABLE = np.full(129, 17, dtype=np.uint64)
-_HEX_TABLE[0] = 16
-for _i, _c in enumerate("0123456789abcdef"):
-    _HEX_TABLE[ord(_c)] = _i
-    _HEX_TABLE[ord(_c.upper())] = _i
+_MAX_SLOT = (1 << (64 - SLOT_SHIFT)) - 2  # (slot + 1) << 33 must fit in 64 bits
 
 
 @dataclass(frozen=True)
 class ParsedChunk:
-    """The well-formed examples of a run of lines.
+    """The well-formed examples of a run of lines (any parser's output).
 
     Attributes:
         labels (ndarray[N], float32): 0.0 / 1.0.
-        dense (ndarray[N, 13], float32): ``log1p(max(x, 0))``, missing -> 0.
-        sparse (ndarray[N, 26], uint64): feature keys (see the module docstring).
+        dense (ndarray[N, num_dense], float32): dense features (Criteo:
+            ``log1p(max(x, 0))``, missing -> 0).
+        sparse (ndarray[N, num_slots], uint64): feature keys (see the module docstring).
         malformed (int): lines skipped as malformed.
+        lines (int): input lines the chunk was parsed from (well-formed + malformed);
+            -1 when the caller did not say.
     """
 
     labels: npt.NDArray[np.float32]
     dense: npt.NDArray[np.float32]
     sparse: npt.NDArray[np.uint64]
     malformed: int
+    lines: int = -1
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -107,15 +116,16 @@ class ParsedChunk:
 def _slot_prefix(slot: int) -> int:
     if not 0 <= slot <= _MAX_SLOT:
         raise ConfigError(f"slot: {slot!r} is out of range; allowed 0..{_MAX_SLOT}")
-    return (slot + 1) << _SLOT_SHIFT
+    return (slot + 1) << SLOT_SHIFT
 
 
-def _generic_low_bits(raw: str) -> int:
-    return _NOT_HEX_BIT | (1 + (zlib.crc32(raw.encode("utf-8", "surrogatepass")) & 0x7FFFFFFF))
+def slot_prefixes(num_slots: int) -> npt.NDArray[np.uint64]:
+    """``(slot + 1) << 33`` for slots ``0 .. num_slots-1`` (ndarray[num_slots], uint64)."""
+    return np.array([_slot_prefix(s) for s in range(num_slots)], dtype=np.uint64)
 
 
 def _is_hex(raw: str) -> bool:
-    return 1 <= len(raw) <= _MAX_HEX_CHARS and all(c in "0123456789abcdefABCDEF" for c in raw)
+    return 1 <= len(raw) <= MAX_HEX_CHARS and all(c in "0123456789abcdefABCDEF" for c in raw)
 
 
 def hash_feature(slot: int, raw: str) -> int:
@@ -133,10 +143,10 @@ def hash_feature(slot: int, raw: str) -> int:
     """
     prefix = _slot_prefix(slot)
     if raw == "":
-        return prefix | _NOT_HEX_BIT
+        return prefix | NOT_HEX_BIT
     if _is_hex(raw):
         return prefix | int(raw, 16)
-    return prefix | _generic_low_bits(raw)
+    return prefix | generic_low_bits(raw)
 
 
 def hash_features(values: Sequence[str], num_slots: int = NUM_SLOTS) -> npt.NDArray[np.uint64]:
@@ -157,20 +167,13 @@ def hash_features(values: Sequence[str], num_slots: int = NUM_SLOTS) -> npt.NDAr
         raise ConfigError(
             f"num_slots: {num_slots!r} must be >= 1 and divide len(values) = {len(values)}"
         )
-    prefixes = np.array([_slot_prefix(s) for s in range(num_slots)], dtype=np.uint64)
     count = len(values)
     lengths = np.fromiter(map(len, values), dtype=np.int64, count=count)
-    chars = np.array(values, dtype=f"<U{_MAX_HEX_CHARS}").view(np.uint32)
-    nibbles = _HEX_TABLE[np.minimum(chars.reshape(count, _MAX_HEX_CHARS), 128)]  # [M, 8]
-    positions = np.arange(_MAX_HEX_CHARS)
-    inside = positions < lengths[:, None]  # [M, 8]
-    is_hex = (lengths >= 1) & (lengths <= _MAX_HEX_CHARS) & np.all((nibbles < 16) == inside, axis=1)
-    shifts = (4 * np.maximum(lengths[:, None] - 1 - positions, 0)).astype(np.uint64)
-    low = np.bitwise_or.reduce(np.where(inside, nibbles << shifts, 0).astype(np.uint64), axis=1)
-    low = np.where(lengths == 0, np.uint64(_NOT_HEX_BIT), low).astype(np.uint64)
+    chars = np.array(values, dtype=f"<U{MAX_HEX_CHARS}").view(np.uint32)
+    low, is_hex = hex_low_bits(chars.reshape(count, MAX_HEX_CHARS), lengths)
     for index in np.flatnonzero(~is_hex & (lengths > 0)).tolist():
-        low[index] = _generic_low_bits(values[index])
-    return (low.reshape(-1, num_slots) | prefixes).astype(np.uint64)
+        low[index] = generic_low_bits(values[index])
+    return (low.reshape(-1, num_slots) | slot_prefixes(num_slots)).astype(np.uint64)
 
 
 def _parse_dense(
@@ -179,55 +182,18 @@ def _parse_dense(
     """Parse and transform I fields; returns (log1p(max(x, 0)) [M], invalid [M])."""
     count = len(values)
     lengths = np.fromiter(map(len, values), dtype=np.int64, count=count)
-    width = max(1, min(int(lengths.max(initial=0)), _MAX_INT_CHARS))
-    chars = np.array(values, dtype=f"<U{width}").view(np.uint32)
-    chars = chars.reshape(count, width).astype(np.int64)  # [M, width]
-    digits = chars - ord("0")
-    is_digit = (digits >= 0) & (digits <= 9)
-    negative = chars[:, 0] == ord("-")
-    positions = np.arange(width)
-    expected_digit = (positions < lengths[:, None]) & ~((positions == 0) & negative[:, None])
-    valid = (lengths <= _MAX_INT_CHARS) & np.all(is_digit == expected_digit, axis=1)
-    valid &= (lengths == 0) | (lengths > negative)  # '-' alone is not a number
-    magnitude = np.zeros(count, dtype=np.float64)
-    for column in range(width):  # Horner; float64 cannot overflow here
-        magnitude = np.where(is_digit[:, column], magnitude * 10 + digits[:, column], magnitude)
-    value = np.where(negative, 0.0, magnitude)  # max(x, 0); missing parses as 0
-    return np.log1p(value).astype(np.float32), ~valid
+    width = max(1, min(int(lengths.max(initial=0)), MAX_INT_CHARS))
+    chars = np.array(values, dtype=f"<U{width}").view(np.uint32).reshape(count, width)
+    value, valid = int_fields(chars, lengths)
+    return np.log1p(np.maximum(value, 0.0)).astype(np.float32), ~valid
 
 
-class _RateLimitedWarner:
-    """Logs at most one malformed-line warning per ``interval_s`` per file (thread safe)."""
+class _RateLimitedWarner(RateLimitedWarner):
+    """The malformed-line warner of this module (logs to ``psfleet.data.criteo``)."""
 
-    def __init__(
-        self, interval_s: float = WARN_INTERVAL_S, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._interval_s = interval_s
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._state: dict[str, tuple[float, int]] = {}  # source -> (last warning, suppressed)
-
-    def warn(self, source: str, line_no: int, reason: str) -> None:
-        now = self._clock()
-        with self._lock:
-            last, suppressed = self._state.get(source, (-math.inf, 0))
-            if now - last < self._interval_s:
-                self._state[source] = (last, suppressed + 1)
-                return
-            self._state[source] = (now, 0)
-        if suppressed:
-            logger.warning(
-                "%s:%d: skipping malformed line: %s (%d more malformed lines in %s were not "
-                "logged in the last %.0f s)",
-                source,
-                line_no,
-                reason,
-                suppressed,
-                source,
-                self._interval_s,
-            )
-        else:
-            logger.warning("%s:%d: skipping malformed line: %s", source, line_no, reason)
+    def __init__(self, interval_s: float = WARN_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(interval_s, clock, logger)
 
 
 _warner = _RateLimitedWarner()
@@ -311,4 +277,109 @@ def parse_lines(
         dense=dense.reshape(-1, NUM_DENSE)[keep],
         sparse=sparse[keep],
         malformed=len(bad),
+        lines=len(labels) + len(bad) - int((~keep).sum()),
     )
+
+
+_COLUMN_NAMES = [f"f{i}" for i in range(NUM_FIELDS)]
+_ARROW_PARSE = pa_csv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False,
+                                   double_quote=False, newlines_in_values=False,
+                                   ignore_empty_lines=False)
+_ARROW_CONVERT = pa_csv.ConvertOptions(
+    column_types={name: pa.binary() for name in _COLUMN_NAMES}, strings_can_be_null=False)
+
+
+def _arrow_fields(data: bytes) -> pa.Table | None:
+    """All 40 fields of every line as binary columns; None if a line is not 40 fields."""
+    read = pa_csv.ReadOptions(column_names=_COLUMN_NAMES, use_threads=False,
+                              block_size=max(1 << 20, len(data) + 1))
+    try:
+        return pa_csv.read_csv(pa.py_buffer(data), read_options=read,
+                               parse_options=_ARROW_PARSE, convert_options=_ARROW_CONVERT)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+
+
+def parse_criteo_bytes(
+    data: bytes,
+    source: str,
+    first_line_no: int = 1,
+    *,
+    line_step: int = 1,
+    strict: bool = False,
+) -> ParsedChunk:
+    """Parse raw Criteo lines given as bytes; same result as :func:`parse_lines`.
+
+    The fields are split by Arrow's CSV reader (C++, releases the GIL) and converted
+    with numpy, so several threads can parse chunks in parallel. A chunk holding any
+    malformed line (or a NUL byte, or a ``\\r`` that is not part of a line ending) is
+    handed to :func:`parse_lines` instead, which names each bad line; so results,
+    warnings and errors are those of :func:`parse_lines` on the decoded text.
+
+    Args:
+        data: whole lines, UTF-8, ``\\n``-separated (a trailing ``\\n`` is optional).
+        source: file name used in messages (``source:line``).
+        first_line_no: 1-based line number of the first line, for messages.
+        line_step: line-number distance between consecutive lines.
+        strict: raise on the first malformed line instead of skipping it.
+
+    Returns:
+        The well-formed lines' arrays in input order, the malformed count and the
+        number of lines.
+
+    Raises:
+        DataError: if ``strict`` and a line is malformed (names ``source:line`` and why).
+    """
+    table = None if b"\x00" in data or b"\r" in data else _arrow_fields(data)
+    if table is not None and table.num_rows:
+        chunk = _convert_fields(table)
+        if chunk is not None:
+            return chunk
+    text = data.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return parse_lines(lines, source, first_line_no, line_step=line_step, strict=strict)
+
+
+def binary_keys(array: pa.Array | pa.ChunkedArray, prefix: np.uint64
+                ) -> npt.NDArray[np.uint64]:
+    """Feature keys (ndarray[M], uint64) of the values of one Arrow binary column of one
+    slot, as :func:`hash_feature` (``prefix`` = ``slot_prefixes(n)[slot]``)."""
+    words, lengths, _ = binary_words(array)
+    low, is_hex = hex_word_low_bits(words, lengths)
+    for index in np.flatnonzero(~is_hex & (lengths > 0)).tolist():
+        raw = array[index].as_py()
+        low[index] = generic_low_bits(raw.decode("utf-8", errors="replace")
+                                      if isinstance(raw, bytes) else str(raw))
+    return (low | prefix).astype(np.uint64)
+
+
+def _matrix(array: pa.ChunkedArray, max_width: int
+            ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    words, lengths, fits = binary_words(array)
+    return (word_chars(words), lengths) if fits else binary_matrix(array, max_width)
+
+
+def _convert_fields(table: pa.Table) -> ParsedChunk | None:
+    """Arrays of a table of 40 binary columns; None if any label or I field is invalid."""
+    count = table.num_rows
+    label_chars, label_lengths = _matrix(table.column(0), 1)
+    label = label_chars[:, 0]
+    if not np.all((label_lengths == 1) & ((label == ord("0")) | (label == ord("1")))):
+        return None
+    dense = np.empty((count, NUM_DENSE), dtype=np.float32)
+    for column in range(NUM_DENSE):
+        array = table.column(1 + column)
+        words, lengths, fits = binary_words(array)
+        value, valid = (int_word_values(words, lengths) if fits
+                        else int_fields(*binary_matrix(array, MAX_INT_CHARS)))
+        if not valid.all():
+            return None
+        dense[:, column] = np.log1p(np.maximum(value, 0.0))
+    sparse = np.empty((count, NUM_SLOTS), dtype=np.uint64)
+    prefixes = slot_prefixes(NUM_SLOTS)
+    for slot in range(NUM_SLOTS):
+        sparse[:, slot] = binary_keys(table.column(1 + NUM_DENSE + slot), prefixes[slot])
+    return ParsedChunk(labels=(label == ord("1")).astype(np.float32), dense=dense,
+                       sparse=sparse, malformed=0, lines=count)

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from psfleet.data.batching import memory_batches
 from psfleet.data.criteo import parse_lines
 from psfleet.data.types import Batch
 from psfleet.errors import ConfigError, DataError
@@ -136,6 +137,7 @@ class CriteoReader:
         self.shuffle_seed = shuffle_seed
         self.drop_last = drop_last
         self._epoch = 0
+        self._start_batch = 0
         self._malformed = 0
         self._total_lines = 0
         self._labels, self._dense, self._sparse = self._load(strict)
@@ -226,10 +228,26 @@ class CriteoReader:
         """
         self._epoch = epoch
 
-    def __len__(self) -> int:
+    def set_start_batch(self, batches: int) -> None:
+        """Make the next iteration skip its first ``batches`` batches (resume); later
+        iterations start at 0.
+
+        Raises:
+            ConfigError: negative count.
+        """
+        if batches < 0:
+            raise ConfigError(f"start batch: {batches!r} must be >= 0")
+        self._start_batch = batches
+
+    @property
+    def num_batches(self) -> int:
         """Batches per epoch."""
         full, rest = divmod(self.num_examples, self.batch_size)
         return full if self.drop_last or rest == 0 else full + 1
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return self.num_batches
 
     def truncate(self, num_examples: int) -> int:
         """Keep only the first ``num_examples`` examples of this worker's share.
@@ -249,17 +267,10 @@ class CriteoReader:
 
     def __iter__(self) -> Iterator[Batch]:
         """Yield one epoch of batches (CPU tensors; unshuffled batches are views)."""
-        size = self.num_examples
         order: torch.Tensor | None = None
         if self.shuffle_seed is not None:
             rng = np.random.default_rng(self.shuffle_seed + self._epoch)
-            order = torch.from_numpy(rng.permutation(size))
-        for begin in range(0, len(self) * self.batch_size, self.batch_size):
-            end = min(begin + self.batch_size, size)
-            if order is None:
-                yield Batch(
-                    self._labels[begin:end], self._dense[begin:end], self._sparse[begin:end]
-                )
-            else:
-                index = order[begin:end]
-                yield Batch(self._labels[index], self._dense[index], self._sparse[index])
+            order = torch.from_numpy(rng.permutation(self.num_examples))
+        start, self._start_batch = self._start_batch, 0
+        return memory_batches(self._labels, self._dense, self._sparse, self.batch_size, order,
+                              drop_last=self.drop_last, start_batch=start)

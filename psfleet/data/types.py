@@ -1,4 +1,6 @@
-"""Vocabulary of the data layer: the :class:`Batch` every reader yields.
+"""Vocabulary of the data layer: the :class:`Batch` every reader yields, the
+:class:`Reader` protocol every training reader implements, and the :class:`RawChunk`
+a source hands to a parser.
 
 A batch holds one mini-batch of CTR examples as CPU tensors:
 
@@ -11,14 +13,17 @@ A batch holds one mini-batch of CTR examples as CPU tensors:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
+import pyarrow as pa
 import torch
 from torch import Tensor
 
 from psfleet.errors import ConfigError
 
-__all__ = ["Batch"]
+__all__ = ["Batch", "RawChunk", "Reader"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +65,66 @@ class Batch:
     def __len__(self) -> int:
         """The batch size B."""
         return int(self.labels.shape[0])
+
+
+@dataclass(frozen=True)
+class RawChunk:
+    """Whole input lines (or rows) of one file, as read, before parsing.
+
+    Attributes:
+        source: the file name, for messages (``source:line``).
+        first_line_no: 1-based line (row) number in the file of the first kept line.
+        line_step: line-number distance between consecutive kept lines.
+        lines: kept lines (rows) in ``payload``.
+        read_lines: lines of the file this chunk consumed, every worker's included
+            (for the job's total).
+        payload: ``bytes`` of ``\\n``-separated lines (text formats), or a
+            ``pyarrow.Table`` of rows (Parquet).
+        header: the file's header line (without ``\\n``) when the format has one.
+    """
+
+    source: str
+    first_line_no: int
+    line_step: int
+    lines: int
+    read_lines: int
+    payload: bytes | pa.Table
+    header: bytes | None = None
+
+
+@runtime_checkable
+class Reader(Protocol):
+    """What every training reader offers (CriteoReader, QueueDataset,
+    InMemoryDataset, the torch DataLoader reader).
+
+    For a given (files, worker_index, worker_num, epoch, seed, config) the sequence of
+    batches is deterministic, whatever the thread timing, so that
+    :meth:`set_start_batch` resumes exactly.
+    """
+
+    def __iter__(self) -> Iterator[Batch]:
+        """One epoch of batches (CPU tensors). Iterate from one thread."""
+        ...
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next iteration (its shuffle order, if any)."""
+        ...
+
+    def set_start_batch(self, batches: int) -> None:
+        """Make the next iteration of the current epoch skip its first ``batches``
+        batches without yielding them (checkpoint resume); later epochs start at 0."""
+        ...
+
+    @property
+    def num_batches(self) -> int | None:
+        """Batches of one epoch, or None while unknown (a stream not read yet)."""
+        ...
+
+    def __len__(self) -> int:
+        """:attr:`num_batches`; raises TypeError while it is unknown."""
+        ...
+
+    @property
+    def total_lines(self) -> int:
+        """Input lines of one epoch over all workers (the job's, for global examples/s)."""
+        ...

@@ -1,0 +1,109 @@
+"""Parsers, registered by name: a parser turns a :class:`RawChunk` into a
+:class:`~psfleet.data.criteo.ParsedChunk` (labels, dense, sparse keys).
+
+Built in:
+
+- ``criteo``: raw Criteo Kaggle TSV (:mod:`psfleet.data.criteo`), no options.
+- ``slot``: PaddleRec's slot text format (:mod:`psfleet.data.slot_format`), options
+  :class:`~psfleet.data.slot_format.SlotFormatConfig`.
+- ``csv``: delimited text with named or numbered columns, and ``parquet``: Parquet
+  files (:mod:`psfleet.data.columnar`), options
+  :class:`~psfleet.data.columnar.ColumnsConfig`.
+
+Add a format with :func:`register_parser`; :func:`make_parser` with an unknown name
+lists the known ones. Parsers are thread safe (chunks are parsed in parallel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+from psfleet.data.criteo import NUM_DENSE, NUM_SLOTS, ParsedChunk, parse_criteo_bytes
+from psfleet.data.types import RawChunk
+from psfleet.errors import ConfigError
+
+__all__ = ["CriteoParser", "Parser", "make_parser", "parser_names", "register_parser"]
+
+
+class Parser(Protocol):
+    """Turns raw chunks of one format into arrays. Thread safe.
+
+    Attributes:
+        kind: ``text`` (payload is bytes of lines; ``pipe_command`` allowed) or
+            ``parquet`` (payload is a ``pyarrow.Table``).
+        header: True if the first line of each text file is a header, not data.
+        num_dense: dense features per example.
+        num_slots: sparse keys per example.
+    """
+
+    kind: Literal["text", "parquet"]
+    header: bool
+    num_dense: int
+    num_slots: int
+
+    def parse(self, chunk: RawChunk, strict: bool) -> ParsedChunk:
+        """Parse ``chunk``; malformed lines are skipped with a rate-limited warning
+        naming ``file:line``, or raise :class:`~psfleet.errors.DataError` if ``strict``."""
+        ...
+
+
+class CriteoParser:
+    """Raw Criteo TSV (``label, I1..I13, C1..C26``); see :mod:`psfleet.data.criteo`."""
+
+    kind: Literal["text", "parquet"] = "text"
+    header = False
+    num_dense = NUM_DENSE
+    num_slots = NUM_SLOTS
+
+    def parse(self, chunk: RawChunk, strict: bool) -> ParsedChunk:
+        if not isinstance(chunk.payload, bytes):
+            raise ConfigError(f"{chunk.source}: the criteo parser reads text, not Parquet")
+        return parse_criteo_bytes(chunk.payload, chunk.source, chunk.first_line_no,
+                                  line_step=chunk.line_step, strict=strict)
+
+
+_REGISTRY: dict[str, Callable[[Any], Parser]] = {}
+
+
+def register_parser(name: str, factory: Callable[[Any], Parser]) -> None:
+    """Register ``factory(options) -> Parser`` under ``name`` (options may be None).
+
+    Raises:
+        ConfigError: ``name`` is already registered.
+    """
+    if name in _REGISTRY:
+        raise ConfigError(f"parser {name!r} is already registered")
+    _REGISTRY[name] = factory
+
+
+def parser_names() -> list[str]:
+    """The registered parser names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def make_parser(name: str, options: Any = None) -> Parser:
+    """A parser by registered name.
+
+    Args:
+        name: ``criteo``, ``slot``, ``csv``, ``parquet`` or a registered name.
+        options: the parser's options (``SlotFormatConfig``, ``ColumnsConfig``), or
+            None for its defaults.
+
+    Raises:
+        ConfigError: unknown name (lists the known ones) or options the parser rejects.
+    """
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ConfigError(f"parser: {name!r} is not one of {', '.join(parser_names())}")
+    return factory(options)
+
+
+def _criteo(options: Any) -> Parser:
+    if options is not None:
+        raise ConfigError("parser 'criteo' takes no options (slots / columns are for the "
+                          "'slot' and 'csv' / 'parquet' parsers)")
+    return CriteoParser()
+
+
+register_parser("criteo", _criteo)

@@ -1,0 +1,271 @@
+"""PaddleRec's slot text format: one example per line, space-separated ``slot:value``.
+
+Example (``criteo_paddlerec/slot_format``, PaddleRec ``models/rank/dnn``)::
+
+    click:0 dense_feature:0.05 ... dense_feature:0.08 1:737395 2:210498 ... 26:306163
+
+Which slots exist is declared in the config (:class:`SlotFormatConfig`), as in
+PaddleRec's ``sparse_slots`` / ``dense_slots``:
+
+- ``label_slot`` (``click``): the label, ``0`` or ``1``.
+- ``dense_slots`` (``{dense_feature: 13}``): name -> number of float values; the
+  values of all dense slots, in declaration order, form the dense features. Missing
+  values are padded with 0.0.
+- ``sparse_slots`` (``["1", ..., "26"]``, or name -> width): integer ids; a slot of
+  width ``w`` contributes ``w`` key columns (e.g. ``{feat_idx: 39}``). A missing slot
+  (or missing values) is padded with id 0, as PaddleRec pads missing slots.
+- tokens of undeclared slots are ignored (as PaddleRec's readers do);
+  ``value_first: true`` reads ``value:slot`` tokens (the Fleet ``feasign:slot`` order).
+
+Keys: sparse column ``c`` (0-based over all sparse slots) with id ``v`` gets
+``((c + 1) << 33) | v`` for ``v < 2**32`` and ``((c + 1) << 33) | (1 << 32) | (1 +
+crc31(str(v)))`` otherwise, the scheme of :mod:`psfleet.data.criteo`, so columns never
+share keys.
+
+Malformed lines (no or a non-0/1 label, a non-numeric value, more values than a slot
+declares, a token without ``:``) are counted and skipped with a rate-limited warning
+naming ``file:line``; ``strict`` raises :class:`~psfleet.errors.DataError`.
+
+Speed: the lines of a chunk that have the token layout of its first well-formed line
+(the usual case: every line lists the same slots in the same order) are parsed
+column-wise by :mod:`psfleet.data._slot_fast`; the other lines one by one by
+:meth:`SlotParser._parse_line`, the reference. The result is the same either way.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from psfleet.data._fields import NOT_HEX_BIT, generic_low_bits
+from psfleet.data._slot_fast import TokenLayout, parse_layout
+from psfleet.data.criteo import ParsedChunk, slot_prefixes
+from psfleet.data.malformed import RateLimitedWarner
+from psfleet.data.parsers import Parser, register_parser
+from psfleet.data.types import RawChunk
+from psfleet.errors import ConfigError, DataError
+
+__all__ = ["SlotFormatConfig", "SlotParser"]
+
+logger = logging.getLogger(__name__)
+_warner = RateLimitedWarner(log=logger)
+_MAX_ID = 1 << 32
+_LAYOUT_PROBE_LINES = 16  # lines searched for a well-formed one to take the layout from
+
+
+class SlotFormatConfig(BaseModel):
+    """The slots of the slot text format (module docstring); defaults are PaddleRec's
+    rank/dnn Criteo slots."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    label_slot: str = "click"
+    dense_slots: dict[str, int] = Field(default_factory=lambda: {"dense_feature": 13})
+    sparse_slots: list[str] | dict[str, int] = Field(
+        default_factory=lambda: [str(i) for i in range(1, 27)])
+    value_first: bool = False
+
+    @field_validator("dense_slots")
+    @classmethod
+    def _dense_widths(cls, slots: dict[str, int]) -> dict[str, int]:
+        if any(w < 1 for w in slots.values()):
+            raise ValueError("every dense slot needs a width >= 1")
+        return slots
+
+    @field_validator("sparse_slots")
+    @classmethod
+    def _sparse_widths(cls, slots: list[str] | dict[str, int]) -> list[str] | dict[str, int]:
+        widths = slots.values() if isinstance(slots, dict) else [1] * len(slots)
+        if not slots or any(w < 1 for w in widths):
+            raise ValueError("declare at least one sparse slot, each of width >= 1")
+        if isinstance(slots, list) and len(set(slots)) != len(slots):
+            raise ValueError("sparse slot names must be distinct")
+        return slots
+
+    def sparse_widths(self) -> dict[str, int]:
+        """Sparse slot name -> width, in declaration order."""
+        if isinstance(self.sparse_slots, dict):
+            return dict(self.sparse_slots)
+        return {name: 1 for name in self.sparse_slots}
+
+
+class SlotParser:
+    """Parser of the slot text format (module docstring). Thread safe.
+
+    Args:
+        config: the declared slots.
+
+    Raises:
+        ConfigError: a slot name is declared twice (label, dense and sparse together).
+    """
+
+    kind: Literal["text", "parquet"] = "text"
+    header = False
+
+    def __init__(self, config: SlotFormatConfig | None = None) -> None:
+        self.config = config or SlotFormatConfig()
+        self._dense = dict(self.config.dense_slots)
+        self._sparse = self.config.sparse_widths()
+        names = [self.config.label_slot, *self._dense, *self._sparse]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"slots: a slot name is declared twice in {names}")
+        self.num_dense = sum(self._dense.values())
+        self.num_slots = sum(self._sparse.values())
+        self._prefixes = slot_prefixes(self.num_slots)
+        self._dense_start = dict(zip(self._dense, np.cumsum([0, *self._dense.values()]),
+                                     strict=False))
+        self._sparse_start = dict(zip(self._sparse, np.cumsum([0, *self._sparse.values()]),
+                                      strict=False))
+
+    def parse(self, chunk: RawChunk, strict: bool, *, fast: bool = True) -> ParsedChunk:
+        """Parse ``chunk``; malformed lines are skipped with a rate-limited warning
+        naming ``file:line``, or raise :class:`~psfleet.errors.DataError` if ``strict``.
+
+        Lines with the token layout of the chunk's first well-formed line are parsed
+        column-wise (:mod:`psfleet.data._slot_fast`); the others, and all lines with
+        ``fast=False``, one by one (:meth:`_parse_line`, the reference). Both give the
+        same result for every line.
+        """
+        if not isinstance(chunk.payload, bytes):
+            raise ConfigError(f"{chunk.source}: the slot parser reads text, not Parquet")
+        layout = self._layout(chunk.payload) if fast else None
+        lines: list[str] = []
+        if layout is not None:
+            rows = parse_layout(chunk.payload, layout, self.num_dense, self.num_slots)
+            labels, dense, sparse, good = rows.labels, rows.dense, rows.sparse, rows.parsed
+            count = len(good)
+            todo = np.flatnonzero(~good).tolist()
+        else:
+            lines = _split_lines(chunk.payload)
+            count = len(lines)
+            labels = np.zeros(count, dtype=np.float32)
+            dense = np.zeros((count, self.num_dense), dtype=np.float32)
+            sparse = np.zeros((count, self.num_slots), dtype=np.uint64)
+            good = np.zeros(count, dtype=bool)
+            todo = list(range(count))
+        if todo and not lines:
+            lines = _split_lines(chunk.payload)
+        bad: list[tuple[int, str]] = []
+        with np.errstate(over="ignore"):  # a float beyond float32's range is stored as inf
+            for row in todo:
+                reason = self._parse_line(lines[row], row, labels, dense, sparse)
+                if reason is None:
+                    good[row] = True
+                else:
+                    bad.append((chunk.first_line_no + row * chunk.line_step, reason))
+        if bad:
+            if strict:
+                line_no, reason = bad[0]
+                raise DataError(f"{chunk.source}:{line_no}: malformed slot-format line: "
+                                f"{reason}. Fix or remove the line, or set strict: false to "
+                                "skip malformed lines")
+            for line_no, reason in bad:
+                _warner.warn(chunk.source, line_no, reason)
+        sparse |= self._prefixes
+        if bad:
+            labels, dense, sparse = labels[good], dense[good], sparse[good]
+        return ParsedChunk(labels, dense, sparse, malformed=len(bad), lines=count)
+
+    def _layout(self, data: bytes) -> TokenLayout | None:
+        """The token layout of the first of the chunk's first few lines that is
+        well-formed, or None (no such line, or its names cannot be matched bytewise)."""
+        scratch = (np.zeros(1, np.float32), np.zeros((1, self.num_dense), np.float32),
+                   np.zeros((1, self.num_slots), np.uint64))
+        start = 0
+        for _ in range(_LAYOUT_PROBE_LINES):
+            end = data.find(b"\n", start)
+            line = data[start:end if end >= 0 else len(data)].decode("utf-8", "replace")
+            start = end + 1
+            if self._parse_line(line, 0, *scratch) is not None:
+                if end < 0:
+                    return None
+                continue
+            pairs = [token.partition(":") for token in line.split()]
+            names = [right if self.config.value_first else left for left, _, right in pairs]
+            layout = self._layout_of(names)
+            return layout if layout.usable() else None
+        return None
+
+    def _layout_of(self, names: list[str]) -> TokenLayout:
+        """Where the values of a well-formed line with these slot names go (the walk of
+        :meth:`_parse_line`)."""
+        label_token = -1
+        dense: dict[int, int] = {}
+        sparse: dict[int, int] = {}
+        dense_used = dict.fromkeys(self._dense, 0)
+        sparse_used = dict.fromkeys(self._sparse, 0)
+        for index, name in enumerate(names):
+            if name == self.config.label_slot:
+                label_token = index
+            elif name in dense_used:
+                dense[index] = int(self._dense_start[name]) + dense_used[name]
+                dense_used[name] += 1
+            elif name in sparse_used:
+                sparse[index] = int(self._sparse_start[name]) + sparse_used[name]
+                sparse_used[name] += 1
+        return TokenLayout(
+            names=tuple(name.encode("utf-8", "surrogatepass") for name in names),
+            value_first=self.config.value_first, label_token=label_token,
+            dense_tokens=tuple(dense), dense_columns=tuple(dense.values()),
+            sparse_tokens=tuple(sparse), sparse_columns=tuple(sparse.values()))
+
+    def _parse_line(self, line: str, row: int, labels: np.ndarray, dense: np.ndarray,
+                    sparse: np.ndarray) -> str | None:
+        """Fill row ``row`` (all zeros before); returns why the line is malformed, or
+        None. The reference for every line."""
+        label: str | None = None
+        dense_used = dict.fromkeys(self._dense, 0)
+        sparse_used = dict.fromkeys(self._sparse, 0)
+        value_first = self.config.value_first
+        for token in line.split():
+            left, sep, right = token.partition(":")
+            if not sep:
+                return f"token {token!r} has no ':'"
+            name, value = (right, left) if value_first else (left, right)
+            if name == self.config.label_slot:
+                label = value
+            elif name in dense_used:
+                used = dense_used[name]
+                if used >= self._dense[name]:
+                    return f"dense slot {name!r} has more than {self._dense[name]} values"
+                try:
+                    dense[row, self._dense_start[name] + used] = float(value)
+                except ValueError:
+                    return f"dense slot {name!r} value {value!r} is not a number"
+                dense_used[name] = used + 1
+            elif name in sparse_used:
+                used = sparse_used[name]
+                if used >= self._sparse[name]:
+                    return f"sparse slot {name!r} has more than {self._sparse[name]} values"
+                if not (value.isascii() and value.isdigit()):
+                    return f"sparse slot {name!r} id {value!r} is not a non-negative integer"
+                number = int(value)
+                low = number if number < _MAX_ID else generic_low_bits(value) | NOT_HEX_BIT
+                sparse[row, self._sparse_start[name] + used] = low
+                sparse_used[name] = used + 1
+        if label is None:
+            return f"label slot {self.config.label_slot!r} is missing"
+        if label not in ("0", "1"):
+            return f"label {label!r} is not 0 or 1"
+        labels[row] = 1.0 if label == "1" else 0.0
+        return None
+
+
+def _split_lines(data: bytes) -> list[str]:
+    """The chunk's lines as text (a final empty line is the trailing newline)."""
+    lines = data.decode("utf-8", errors="replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _slot(options: object) -> Parser:
+    if options is not None and not isinstance(options, SlotFormatConfig):
+        raise ConfigError("parser 'slot' takes a SlotFormatConfig (runner.slots)")
+    return SlotParser(options)
+
+
+register_parser("slot", _slot)

@@ -1,0 +1,198 @@
+"""Reading one file of a worker's share into :class:`~psfleet.data.types.RawChunk`s.
+
+A text file is read in blocks of whole lines, either directly or through a
+``pipe_command``: the file is fed to the shell command's standard input and its
+standard output is read instead (PaddleRec's ``cat FILE | pipe_command``). A command
+that exits non-zero stops the read with its exit code, the file name and the end of
+its standard error. Parquet files are read in row groups of ``chunk_rows`` rows.
+
+With ``split_file_list: True`` only this worker's lines (rows) are kept
+(:mod:`psfleet.data.split`); the line numbers of the kept lines travel with the chunk
+for messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from psfleet.data.split import WorkerShare
+from psfleet.data.types import RawChunk
+from psfleet.errors import ConfigError, DataError
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "DEFAULT_CHUNK_ROWS", "check_pipe_supported",
+           "iter_parquet_chunks", "iter_text_chunks"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+DEFAULT_CHUNK_ROWS = 16_384
+_STDERR_TAIL_BYTES = 4000
+
+
+def _check_file(path: Path) -> None:
+    if path.is_dir():
+        raise DataError(f"data file {str(path)!r} is a directory; list its files instead")
+    if not path.is_file():
+        raise DataError(f"data file {str(path)!r} does not exist; check the path")
+    if path.stat().st_size == 0:
+        raise DataError(f"data file {str(path)!r} is empty (no lines); remove it from the list")
+
+
+def _blocks(stream: IO[bytes], chunk_bytes: int) -> Iterator[bytes]:
+    """Blocks of whole lines (each ends with ``\\n``, except a last unterminated line)."""
+    rest = b""
+    while True:
+        block = stream.read(chunk_bytes)
+        if not block:
+            break
+        block = rest + block
+        cut = block.rfind(b"\n") + 1
+        if cut == 0:
+            rest = block
+            continue
+        rest = block[cut:]
+        yield block[:cut]
+    if rest:
+        yield rest + b"\n"
+
+
+def _chunks(blocks: Iterator[bytes], source: str, position: int, share: WorkerShare,
+            header: bool) -> Iterator[RawChunk]:
+    """Chunks of this worker's lines; with ``header`` the first line is not data."""
+    line_index = 0  # 0-based index among the data lines of the block's first line
+    offset = 1 if header else 0  # file line number of data line i is i + 1 + offset
+    header_line: bytes | None = None
+    for block in blocks:
+        read = 0
+        if header and header_line is None:
+            cut = block.index(b"\n")
+            header_line, block, read = block[:cut].rstrip(b"\r"), block[cut + 1:], 1
+        count = block.count(b"\n")
+        if share.split_lines and share.worker_num > 1:
+            first = share.first_kept(position, line_index)
+            kept = block.split(b"\n")[first:count:share.worker_num]
+            payload = b"\n".join(kept) + b"\n" if kept else b""
+            yield RawChunk(source, line_index + first + 1 + offset, share.worker_num,
+                           len(kept), count + read, payload, header_line)
+        else:
+            yield RawChunk(source, line_index + 1 + offset, 1, count, count + read, block,
+                           header_line)
+        line_index += count
+
+
+def iter_text_chunks(path: Path, position: int, share: WorkerShare,
+                     pipe_command: str | None = None,
+                     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                     header: bool = False, pipe_cwd: Path | None = None
+                     ) -> Iterator[RawChunk]:
+    """This worker's lines of one text file, in blocks of about ``chunk_bytes``.
+
+    Args:
+        path: the file.
+        position: its 0-based position in the job's file list (the split rule uses it).
+        share: this worker's share (:func:`psfleet.data.split.plan_share`).
+        pipe_command: a shell command; if given, the file is its standard input and
+            its standard output is read instead.
+        chunk_bytes: target bytes per chunk (whole lines).
+        header: the first line of the file (of the pipe's output) is a header: it is
+            passed along with every chunk, not parsed as data, nor split.
+        pipe_cwd: working directory of the pipe command (None: this process's).
+
+    Yields:
+        Chunks in file order. Closing the generator early kills the pipe command.
+
+    Raises:
+        DataError: the file is missing or unreadable; the pipe command cannot start
+            or exits non-zero (names the command, the file, the exit code and the end
+            of its standard error).
+    """
+    _check_file(path)
+    source = str(path)
+    if pipe_command is None:
+        try:
+            with path.open("rb") as f:
+                yield from _chunks(_blocks(f, chunk_bytes), source, position, share,
+                                   header)
+        except OSError as exc:
+            raise DataError(f"data file {source!r} cannot be read: {exc}") from exc
+        return
+    yield from _piped_chunks(path, position, share, pipe_command, chunk_bytes, header,
+                             pipe_cwd)
+
+
+def _piped_chunks(path: Path, position: int, share: WorkerShare, pipe_command: str,
+                  chunk_bytes: int, header: bool, cwd: Path | None
+                  ) -> Iterator[RawChunk]:
+    source = f"{path} | {pipe_command}"
+    with path.open("rb") as stdin, tempfile.TemporaryFile() as stderr:
+        try:
+            proc = subprocess.Popen(pipe_command, shell=True, stdin=stdin,
+                                    stdout=subprocess.PIPE, stderr=stderr, cwd=cwd)
+        except OSError as exc:
+            raise DataError(f"pipe_command {pipe_command!r} cannot start for data file "
+                            f"{str(path)!r}: {exc}") from exc
+        finished = False
+        try:
+            if proc.stdout is None:  # cannot happen with stdout=PIPE; keeps mypy exact
+                raise DataError(f"pipe_command {pipe_command!r}: no standard output")
+            yield from _chunks(_blocks(proc.stdout, chunk_bytes), source, position, share,
+                               header)
+            code = proc.wait()
+            finished = True
+        finally:
+            if not finished:  # the consumer stopped early, or reading failed
+                with contextlib.suppress(OSError):
+                    proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if code != 0:
+            stderr.seek(0)
+            text = stderr.read()[-_STDERR_TAIL_BYTES:].decode("utf-8", errors="replace")
+            raise DataError(f"pipe_command {pipe_command!r} failed on data file "
+                            f"{str(path)!r} with exit code {code}; its stderr:\n"
+                            f"{text.rstrip() or '(empty)'}")
+
+
+def iter_parquet_chunks(path: Path, position: int, share: WorkerShare,
+                        chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Iterator[RawChunk]:
+    """This worker's rows of one Parquet file, ``chunk_rows`` rows at a time.
+
+    Raises:
+        DataError: the file is missing or not Parquet.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _check_file(path)
+    try:
+        parquet = pq.ParquetFile(path)
+        row = 0
+        for batch in parquet.iter_batches(batch_size=chunk_rows):
+            table = pa.Table.from_batches([batch])
+            count = table.num_rows
+            if share.split_lines and share.worker_num > 1:
+                first = share.first_kept(position, row)
+                rows = np.arange(first, count, share.worker_num)
+                yield RawChunk(str(path), row + first + 1, share.worker_num, len(rows),
+                               count, table.take(pa.array(rows)))
+            else:
+                yield RawChunk(str(path), row + 1, 1, count, count, table)
+            row += count
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"data file {str(path)!r} cannot be read as Parquet: {exc}") from exc
+
+
+def check_pipe_supported(parser_name: str, pipe_command: str | None) -> None:
+    """Raise ConfigError when ``pipe_command`` is set for a non-text format."""
+    if pipe_command is not None and parser_name == "parquet":
+        raise ConfigError("pipe_command: Parquet files are read directly, not through a "
+                          "pipe; remove pipe_command or use a text parser")

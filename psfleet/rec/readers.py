@@ -1,0 +1,211 @@
+"""The runner's readers, built from the YAML's ``runner`` section.
+
+``reader_type`` chooses the reader (all yield the same examples for the same files
+and ``split_file_list``; they differ in order and memory):
+
+- ``DataLoader``: torch ``DataLoader`` over the in-memory reader
+  (:class:`~psfleet.data.DataLoaderReader`), shuffled each epoch with ``seed + epoch``.
+- ``QueueDataset``: streamed from the files (or ``pipe_command``), file order, never
+  all in memory.
+- ``InMemoryDataset``: loaded once, shuffled each epoch, and with ``global_shuffle``
+  mixed across workers through ``exchange_dir``.
+
+Sync mode needs every worker to run the same number of steps per epoch:
+
+- in-memory readers exchange their example counts (through ``exchange_dir``) and
+  keep the smallest count on every worker;
+- QueueDataset counts the lines of the files (no parsing) and streams exactly the
+  smallest worker's share; a share that comes out shorter (malformed lines) stops the
+  job with a DataError; with ``pipe_command`` (or Parquet) the count is unknown before
+  reading, so that combination is a ConfigError.
+
+The barrier of these exchanges is the parameter servers' (server 0), reached before
+``fleet.init_worker``; without servers (collective jobs) it is
+``torch.distributed.barrier``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from psfleet import fleet
+from psfleet.data import (
+    DataLoaderReader,
+    FileExchange,
+    InMemoryDataset,
+    QueueDataset,
+    Reader,
+    list_data_files,
+)
+from psfleet.errors import ConfigError
+from psfleet.rec.config import RunnerConfig, TrainConfig
+
+__all__ = ["build_test_reader", "build_train_reader", "data_files"]
+
+logger = logging.getLogger(__name__)
+
+TEST_BATCH_SIZE = 4096
+
+
+def data_files(paths: Path | Sequence[Path]) -> list[Path]:
+    """The data files of a ``*_data_dir`` value (files and directories, in order)."""
+    items = [paths] if isinstance(paths, Path) else list(paths)
+    return [f for p in items for f in list_data_files(p)]
+
+
+def _parser_options(runner: RunnerConfig) -> object:
+    if runner.parser == "slot":
+        return runner.slots  # None: PaddleRec's rank/dnn Criteo slots
+    if runner.parser in ("csv", "parquet"):
+        if runner.columns is None:
+            raise ConfigError(f"runner.columns: required with runner.parser: {runner.parser} "
+                              "(label, dense and sparse columns)")
+        return runner.columns
+    for field in ("slots", "columns"):
+        if getattr(runner, field) is not None:
+            raise ConfigError(f"runner.{field}: not used by runner.parser: {runner.parser}")
+    return None
+
+
+def _dataset_kwargs(runner: RunnerConfig, worker_index: int, worker_num: int) -> dict[str, Any]:
+    return {"worker_index": worker_index, "worker_num": worker_num,
+            "split_file_list": runner.split_file_list, "pipe_command": runner.pipe_command,
+            "thread_num": runner.reader_thread_num, "strict": runner.strict,
+            "debug": runner.dataset_debug, "pipe_cwd": runner.pipe_cwd}
+
+
+def _check_combination(runner: RunnerConfig, worker_num: int, equal_steps: bool) -> None:
+    if runner.global_shuffle and runner.reader_type != "InMemoryDataset":
+        raise ConfigError(f"runner.global_shuffle: needs runner.reader_type: InMemoryDataset "
+                          f"(got {runner.reader_type})")
+    if (equal_steps and runner.reader_type == "QueueDataset"
+            and worker_num > 1 and (runner.pipe_command or runner.parser == "parquet")):
+        raise ConfigError(
+            "runner.reader_type: QueueDataset with "
+            f"{'runner.pipe_command' if runner.pipe_command else 'runner.parser: parquet'} "
+            "cannot guarantee the same number of steps on every worker, which "
+            f"runner.sync_mode: {runner.sync_mode}"
+            f"{' with runner.checkpoint.step_interval' if runner.sync_mode != 'sync' else ''} "
+            "needs (the example count is unknown before reading); use reader_type "
+            "InMemoryDataset or DataLoader, or sync_mode async / geo without step "
+            "checkpoints")
+
+
+@contextmanager
+def _exchange(runner: RunnerConfig, config: TrainConfig, worker_index: int,
+              worker_num: int) -> Iterator[FileExchange]:
+    """A FileExchange whose barrier is server 0's (or torch.distributed's)."""
+    directory = runner.exchange_dir or runner.model_save_path / "exchange"
+    endpoints = fleet.server_endpoints()
+    if endpoints:
+        from psfleet.ps import RemoteClient
+        from psfleet.rpc import RpcConfig
+
+        client = RemoteClient(endpoints, RpcConfig.from_env(), worker_index)
+        try:
+            client.wait_ready(config.cluster.server_wait_timeout_s)
+
+            def barrier(name: str) -> None:
+                client.barrier(f"psfleet.data/{name}", worker_index, worker_num)
+
+            yield FileExchange(directory, worker_index, worker_num, barrier)
+        finally:
+            client.close()
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError("runner.global_shuffle / sync mode with several workers needs a "
+                          "barrier: parameter servers (cluster.server_num >= 1) or an "
+                          "initialised torch.distributed process group")
+
+    def dist_barrier(name: str) -> None:
+        dist.barrier()
+
+    yield FileExchange(directory, worker_index, worker_num, dist_barrier)
+
+
+def build_train_reader(config: TrainConfig, worker_index: int, worker_num: int, *,
+                       equal_steps: bool | None = None) -> Reader:
+    """This worker's training reader (module docstring); loads in-memory data (blocks)
+    and, with ``equal_steps``, makes every worker's step count per epoch equal. Logs
+    the global batch.
+
+    Args:
+        config: the job's config.
+        worker_index, worker_num: this worker and the job's worker count.
+        equal_steps: every worker must run the same number of steps per epoch
+            (default: ``runner.sync_mode == "sync"``; also needed for checkpoints
+            inside epochs).
+
+    Every worker of the job must call it (it may be a collective).
+
+    Raises:
+        ConfigError: an invalid reader combination (names the fields) or file split.
+        DataError: unreadable data, a failing pipe_command, a malformed line with
+            ``strict``.
+    """
+    runner = config.runner
+    if equal_steps is None:
+        equal_steps = runner.sync_mode == "sync"
+    _check_combination(runner, worker_num, equal_steps)
+    options = _parser_options(runner)
+    kwargs = _dataset_kwargs(runner, worker_index, worker_num)
+    files = data_files(runner.train_data_dir)
+    sync = equal_steps and worker_num > 1
+    reader: Reader
+    if runner.reader_type == "QueueDataset":
+        stream = QueueDataset(runner.batch_size, runner.parser, options, **kwargs)
+        stream.set_filelist(files)
+        if sync:
+            shares = stream.worker_lines()
+            stream.set_example_limit(min(shares))
+            logger.info("sync mode: every worker streams %d examples per epoch (the smallest "
+                        "share; this worker's is %d lines)", min(shares), shares[worker_index])
+        reader = stream
+    else:
+        memory = InMemoryDataset(runner.batch_size, runner.parser, options,
+                                 shuffle_seed=runner.seed if runner.shuffle else None,
+                                 **kwargs)
+        memory.set_filelist(files)
+        memory.load_into_memory()
+        if worker_num > 1 and (runner.global_shuffle or sync):
+            with _exchange(runner, config, worker_index, worker_num) as exchange:
+                if runner.global_shuffle:
+                    memory.global_shuffle(exchange, seed=runner.seed)
+                if sync:
+                    counts = exchange.all_gather("sync_counts", memory.num_examples)
+                    dropped = memory.truncate(min(counts))
+                    if dropped:
+                        logger.info("sync mode: dropped the last %d example(s) of this "
+                                    "worker's share so that every worker runs the same "
+                                    "number of steps", dropped)
+        reader = DataLoaderReader(memory) if runner.reader_type == "DataLoader" else memory
+    examples = getattr(reader, "num_examples", None)
+    logger.info("%s (%s parser, split_file_list %s): batch_size %d x %d workers = global "
+                "batch %d; %s examples on this worker", runner.reader_type, runner.parser,
+                runner.split_file_list, runner.batch_size, worker_num,
+                runner.batch_size * worker_num,
+                "unknown (stream)" if examples is None else examples)
+    return reader
+
+
+def build_test_reader(config: TrainConfig) -> Reader | None:
+    """The test reader of worker 0 (every test example, file order), or None when
+    ``runner.test_data_dir`` is not set. Same parser and pipe_command as training."""
+    runner = config.runner
+    if runner.test_data_dir is None:
+        return None
+    kwargs = _dataset_kwargs(runner, 0, 1)
+    kwargs["split_file_list"] = True
+    memory = InMemoryDataset(TEST_BATCH_SIZE, runner.parser, _parser_options(runner),
+                             **kwargs)
+    memory.set_filelist(data_files(runner.test_data_dir))
+    memory.load_into_memory()
+    return memory
+
+
