@@ -2,8 +2,9 @@
 
 Runs ``psfleet train -m examples/criteo_dnn/config.yaml`` on the synthetic Criteo data
 (one epoch, batch 512) in each configuration: the single-process reference
-(``cluster.server_num=0``) and parameter-server jobs (async 1x1, 1x2, 2x2; sync 1x2;
-geo 1x2 with geo_step 400). Repeats are interleaved (every configuration once, then
+(``cluster.server_num=0``), parameter-server jobs (async 1x1, 1x2, 2x2; sync 1x2;
+geo 1x2 with geo_step 400) and collective jobs (``runner.sync_mode=collective``, 1 and
+2 ranks, gloo all-reduce, no servers). Repeats are interleaved (every configuration once, then
 again), so slow drift of the machine's load spreads over all configurations.
 
 Per run it records, from ``metrics.json``: the job's examples/s (all workers' examples
@@ -53,6 +54,8 @@ CASES: list[tuple[str, int, int, str]] = [
     ("PS async 2x2", 2, 2, "async"),
     ("PS sync 1x2", 1, 2, "sync"),
     ("PS geo 1x2", 1, 2, "geo"),
+    ("collective 1 rank", 0, 1, "collective"),
+    ("collective 2 ranks", 0, 2, "collective"),
 ]
 REFERENCE = CASES[0][0]
 
@@ -128,7 +131,8 @@ def main() -> None:
                 out = work / f"{case.replace(' ', '_')}_{repeat}"
                 command = train_command(train, test, server_num, worker_num, mode, out)
                 log(f"e2e repeat {repeat + 1}/{args.repeats}: {case}")
-                result = run_once(command, out, "launcher" if server_num else "process",
+                launches = server_num > 0 or (mode == "collective" and worker_num > 1)
+                result = run_once(command, out, "launcher" if launches else "process",
                                   args.timeout_s)
                 reference = runs[REFERENCE][repeat] if case != REFERENCE else result
                 result["ratio_to_single"] = (result["examples_per_s"]

@@ -93,12 +93,89 @@ VARIABLES: tuple[EnvVar, ...] = (
     ),
     EnvVar("PSFLEET_RPC_DEADLINE_S", "180", "Deadline of every remote call, seconds."),
     EnvVar(
+        "PSFLEET_RPC_MAX_RETRIES",
+        "5",
+        "Retries of a remote call that failed with UNAVAILABLE (backoff 0.2 s doubling to 5 "
+        "s), always within PSFLEET_RPC_DEADLINE_S. fleetrun --max_restarts N > 0 sets it to "
+        "1000 (unless set) so that workers wait for a restarted server until the deadline.",
+    ),
+    EnvVar(
         "PSFLEET_SERVER_WAIT_TIMEOUT_S",
         "300",
         "How long a worker waits for all servers to become ready, seconds.",
     ),
     EnvVar("PSFLEET_AUTH_TOKEN", None, "Shared secret every remote call must carry, if set."),
+    EnvVar("RANK", None, "Collective mode (torchrun): this process's rank, 0 .. WORLD_SIZE-1."),
+    EnvVar("WORLD_SIZE", None, "Collective mode (torchrun): number of ranks (world size)."),
+    EnvVar("LOCAL_RANK", None, "Collective mode (torchrun): this process's rank on its node."),
+    EnvVar(
+        "MASTER_ADDR",
+        None,
+        "Collective mode: host of the rendezvous store every rank connects to (torchrun's).",
+    ),
+    EnvVar("MASTER_PORT", None, "Collective mode: port of the rendezvous store."),
+    EnvVar(
+        "TORCHELASTIC_USE_AGENT_STORE",
+        None,
+        "Collective mode: 'True' when the launcher (torchrun, fleetrun) hosts the rendezvous "
+        "store at MASTER_ADDR:MASTER_PORT, so rank 0 connects to it instead of hosting it.",
+    ),
+    EnvVar(
+        "TORCHELASTIC_RESTART_COUNT",
+        "0",
+        "Collective mode: the launcher's restart attempt; keys of a launcher-hosted store are "
+        "prefixed with it, as torch does.",
+    ),
+    EnvVar(
+        "PADDLE_TRAINER_ENDPOINTS",
+        None,
+        "Collective mode (seeds' name): every rank's host:port in rank order; the first is "
+        "the rendezvous endpoint when MASTER_ADDR is not set.",
+    ),
+    EnvVar(
+        "PADDLE_CURRENT_ENDPOINT",
+        None,
+        "Collective mode (seeds' name): this rank's host:port; must be its entry of "
+        "PADDLE_TRAINER_ENDPOINTS.",
+    ),
+    EnvVar(
+        "CUDA_VISIBLE_DEVICES",
+        None,
+        "GPUs a process may use; fleetrun --mode collective hands them out one per rank "
+        "(--devices indexes into it).",
+    ),
+    EnvVar(
+        "PSFLEET_COLLECTIVE_BACKEND",
+        "auto",
+        "Collective mode: torch.distributed backend, gloo, nccl, or auto (nccl when this "
+        "process sees a GPU, else gloo).",
+    ),
+    EnvVar(
+        "PSFLEET_COLLECTIVE_CONNECT_TIMEOUT_S",
+        "300",
+        "Collective mode: how long a rank tries to reach MASTER_ADDR:MASTER_PORT and waits "
+        "for every rank to join, seconds.",
+    ),
+    EnvVar(
+        "PSFLEET_COLLECTIVE_TIMEOUT_S",
+        "1800",
+        "Collective mode: how long one collective operation (all-reduce, all-gather, barrier) "
+        "may wait for the other ranks, seconds.",
+    ),
     EnvVar("PSFLEET_LOG_LEVEL", "INFO", "Logging level of psfleet's loggers."),
+    EnvVar(
+        "PSFLEET_RESTART_NUM",
+        "0",
+        "How many times fleetrun --max_restarts restarted this process (set by fleetrun). "
+        "A restarted server re-creates its tables from the newest complete checkpoint; a "
+        "restarted worker rejoins the running job from its cursor in that checkpoint.",
+    ),
+    EnvVar(
+        "PSFLEET_CHECKPOINT_DIR",
+        None,
+        "Checkpoint folder (path or fsspec URL) a restarted server recovers its tables from "
+        "when the script does not pass checkpoint_dir to fleet.init_server().",
+    ),
 )
 
 _BY_NAME = {v.name: v for v in VARIABLES}

@@ -115,3 +115,31 @@ def test_world_size_mismatch_fails_naming_both(tmp_path: Path) -> None:
     result = run_command([sys.executable, str(PROBE)], timeout=60, env=env, cwd=tmp_path)
     assert result.returncode != 0
     assert "WORLD_SIZE is 2 but PADDLE_TRAINERS_NUM is 3" in result.stderr
+
+
+def test_collective_job_resumes_from_its_checkpoint_exactly(tmp_path: Path) -> None:
+    """2 ranks: 1 epoch with a checkpoint, then the same job asked for 2 epochs resumes
+    at epoch 2 on every rank (each holds all tables) and ends where an uninterrupted
+    2-epoch run ends."""
+    from conftest import CRITEO_DIR, write_slice
+
+    train = write_slice(CRITEO_DIR / "train.csv", tmp_path / "train.csv", 1200)
+    test = write_slice(CRITEO_DIR / "dev.csv", tmp_path / "test.csv", 400)
+
+    def run(epochs: int, name: str, checkpoint_dir: Path) -> dict[str, object]:
+        args = _train_args(train, test, tmp_path / name)
+        args[args.index("runner.epochs=1")] = f"runner.epochs={epochs}"
+        args += ["-o", f"runner.checkpoint={{checkpoint_dir: {checkpoint_dir}}}"]
+        result = run_command([sys.executable, "-m", "psfleet.cli.main", *args],
+                             timeout=TIMEOUT_S, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-4000:]
+        return json.loads((tmp_path / name / "metrics.json").read_text())  # type: ignore[no-any-return]
+
+    run(1, "first", tmp_path / "ckpt")
+    resumed = run(2, "resumed", tmp_path / "ckpt")
+    straight = run(2, "straight", tmp_path / "ckpt-straight")
+    assert [e["epoch"] for e in resumed["epochs"]] == [2]  # type: ignore[index]
+    assert resumed["test"]["auc"] == pytest.approx(  # type: ignore[index]
+        straight["test"]["auc"], abs=1e-6)  # type: ignore[index]
+    assert resumed["test"]["logloss"] == pytest.approx(  # type: ignore[index]
+        straight["test"]["logloss"], abs=1e-6)  # type: ignore[index]

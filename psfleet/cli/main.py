@@ -4,13 +4,22 @@ Usage::
 
     psfleet train -m CONFIG.yaml [-o section.key=value ...]
     psfleet datagen criteo --rows N --seed S --out FILE [--test_rows M --test_out FILE2]
+    psfleet predict -m CONFIG.yaml --model DIR --data FILE [--out SCORES.tsv]
 
 ``train`` reads a PaddleRec-style YAML (see README.md "The YAML runner"). With
 ``cluster.server_num`` >= 1 it starts the whole local job itself (servers and
 workers, through the same launcher as ``fleetrun``, logs in
-``<model_save_path>/log``); with ``server_num: 0`` it trains in this process against
+``<model_save_path>/log``); with ``runner.sync_mode: collective`` and
+``cluster.worker_num`` > 1 it starts a local collective job of that many ranks
+(``fleetrun --mode collective``; also runs under ``torchrun``, which sets WORLD_SIZE);
+with ``server_num: 0`` it trains in this process against
 in-process tables (the single-machine reference). Inside a job (the launcher set
 TRAINING_ROLE) it runs this process's role.
+
+``predict`` scores a data file offline (no server) with a model exported by
+``fleet.save_inference_model`` or ``runner.inference_model_path``, prints AUC, log
+loss and the example count, and with ``--out`` writes ``label<TAB>probability`` per
+example; CONFIG is the config the model was trained with.
 
 ``datagen criteo`` writes synthetic raw Criteo TSV from a hidden model with a known
 optimum (:mod:`psfleet.data.synthetic`), prints the optimum AUC and positive rate of
@@ -39,7 +48,9 @@ __all__ = ["main"]
 
 
 def _in_job() -> bool:
-    return (env.read("TRAINING_ROLE") or env.read("PADDLE_TRAINING_ROLE")) is not None
+    """Whether a launcher started this process as part of a job (fleetrun or torchrun)."""
+    return any(env.read(name) is not None
+               for name in ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE", "WORLD_SIZE"))
 
 
 def _check_data_paths(config: TrainConfig) -> None:
@@ -65,10 +76,27 @@ def _train(config_path: Path, overrides: Sequence[str]) -> int:
 
     config = load_config(config_path, overrides)
     cluster = config.cluster
-    if cluster.server_num == 0 and cluster.worker_num > 1:
+    collective = config.runner.sync_mode == "collective"
+    if collective and cluster.server_num != 0:
+        raise ConfigError(f"cluster.server_num: {cluster.server_num}, but runner.sync_mode: "
+                          "collective has no servers; set cluster.server_num: 0 (ranks are "
+                          "cluster.worker_num)")
+    if not collective and cluster.server_num == 0 and cluster.worker_num > 1:
         raise ConfigError(f"cluster.worker_num: {cluster.worker_num} workers need servers; "
-                          "set cluster.server_num >= 1 (or worker_num: 1 to train alone)")
+                          "set cluster.server_num >= 1 (or worker_num: 1 to train alone, or "
+                          "runner.sync_mode: collective)")
     _check_data_paths(config)
+    command = ["-m", "psfleet.cli.main", "train", "-m", str(config_path.resolve())]
+    for assignment in overrides:
+        command += ["-o", assignment]
+    if collective and cluster.worker_num > 1 and not _in_job():
+        from psfleet.launch import launch_collective
+
+        logs.set_role("launcher")
+        log_dir = config.runner.model_save_path / "log"
+        print(f"psfleet: starting a collective job of {cluster.worker_num} ranks; logs in "
+              f"{log_dir}", flush=True)
+        return launch_collective(command, cluster.worker_num, log_dir)
     if cluster.server_num >= 1 and not _in_job():
         from psfleet.launch import launch_local
 
@@ -76,12 +104,10 @@ def _train(config_path: Path, overrides: Sequence[str]) -> int:
         log_dir = config.runner.model_save_path / "log"
         print(f"psfleet: starting {cluster.server_num} servers x {cluster.worker_num} workers;"
               f" logs in {log_dir}", flush=True)
-        command = ["-m", "psfleet.cli.main", "train", "-m", str(config_path.resolve())]
-        for assignment in overrides:
-            command += ["-o", assignment]
         return launch_local(command,
                             cluster.server_num, cluster.worker_num, log_dir,
-                            server_wait_timeout_s=cluster.server_wait_timeout_s)
+                            server_wait_timeout_s=cluster.server_wait_timeout_s,
+                            max_restarts=cluster.max_restarts)
     from psfleet.rec.trainer import train
 
     metrics = train(config)
@@ -92,6 +118,18 @@ def _train(config_path: Path, overrides: Sequence[str]) -> int:
         print(f"psfleet: {summary}{metrics['examples_per_s']:,.0f} examples/s, "
               f"train wall time {metrics['train_wall_s']:.1f} s; metrics in "
               f"{config.runner.model_save_path / 'metrics.json'}", flush=True)
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from psfleet.rec.config import load_config
+    from psfleet.rec.predict import predict
+
+    config = load_config(args.config, args.override)
+    result = predict(config, args.model, args.data, args.out)
+    written = f"; scores in {args.out}" if args.out is not None else ""
+    print(f"psfleet: predict auc {result['auc']:.6f}, logloss {result['logloss']:.6f} on "
+          f"{result['examples']} examples of {args.data}{written}", flush=True)
     return 0
 
 
@@ -143,6 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
     criteo.add_argument("--test_rows", type=int, help="rows of --test_out, >= 1")
     criteo.add_argument("--test_out", type=Path,
                         help="a test TSV: same hidden model, independent rows")
+    predict = commands.add_parser(
+        "predict", help="score a data file with an exported model, no server")
+    predict.add_argument("-m", "--config", required=True, type=Path,
+                         help="the YAML config the model was trained with")
+    predict.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a config value")
+    predict.add_argument("--model", required=True,
+                         help="the inference model directory (path or fsspec URL)")
+    predict.add_argument("--data", required=True, type=Path, help="a data file or directory")
+    predict.add_argument("--out", type=Path, help="write label<TAB>probability per example")
     return parser
 
 
@@ -155,6 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _train(args.config, args.override)
         if args.command == "datagen":
             return _datagen_criteo(args)
+        if args.command == "predict":
+            return _predict(args)
     except (ConfigError, DataError) as exc:
         print(f"psfleet: error: {exc}", file=sys.stderr)
         return 2

@@ -1,5 +1,6 @@
 """The fleet API: one process-wide Fleet and its methods as module functions."""
 
+from psfleet.checkpoint import CheckpointConfig
 from psfleet.fleet.fleet import Fleet
 from psfleet.fleet.optimizer import DistributedOptimizer, rule_from_optimizer
 from psfleet.fleet.role_maker import (
@@ -29,12 +30,19 @@ init_worker = _fleet.init_worker
 stop_worker = _fleet.stop_worker
 barrier_worker = _fleet.barrier_worker
 distributed_optimizer = _fleet.distributed_optimizer
+distributed_model = _fleet.distributed_model
+join = _fleet.join
+is_collective = _fleet.is_collective
 flush = _fleet.flush
 save_persistables = _fleet.save_persistables
 load_model = _fleet.load_model
+save_checkpoint = _fleet.save_checkpoint
+load_checkpoint = _fleet.load_checkpoint
+save_inference_model = _fleet.save_inference_model
 
 __all__ = [
     "AsyncSettings",
+    "CheckpointConfig",
     "DistributedOptimizer",
     "DistributedStrategy",
     "Fleet",
@@ -47,17 +55,23 @@ __all__ = [
     "SlurmRoleMaker",
     "UserDefinedRoleMaker",
     "barrier_worker",
+    "distributed_model",
     "distributed_optimizer",
     "flush",
     "init",
     "init_server",
     "init_worker",
+    "is_collective",
     "is_first_worker",
     "is_server",
     "is_worker",
+    "join",
+    "load_checkpoint",
     "load_model",
     "rule_from_optimizer",
     "run_server",
+    "save_inference_model",
+    "save_checkpoint",
     "save_persistables",
     "server_endpoints",
     "server_num",

@@ -37,7 +37,9 @@ class DistributedStrategy(BaseModel):
         mode: ``sync`` (all workers' step-t gradients averaged and applied once:
             equal to one process with the global batch), ``async`` (gradients
             applied as they arrive, merged in a send queue) or ``geo`` (local
-            training, deltas exchanged every ``geo_step`` steps).
+            training, deltas exchanged every ``geo_step`` steps) for the parameter
+            server; ``collective`` for all-reduce data parallelism without servers
+            (every rank holds the model; same as ``fleet.init(is_collective=True)``).
         geo_step: steps between GEO syncs (PaddleRec's default 400).
         a_sync_configs: the async communicator's settings.
         slice_var_up, split_method, min_block_size: how dense parameters are cut
@@ -47,11 +49,14 @@ class DistributedStrategy(BaseModel):
         dc_asgd_lambda: its variance-control lambda (0.04, MXNet's DCASGD default).
         server_wait_timeout_s: how long workers wait for servers to be ready,
             seconds; None reads PSFLEET_SERVER_WAIT_TIMEOUT_S (default 300).
+        collective_backend: collective mode's torch.distributed backend: ``gloo``
+            (CPU), ``nccl`` (GPU), or ``auto`` (PSFLEET_COLLECTIVE_BACKEND, whose
+            default picks nccl when the process sees a GPU, else gloo).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mode: Literal["sync", "async", "geo"] = "async"
+    mode: Literal["sync", "async", "geo", "collective"] = "async"
     geo_step: int = Field(400, ge=1)
     a_sync_configs: AsyncSettings = AsyncSettings()
     slice_var_up: bool = True
@@ -60,6 +65,7 @@ class DistributedStrategy(BaseModel):
     dc_asgd: bool = False
     dc_asgd_lambda: float = Field(0.04, gt=0)
     server_wait_timeout_s: float | None = Field(None, gt=0)
+    collective_backend: Literal["auto", "gloo", "nccl"] = "auto"
 
     @model_validator(mode="after")
     def _dc_asgd_is_async(self) -> DistributedStrategy:

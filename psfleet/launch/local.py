@@ -13,7 +13,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -23,10 +23,11 @@ from psfleet.launch.cluster import JobLayout, plan_job
 from psfleet.launch.endpoints import clean_endpoint_dir, read_endpoint
 from psfleet.launch.hosts import bind_error
 from psfleet.launch.process import ChildProcess, describe_exit, read_tail
+from psfleet.launch.restarts import RestartPolicy
 from psfleet.launch.specs import server_spec, worker_spec
 from psfleet.launch.types import LaunchConfig, ProcessSpec
 
-__all__ = ["launch_local", "run_job", "EXIT_FAILURE"]
+__all__ = ["launch_local", "run_job", "run_workers", "EXIT_FAILURE"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ def launch_local(
     stop_grace_s: float = 10.0,
     python_executable: str | None = None,
     tee_worker_0: bool = True,
+    max_restarts: int = 0,
 ) -> int:
     """Run ``server_num`` servers and ``worker_num`` workers on this host; return the exit code.
 
@@ -66,6 +68,8 @@ def launch_local(
         stop_grace_s: time processes get to exit before they are killed.
         python_executable: interpreter of the children; ``sys.executable`` when None.
         tee_worker_0: also copy worker 0's output to this process's stdout.
+        max_restarts: restarts allowed per server and per worker when it fails
+            (:mod:`psfleet.launch.restarts`); 0: the first failure ends the job.
 
     Returns:
         0 when every worker exited 0; 1 when a child failed or a server never reported
@@ -85,16 +89,19 @@ def launch_local(
         tee_worker_0=tee_worker_0,
         python_executable=python_executable or sys.executable,
     )
-    return run_job(config)
+    return run_job(config, max_restarts=max_restarts)
 
 
-def run_job(config: LaunchConfig, tee_stream: BinaryIO | None = None) -> int:
+def run_job(config: LaunchConfig, tee_stream: BinaryIO | None = None,
+            max_restarts: int = 0) -> int:
     """Run the job ``config`` describes; see :func:`launch_local` for the contract.
 
     Args:
         config: the validated launch configuration.
         tee_stream: where worker 0's output is copied; this process's stdout when None.
+        max_restarts: restarts allowed per child (``fleetrun --max_restarts``).
     """
+    restart_policy = RestartPolicy(max_restarts)
     config = dataclasses.replace(config, log_dir=config.log_dir.resolve())
     layout = plan_job(config)
     log_dir = config.log_dir
@@ -136,7 +143,31 @@ def run_job(config: LaunchConfig, tee_stream: BinaryIO | None = None) -> int:
         log_dir,
         f"; worker {layout.local_workers[0]}'s output follows" if tee else "",
     )
-    job = _Job(config, layout, tee_stream)
+    return _run(_Job(config, layout, tee_stream, restart_policy=restart_policy))
+
+
+def run_workers(
+    config: LaunchConfig,
+    layout: JobLayout,
+    make_spec: Callable[[int, bool], ProcessSpec],
+    tee_stream: BinaryIO | None = None,
+) -> int:
+    """Start and supervise workers whose specs the caller builds (no servers).
+
+    The same lifecycle, logs, failure summary and exit codes as :func:`run_job`;
+    used by the collective launcher (:mod:`psfleet.launch.collective`).
+
+    Args:
+        config: the job (command, log_dir, stop_grace_s, tee_worker_0, ...).
+        layout: the workers; those in ``layout.local_workers`` start, in order.
+        make_spec: ``(global index, tee) -> ProcessSpec`` of one worker.
+        tee_stream: where the first worker's output is copied; stdout when None.
+    """
+    return _run(_Job(config, layout, tee_stream, make_spec))
+
+
+def _run(job: _Job) -> int:
+    """Run ``job`` with signals caught; stop every child whatever happens."""
     with SignalCatcher() as signals:
         try:
             return job.run(signals)
@@ -151,9 +182,18 @@ class _Job:
     """The children of one job and the steps that drive them (one thread)."""
 
     def __init__(
-        self, config: LaunchConfig, layout: JobLayout, tee_stream: BinaryIO | None
+        self,
+        config: LaunchConfig,
+        layout: JobLayout,
+        tee_stream: BinaryIO | None,
+        make_spec: Callable[[int, bool], ProcessSpec] | None = None,
+        *,
+        restart_policy: RestartPolicy | None = None,
     ) -> None:
         self.config = config
+        self._restarts = restart_policy or RestartPolicy(0)
+        self._endpoints: dict[int, str] = {}
+        self._make_spec = make_spec
         self.layout = layout
         self.tee_stream = tee_stream
         self.servers: list[ChildProcess] = []
@@ -189,11 +229,13 @@ class _Job:
                 return endpoints
             if endpoints:
                 logger.info("all %d server(s) ready: %s", len(endpoints), ",".join(endpoints))
+        self._endpoints = dict(enumerate(endpoints))
         for k in layout.local_workers:
             if signals.signum is not None:
                 return self._interrupted(signals.signum)
             tee = config.tee_worker_0 and k == layout.local_workers[0]
-            spec = worker_spec(config, k, endpoints, layout=layout, tee=tee)
+            spec = (self._make_spec(k, tee) if self._make_spec is not None
+                    else worker_spec(config, k, endpoints, layout=layout, tee=tee))
             self.workers.append(self._start(spec))
         if not self.workers:
             logger.info(
@@ -287,6 +329,10 @@ class _Job:
                 if code is None or child.pid in self._seen_exit:
                     continue
                 self._seen_exit.add(child.pid)
+                if code != 0 and grace_deadline is None and self._restarts.can_restart(
+                        child.spec):
+                    self._replace(child)
+                    continue
                 if code != 0:
                     return self._report_failure(child, "")
                 logger.info("%s exited 0", child.name)
@@ -390,7 +436,14 @@ class _Job:
         logger.error("%s", "\n".join(lines))
         return EXIT_FAILURE
 
+    def _replace(self, child: ChildProcess) -> None:
+        """Restart a failed child in its place (``--max_restarts``)."""
+        spec = self._restarts.restart(child, self._endpoints)
+        group = self.servers if child in self.servers else self.workers
+        group[group.index(child)] = self._start(spec)
+
     def _start(self, spec: ProcessSpec) -> ChildProcess:
+        spec = self._restarts.prepare(spec)
         child = ChildProcess(spec, self.tee_stream)
         logger.info("started %s (pid %d), log %s", spec.name, child.pid, spec.log_path)
         return child

@@ -1,4 +1,4 @@
-"""``fleetrun``: start a parameter-server training job, on one host or across nodes.
+"""``fleetrun``: start a parameter-server or collective training job, on one host or more.
 
 Usage::
 
@@ -40,6 +40,9 @@ Options:
                                 unless already set).
     --stop_grace_s G            how long processes get to exit by themselves, seconds
                                 >= 0, before SIGTERM and again before SIGKILL (default 10).
+    --max_restarts N            restart a server or worker that fails, up to N times
+                                each (default 0: the first failure ends the job). See
+                                "Restarts" below.
     -m, --module                run the argument as a module, like ``python -m``.
 
     --servers and --workers go together, and exclude --server_num, --worker_num and
@@ -151,8 +154,61 @@ Exit codes and failure modes:
          forwarded to every child's group, which gets ``--stop_grace_s`` before
          SIGKILL; a second signal skips the wait.
 
+Restarts (--max_restarts N > 0):
+    A child that exits non-zero or is killed is restarted with the environment it
+    had plus ``PSFLEET_RESTART_NUM=n`` (its n-th restart); a server binds the port it
+    had before, so the workers' endpoint list stays valid. Each restart is logged as a
+    warning with the cause (exit code or signal) and the last lines of the failed
+    process's log, which is kept as ``<log>.failed<n>``. Every child also gets
+    ``PSFLEET_RPC_MAX_RETRIES=1000`` (unless set): workers retry calls to a server that
+    is being restarted until ``PSFLEET_RPC_DEADLINE_S``. With the fleet API, a
+    restarted server re-creates its tables from the newest complete checkpoint (the
+    ``checkpoint_dir`` given to ``fleet.init_server`` or ``PSFLEET_CHECKPOINT_DIR``)
+    and a restarted worker rejoins the running job from its cursor in that checkpoint
+    (``fleet.load_checkpoint``). A child that fails once more than N times ends the
+    job as usual (exit 1 with the failure summary). Nothing is restarted once every
+    worker has finished.
+
+Collective mode (--mode collective; also chosen by --nproc_per_node, --ips or --devices):
+    No servers: every rank holds the whole model and gradients are all-reduced over
+    torch.distributed (gloo on CPU, nccl with GPUs; see ``psfleet.collective``)::
+
+        fleetrun --mode collective --nproc_per_node N [--devices 0,1,...] train.py
+        fleetrun --mode collective --ips IP0,IP1,... --nproc_per_node N
+                 [--node_ip IP] [--start_port P] train.py      (on every node)
+
+    --nproc_per_node N   ranks on each node (default: one per --devices entry, else one
+                         per visible GPU, else 1).
+    --ips IP0,IP1,...    every node's IP, the same list on every node; node n (the entry
+                         that is one of this host's addresses, or --node_ip) runs ranks
+                         n*N .. n*N+N-1. Without --ips: ranks 0..N-1 on this host.
+    --devices / --gpus   GPU ids of this node's ranks, one per rank (an error when the
+                         node has no GPU); without it each rank gets one visible GPU in
+                         turn, or the CPU when there is none. Sets CUDA_VISIBLE_DEVICES
+                         (and FLAGS_selected_gpus) of each rank.
+    --start_port P       the rendezvous port (default: a free port on one host; 6070
+                         across nodes).
+
+    The launcher of node 0 hosts the rendezvous store (torch's TCPStore) on IP0 (one
+    host: 127.0.0.1) and the port, before any rank starts. Each rank gets::
+
+        RANK  LOCAL_RANK  WORLD_SIZE  LOCAL_WORLD_SIZE  GROUP_RANK  MASTER_ADDR
+        MASTER_PORT  TORCHELASTIC_USE_AGENT_STORE=True  TORCHELASTIC_RESTART_COUNT=0
+        PADDLE_TRAINER_ID  PADDLE_TRAINERS_NUM  PADDLE_TRAINER_ENDPOINTS
+        PADDLE_CURRENT_ENDPOINT  PADDLE_TRAINER_IPS  PADDLE_CURRENT_IP  POD_IP
+        TRAINING_ROLE=TRAINER  PADDLE_TRAINING_ROLE=TRAINER
+
+    so ``fleet.init(is_collective=True)`` and a plain torch
+    ``init_process_group("gloo")`` both find the job. Logs (``DIR/workerlog.RANK``), the
+    copy of the first rank's output, process groups, the failure summary and the exit
+    codes are those of the parameter-server form. Ranks on other nodes wait for the
+    store up to PSFLEET_COLLECTIVE_CONNECT_TIMEOUT_S (300 s) and then fail naming it.
+    --max_restarts is not available: a restarted rank cannot rejoin a running
+    process group.
+
 Examples::
 
+    fleetrun --mode collective --nproc_per_node 2 train.py
     fleetrun --server_num 2 --worker_num 2 train.py --epochs 1
     fleetrun --server_num 2 --worker_num 2 --start_port 6170 train.py
     fleetrun --server_num 1 --worker_num 4 -m psfleet.cli.main train -m config.yaml
@@ -170,8 +226,10 @@ from pathlib import Path
 
 from psfleet import env
 from psfleet.errors import ConfigError
+from psfleet.launch.collective import CollectiveOptions, run_collective
 from psfleet.launch.hosts import split_list
 from psfleet.launch.local import EXIT_FAILURE, run_job
+from psfleet.launch.restarts import check_max_restarts
 from psfleet.launch.types import LaunchConfig
 
 __all__ = ["main", "build_parser", "config_from_args"]
@@ -208,6 +266,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--node_ip", default=None, help="multi-node: this node's IP (default: detected)"
     )
     parser.add_argument(
+        "--mode",
+        choices=["ps", "collective"],
+        default=None,
+        help="ps (servers and workers) or collective (all-reduce ranks); default ps, or "
+        "collective when --nproc_per_node, --ips or --devices is given",
+    )
+    parser.add_argument(
+        "--nproc_per_node", type=int, default=None, help="collective: ranks on each node"
+    )
+    parser.add_argument(
+        "--ips", default=None, help="collective: every node's IP, comma-separated, node order"
+    )
+    parser.add_argument(
+        "--devices",
+        "--gpus",
+        dest="devices",
+        default=None,
+        help="collective: GPU ids of this node's ranks, comma-separated",
+    )
+    parser.add_argument(
         "--log_dir", type=Path, default=Path("log"), help="log directory (default ./log)"
     )
     parser.add_argument(
@@ -223,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds processes get to exit before SIGTERM / SIGKILL (default 10)",
     )
     parser.add_argument(
+        "--max_restarts",
+        type=int,
+        default=0,
+        help="restart a failed server or worker up to N times each (default 0)",
+    )
+    parser.add_argument(
         "-m",
         "--module",
         action="store_true",
@@ -235,12 +319,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_COLLECTIVE_FLAGS = ("nproc_per_node", "ips", "devices")
+_PS_FLAGS = ("server_num", "worker_num", "servers", "workers")
+
+
+def collective_from_args(args: argparse.Namespace) -> CollectiveOptions | None:
+    """The collective options, or None for a parameter-server job (see ``--mode``).
+
+    Raises:
+        ConfigError: a flag of the other mode is given, or a collective value is out
+            of range (names the flag).
+    """
+    given = [f for f in _COLLECTIVE_FLAGS if getattr(args, f, None) is not None]
+    mode = getattr(args, "mode", None) or ("collective" if given else "ps")
+    if mode == "ps":
+        if given:
+            raise ConfigError(f"--{given[0]}: only in collective mode (--mode collective)")
+        return None
+    for flag in _PS_FLAGS:
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag}: not in collective mode, which has no servers; use "
+                              "--nproc_per_node (and --ips across nodes)")
+    if getattr(args, "max_restarts", 0):
+        raise ConfigError("--max_restarts: not in collective mode; a restarted rank cannot "
+                          "rejoin a running process group")
+    return CollectiveOptions(
+        nproc_per_node=args.nproc_per_node,
+        ips=split_list(args.ips) if args.ips is not None else (),
+        node_ips=split_list(args.node_ip) if args.node_ip is not None else (),
+        start_port=args.start_port,
+        devices=split_list(args.devices) if args.devices is not None else None,
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """Turn parsed flags into a validated :class:`LaunchConfig`.
+
+    In collective mode (:func:`collective_from_args`) ``--node_ip`` and
+    ``--start_port`` belong to the collective options and are left out here.
 
     Raises:
         ConfigError: a value is out of range or the script does not exist.
     """
+    collective = collective_from_args(args) is not None
     script: str = args.training_script
     prefix = ("-m",) if args.module else ()
     for listed, counted in (("servers", "server_num"), ("workers", "worker_num")):
@@ -258,8 +379,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         stop_grace_s=args.stop_grace_s,
         servers=split_list(args.servers) if args.servers is not None else (),
         workers=split_list(args.workers) if args.workers is not None else (),
-        node_ips=split_list(args.node_ip) if args.node_ip is not None else (),
-        start_port=args.start_port,
+        node_ips=split_list(args.node_ip) if args.node_ip is not None and not collective else (),
+        start_port=None if collective else args.start_port,
     )
     if not args.module and not Path(script).is_file():
         raise ConfigError(
@@ -294,10 +415,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging()
     try:
         config = config_from_args(args)
+        collective = collective_from_args(args)
     except ConfigError as e:
         parser.error(str(e))  # exits with EXIT_USAGE
     try:
-        return run_job(config)
+        if collective is not None:
+            return run_collective(config, collective)
+        return run_job(config, max_restarts=check_max_restarts(args.max_restarts))
     except ConfigError as e:
         print(f"fleetrun: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -16,6 +16,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from psfleet.checkpoint import CheckpointConfig
+from psfleet.data.columnar import ColumnsConfig
+from psfleet.data.slot_format import SlotFormatConfig
 from psfleet.errors import ConfigError
 
 __all__ = ["RunnerConfig", "OptimizerConfig", "HyperParameters", "ClusterConfig",
@@ -35,30 +38,75 @@ class RunnerConfig(_Section):
         epochs: passes over the training data.
         batch_size: examples per worker per step (global batch = batch_size x
             worker_num).
-        sync_mode: the parameter-server mode: ``sync``, ``async`` or ``geo``.
+        sync_mode: the parameter-server mode: ``sync``, ``async`` or ``geo``; or
+            ``collective``: no servers, ``cluster.worker_num`` ranks all-reduce
+            gradients (torch.distributed); ``cluster.server_num`` must be 0.
+        use_gpu: collective mode: train each rank on a GPU (nccl); an error when
+            there is no GPU.
         geo_step: steps between GEO syncs (PaddleRec's default 400).
         thread_num: CPU threads of each worker's torch ops.
         print_interval: steps between progress-bar refreshes.
         model_save_path: output directory (metrics.json, logs).
-        reader_type: ``DataLoader`` (in-memory reader of this release).
+        reader_type: ``DataLoader`` (torch DataLoader over the in-memory reader),
+            ``QueueDataset`` (streamed, not shuffled) or ``InMemoryDataset``
+            (in memory, shuffled, optional global shuffle); see psfleet.data.
+        parser: input format: ``criteo`` (raw TSV), ``slot`` (PaddleRec slot text,
+            ``slots``), ``csv`` / ``parquet`` (``columns``).
+        slots: the slot parser's slots (psfleet.data.SlotFormatConfig).
+        columns: the csv / parquet parser's columns (psfleet.data.ColumnsConfig).
+        pipe_command: shell command each text file is piped through (its stdout is
+            parsed), as PaddleRec's ``cat FILE | pipe_command``.
+        pipe_cwd: working directory of pipe_command (default: the YAML file's folder).
+        reader_thread_num: parse threads of each worker's reader (PaddleRec's dataset
+            ``thread_num``; here ``thread_num`` stays the torch CPU threads).
+        split_file_list: False: each worker reads whole files (needs >= worker_num
+            files); True: every worker reads its 1/worker_num of each file's lines.
+        global_shuffle: InMemoryDataset: exchange examples among workers after loading
+            (through ``exchange_dir``).
+        exchange_dir: directory shared by all workers for global_shuffle and sync-mode
+            counts (default ``<model_save_path>/exchange``; on several machines a
+            shared file system).
+        dataset_debug: log reader timing (parse time, queue wait, lines/s) per pass.
+        strict: stop at the first malformed line instead of skipping it.
         model: registered model name (``dnn``).
         seed: seed of dense initialisation and shuffling.
         shuffle: shuffle each worker's examples every epoch.
+        checkpoint: ``{checkpoint_dir, max_num_checkpoints, epoch_interval,
+            step_interval}`` (``CheckpointConfig``; optional). With it, a run resumes
+            from the newest complete checkpoint in ``checkpoint_dir`` (a relative path
+            is relative to the YAML file) and writes checkpoints as configured.
+        inference_model_path: when set, worker 0 exports the trained model there for
+            serving after the test evaluation (``fleet.save_inference_model``; score
+            it with ``psfleet predict``). Unset: no export.
     """
 
     train_data_dir: Path | list[Path]
     test_data_dir: Path | list[Path] | None = None
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(512, ge=1)
-    sync_mode: Literal["sync", "async", "geo"] = "async"
+    sync_mode: Literal["sync", "async", "geo", "collective"] = "async"
     geo_step: int = Field(400, ge=1)
+    use_gpu: bool = False
     thread_num: int = Field(1, ge=1)
     print_interval: int = Field(10, ge=1)
     model_save_path: Path = Path("output")
-    reader_type: Literal["DataLoader"] = "DataLoader"
+    reader_type: Literal["DataLoader", "QueueDataset", "InMemoryDataset"] = "DataLoader"
+    parser: Literal["criteo", "slot", "csv", "parquet"] = "criteo"
+    slots: SlotFormatConfig | None = None
+    columns: ColumnsConfig | None = None
+    pipe_command: str | None = None
+    pipe_cwd: Path | None = None
+    reader_thread_num: int = Field(1, ge=1, le=64)
+    split_file_list: bool = True
+    global_shuffle: bool = False
+    exchange_dir: Path | None = None
+    dataset_debug: bool = False
+    strict: bool = False
     model: str = "dnn"
     seed: int = Field(0, ge=0)
     shuffle: bool = True
+    checkpoint: CheckpointConfig | None = None
+    inference_model_path: Path | None = None
 
 
 class OptimizerConfig(_Section):
@@ -88,11 +136,16 @@ class HyperParameters(_Section):
 
 
 class ClusterConfig(_Section):
-    """``cluster``: ``server_num`` 0 trains in one process; >= 1 starts a local job."""
+    """``cluster``: ``server_num`` 0 trains in one process; >= 1 starts a local job.
+
+    ``max_restarts``: restarts allowed per server and per worker that fails
+    (``fleetrun --max_restarts``); useful with ``runner.checkpoint``.
+    """
 
     server_num: int = Field(0, ge=0, le=64)
     worker_num: int = Field(1, ge=1, le=64)
     server_wait_timeout_s: float = Field(300.0, gt=0)
+    max_restarts: int = Field(0, ge=0)
 
 
 class TrainConfig(_Section):
@@ -126,6 +179,15 @@ def _resolve(value: Path | list[Path] | None, base: Path) -> Path | list[Path] |
     if isinstance(value, list):
         return [base / v for v in value]
     return base / value
+
+
+def _resolve_checkpoint(checkpoint: CheckpointConfig | None,
+                        base: Path) -> CheckpointConfig | None:
+    """A local relative ``checkpoint_dir`` becomes relative to the YAML's folder."""
+    if checkpoint is None or "://" in checkpoint.checkpoint_dir:
+        return checkpoint
+    return checkpoint.model_copy(update={
+        "checkpoint_dir": str(base / checkpoint.checkpoint_dir)})
 
 
 def _override(raw: dict[str, Any], assignment: str) -> None:
@@ -181,5 +243,9 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
         "train_data_dir": _resolve(config.runner.train_data_dir, base),
         "test_data_dir": _resolve(config.runner.test_data_dir, base),
         "model_save_path": base / config.runner.model_save_path,
+        "exchange_dir": _resolve(config.runner.exchange_dir, base),
+        "pipe_cwd": _resolve(config.runner.pipe_cwd, base) or base,
+        "checkpoint": _resolve_checkpoint(config.runner.checkpoint, base),
+        "inference_model_path": _resolve(config.runner.inference_model_path, base),
     })
     return config.model_copy(update={"runner": runner})

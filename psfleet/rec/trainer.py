@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -22,12 +21,17 @@ from torch import nn
 from tqdm import tqdm
 
 from psfleet import fleet
-from psfleet.data import Batch, CriteoReader, list_data_files
+from psfleet.checkpoint import CheckpointConfig, Cursor
+from psfleet.data import Batch, Reader
+from psfleet.errors import ConfigError
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy
+from psfleet.fleet.fleet import restart_num
 from psfleet.metrics import StreamingAuc, auc, log_loss
 from psfleet.nn import SparseEmbedding
 from psfleet.rec.config import TrainConfig
 from psfleet.rec.models import build_model
+from psfleet.rec.predict import export_trained_model
+from psfleet.rec.readers import build_test_reader, build_train_reader
 
 __all__ = ["train", "evaluate", "OPTIMIZERS"]
 
@@ -37,12 +41,7 @@ OPTIMIZERS: dict[str, Any] = {
     "Adam": torch.optim.Adam, "SGD": torch.optim.SGD, "Adagrad": torch.optim.Adagrad}
 
 
-def _files(paths: Path | Sequence[Path]) -> list[Path]:
-    items = [paths] if isinstance(paths, Path) else list(paths)
-    return [f for p in items for f in list_data_files(p)]
-
-
-def evaluate(model: nn.Module, reader: CriteoReader) -> dict[str, float]:
+def evaluate(model: nn.Module, reader: Reader) -> dict[str, float]:
     """AUC and log loss of ``model`` on every example of ``reader``; no table writes.
 
     Returns:
@@ -59,7 +58,7 @@ def evaluate(model: nn.Module, reader: CriteoReader) -> dict[str, float]:
     return {"auc": auc(y, p), "logloss": log_loss(y, p), "examples": int(y.size)}
 
 
-def _with_prefetch(reader: CriteoReader, embeddings: list[SparseEmbedding]
+def _with_prefetch(reader: Reader, embeddings: list[SparseEmbedding]
                    ) -> Iterator[Batch]:
     """Yield the batches, starting each next batch's row pulls before yielding one.
 
@@ -77,13 +76,19 @@ def _with_prefetch(reader: CriteoReader, embeddings: list[SparseEmbedding]
         current = upcoming
 
 
-def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: CriteoReader,
-                 epoch: int, config: TrainConfig, show: bool) -> dict[str, float]:
+def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Reader,
+                 epoch: int, config: TrainConfig, show: bool, start_batch: int = 0,
+                 after_batch: Callable[[int], None] | None = None) -> dict[str, float]:
+    """One epoch; ``start_batch`` batches already trained (resume) are skipped, and
+    ``after_batch(k)`` runs after the epoch's k-th batch (checkpoints)."""
     loss_fn = nn.BCEWithLogitsLoss()
     running = StreamingAuc()
     reader.set_epoch(epoch)
+    if start_batch:
+        reader.set_start_batch(start_batch)
     total_loss, examples, start = 0.0, 0, time.perf_counter()
-    bar = tqdm(total=len(reader), desc=f"epoch {epoch + 1}/{config.runner.epochs}",
+    bar = tqdm(total=reader.num_batches, initial=start_batch,
+               desc=f"epoch {epoch + 1}/{config.runner.epochs}",
                disable=not show, mininterval=0.5, unit="batch", dynamic_ncols=True)
     embeddings = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
     for step, batch in enumerate(_with_prefetch(reader, embeddings)):
@@ -92,6 +97,8 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Crit
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if after_batch is not None:
+            after_batch(start_batch + step + 1)
         n = len(batch)
         total_loss += loss.item() * n
         examples += n
@@ -107,6 +114,49 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Crit
     return {"epoch": epoch + 1, "loss": total_loss / max(examples, 1),
             "auc": running.compute() if show else float("nan"), "examples": examples,
             "examples_per_s": examples / wall, "wall_s": wall}
+
+
+def _device(sync_mode: str, use_gpu: bool) -> str:
+    """``cuda`` or ``cpu`` for the model (``runner.use_gpu``).
+
+    Raises:
+        ConfigError: use_gpu outside collective mode, or with no GPU visible.
+    """
+    if not use_gpu:
+        return "cpu"
+    if sync_mode != "collective":
+        raise ConfigError(f"runner.use_gpu: True needs runner.sync_mode: collective (it is "
+                          f"{sync_mode!r}); the parameter-server modes train on CPU")
+    if not torch.cuda.is_available():
+        raise ConfigError("runner.use_gpu: True but this process sees no GPU (torch.cuda is "
+                          "not available; check CUDA_VISIBLE_DEVICES); set use_gpu: false")
+    # The runner's tables and dense-gradient path are host (numpy) code; GPU training
+    # through it is not built yet (fleetrun --devices and the nccl backend are).
+    raise ConfigError("runner.use_gpu: True: the YAML runner trains on CPU in this release; "
+                      "set use_gpu: false (a fleet-API script can use the GPUs that "
+                      "fleetrun --mode collective --devices hands out)")
+
+
+def _resume(checkpoint: CheckpointConfig | None, reader: Reader) -> Cursor:
+    """Where this worker starts: the cursor of the newest complete checkpoint (tables
+    loaded into the servers by :meth:`Fleet.load_checkpoint`), or the beginning.
+
+    With checkpoints on and none written yet, a first checkpoint is taken at once, so
+    a server that fails before the first interval can be restarted from it.
+    """
+    start = Cursor(epoch=0, batch=0, step=0)
+    if checkpoint is None:
+        return start
+    resumed = fleet.load_checkpoint(checkpoint)
+    if resumed is None:
+        if restart_num() == 0:
+            fleet.save_checkpoint(checkpoint, start)
+        return start
+    if reader.num_batches is not None and resumed.batch >= reader.num_batches:  # epoch done
+        resumed = Cursor(epoch=resumed.epoch + 1, batch=0, step=resumed.step)
+    logger.info("resuming at epoch %d, batch %d (step %d) from %s", resumed.epoch + 1,
+                resumed.batch, resumed.step, checkpoint.checkpoint_dir)
+    return resumed
 
 
 def train(config: TrainConfig) -> dict[str, Any] | None:
@@ -128,9 +178,12 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
     torch.manual_seed(runner.seed)
     # Only an explicit cluster.server_wait_timeout_s overrides PSFLEET_SERVER_WAIT_TIMEOUT_S.
     explicit = "server_wait_timeout_s" in config.cluster.model_fields_set
+    device = _device(runner.sync_mode, runner.use_gpu)
     fleet.init(strategy=DistributedStrategy(
         mode=runner.sync_mode, geo_step=runner.geo_step,
-        server_wait_timeout_s=config.cluster.server_wait_timeout_s if explicit else None))
+        server_wait_timeout_s=config.cluster.server_wait_timeout_s if explicit else None,
+        collective_backend=("nccl" if device == "cuda" else "gloo")
+        if runner.sync_mode == "collective" else "auto"))
     embedding = SparseEmbedding(hp.sparse_feature_dim, name="embedding",
                                 initializer=hp.embedding_initializer,
                                 initial_range=hp.embedding_init_range)
@@ -138,33 +191,50 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
                         embedding_dim=hp.sparse_feature_dim, fc_sizes=hp.fc_sizes)
     optimizer = fleet.distributed_optimizer(
         OPTIMIZERS[hp.optimizer.class_](model.parameters(), lr=hp.optimizer.learning_rate))
+    checkpoint = runner.checkpoint
     if fleet.is_server():
-        fleet.init_server()
+        fleet.init_server(checkpoint_dir=checkpoint.checkpoint_dir if checkpoint else None)
         fleet.run_server()
         return None
 
+    # Collective mode: the model all-reduces gradients (DDP); elsewhere this is `model`.
+    train_model = fleet.distributed_model(model)
     index, workers = fleet.worker_index(), fleet.worker_num()
     first = index == 0
-    reader = CriteoReader(_files(runner.train_data_dir), runner.batch_size, index, workers,
-                          shuffle_seed=runner.seed if runner.shuffle else None)
-    test_reader = (CriteoReader(_files(runner.test_data_dir), 4096)
-                   if first and runner.test_data_dir is not None else None)
-    if runner.sync_mode == "sync":  # every worker must run the same number of steps
-        dropped = reader.truncate(reader.total_lines // workers)
-        if dropped:
-            logger.info("sync mode: dropped the last %d example(s) of this worker's share "
-                        "so that every worker runs the same number of steps", dropped)
-    logger.info("batch_size %d x %d workers = global batch %d; %d examples on this worker",
-                runner.batch_size, workers, runner.batch_size * workers, reader.num_examples)
+    # Every worker must run the same number of steps: in sync mode, and for checkpoints
+    # inside epochs (every worker takes part in each).
+    equal_steps = runner.sync_mode == "sync" or bool(checkpoint is not None
+                                                       and checkpoint.step_interval)
+    if restart_num() > 0:  # a restarted worker cannot meet the others to count examples
+        equal_steps = False
+    reader = build_train_reader(config, index, workers, equal_steps=equal_steps)
+    test_reader = build_test_reader(config) if first else None
     fleet.init_worker()
+    resume = _resume(checkpoint, reader)
     job_start = time.perf_counter()
     epochs = []
-    for epoch in range(runner.epochs):
-        stats = _train_epoch(model, optimizer, reader, epoch, config, show=first)
+    for epoch in range(resume.epoch, runner.epochs):
+        after_batch = None
+        if checkpoint is not None:
+            def after_batch(done: int, epoch: int = epoch) -> None:
+                if checkpoint.due_after_batch(done, reader.num_batches):
+                    fleet.save_checkpoint(checkpoint, Cursor(epoch=epoch, batch=done,
+                                                             step=optimizer.steps))
+        start_batch = resume.batch if epoch == resume.epoch else 0
+        with fleet.join():  # collective: ranks with fewer batches wait for the others
+            stats = _train_epoch(train_model, optimizer, reader, epoch, config, show=first,
+                                 start_batch=start_batch, after_batch=after_batch)
         epochs.append(stats)
+        if (checkpoint is not None and epoch + 1 < runner.epochs
+                and checkpoint.due_after_epoch(epoch + 1)):
+            fleet.save_checkpoint(checkpoint, Cursor(epoch=epoch + 1, batch=0,
+                                                     step=optimizer.steps))
         logger.info("epoch %d/%d: loss %.5f, train auc %.4f, %d examples, %.0f examples/s "
                     "on this worker, %.1f s", stats["epoch"], runner.epochs, stats["loss"],
                     stats["auc"], stats["examples"], stats["examples_per_s"], stats["wall_s"])
+    if checkpoint is not None:  # the end of training (also flushes and meets)
+        fleet.save_checkpoint(checkpoint, Cursor(epoch=runner.epochs, batch=0,
+                                                 step=optimizer.steps))
     fleet.flush()
     fleet.barrier_worker()  # every worker's pushes are applied past this point
     train_wall = time.perf_counter() - job_start
@@ -184,5 +254,8 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         logger.info("metrics written to %s", out / "metrics.json")
+        if runner.inference_model_path is not None:  # after the evaluation: same values
+            sample = next(iter(test_reader if test_reader is not None else reader), None)
+            export_trained_model(config, model, metrics, sample)
     fleet.stop_worker()
     return metrics
