@@ -6,6 +6,8 @@ then the tables, the targets, the machine and the exact commands are written to
 
     python benchmarks/run_all.py                 # the figures in BENCHMARKS.md
     python benchmarks/run_all.py --quick --out /tmp/B.md   # a small smoke run
+    python benchmarks/run_all.py --only reader_throughput --out /tmp/B.md   # one script
+    python benchmarks/run_all.py --from_json benchmarks/.data/last_run.json  # re-render
 """
 
 from __future__ import annotations
@@ -34,9 +36,8 @@ from report import write_report
 def script_commands(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     """(name, argv after ``python``) of every benchmark, in the order they run."""
     repeats = ["--repeats", str(args.repeats)]
-    data = ["--train_rows", str(args.train_rows), "--test_rows", str(args.test_rows)]
-    if args.cache_dir != DEFAULT_CACHE_DIR:
-        data += ["--cache_dir", str(args.cache_dir)]
+    cache = [] if args.cache_dir == DEFAULT_CACHE_DIR else ["--cache_dir", str(args.cache_dir)]
+    data = ["--train_rows", str(args.train_rows), "--test_rows", str(args.test_rows), *cache]
     table = ["--pool_rows", str(args.pool_rows), "--memory_rows", str(args.memory_rows)]
     return [
         ("table_ops", ["benchmarks/table_ops.py", *repeats, *table]),
@@ -44,8 +45,32 @@ def script_commands(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
                       str(args.wire_pool_rows)]),
         ("step_profile", ["benchmarks/step_profile.py", *repeats, "--steps",
                           str(args.steps), *data]),
+        ("reader_throughput", ["benchmarks/reader_throughput.py", *repeats, "--rows",
+                               str(args.reader_rows), *cache]),
         ("e2e_throughput", ["benchmarks/e2e_throughput.py", *repeats, *data]),
     ]
+
+
+#: Sizes (and repeats) of a full run, and of a ``--quick`` one.
+SIZES = {"repeats": 3, "train_rows": 150_000, "test_rows": 40_000, "pool_rows": 1_000_000,
+         "memory_rows": 1_000_000, "wire_pool_rows": 500_000, "steps": 100,
+         "reader_rows": 1_000_000}
+QUICK_SIZES = {"repeats": 1, "train_rows": 20_000, "test_rows": 5_000, "pool_rows": 100_000,
+               "memory_rows": 100_000, "wire_pool_rows": 100_000, "steps": 20,
+               "reader_rows": 50_000}
+
+
+def _argv_without_out(argv: list[str]) -> list[str]:
+    """``argv`` less ``--out PATH`` (the report's own path is not part of the run)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--out":
+            skip = True
+        elif not arg.startswith("--out="):
+            out.append(arg)
+    return out
 
 
 def run_script(argv: list[str], timeout_s: float) -> tuple[list[dict[str, Any]], float]:
@@ -61,26 +86,28 @@ def run_script(argv: list[str], timeout_s: float) -> tuple[list[dict[str, Any]],
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--train_rows", type=int, default=150_000)
-    parser.add_argument("--test_rows", type=int, default=40_000)
-    parser.add_argument("--pool_rows", type=int, default=1_000_000)
-    parser.add_argument("--memory_rows", type=int, default=1_000_000)
-    parser.add_argument("--wire_pool_rows", type=int, default=500_000)
-    parser.add_argument("--steps", type=int, default=100)
+    for name, value in SIZES.items():
+        parser.add_argument(f"--{name}", type=int, default=None,
+                            help=f"default {value:,}; {QUICK_SIZES[name]:,} with --quick")
     parser.add_argument("--cache_dir", type=Path, default=DEFAULT_CACHE_DIR)
-    parser.add_argument("--only", default="", help="comma-separated script names to run")
+    parser.add_argument("--only", default="", help="comma-separated script names to run "
+                        "(table_ops, wire_ops, step_profile, reader_throughput, e2e_throughput)")
     parser.add_argument("--quick", action="store_true",
-                        help="small sizes, 1 repeat: checks the harness, not the figures")
+                        help="small sizes, 1 repeat: checks the harness, not the figures "
+                        "(sizes given explicitly are kept)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--from_json", type=Path, default=None,
                         help="re-render the report from a run's saved records "
                         "(benchmarks/.data/last_run.json) instead of running")
     args = parser.parse_args()
-    if args.quick:
-        args.repeats, args.train_rows, args.test_rows = 1, 20_000, 5_000
-        args.pool_rows, args.memory_rows, args.steps = 100_000, 100_000, 20
-        args.wire_pool_rows = 100_000
+    for name, value in (QUICK_SIZES if args.quick else SIZES).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    only = set(filter(None, args.only.split(",")))
+    names = [name for name, _ in script_commands(args)]
+    if only - set(names):
+        parser.error(f"--only: unknown script(s) {', '.join(sorted(only - set(names)))}; "
+                     f"choose from {', '.join(names)}")
 
     if args.from_json is not None:  # re-render a finished run
         saved = json.loads(args.from_json.read_text())
@@ -96,7 +123,6 @@ def main() -> None:
     records: dict[str, list[dict[str, Any]]] = {}
     timings: dict[str, float] = {"data (cached: ~0 s)": data_s}
     commands: list[str] = []
-    only = set(filter(None, args.only.split(",")))
     for name, argv in script_commands(args):
         if only and name not in only:
             continue
@@ -109,8 +135,8 @@ def main() -> None:
               "end_loadavg": machine_info()["loadavg"],
               "started_at": started_at.isoformat(timespec="seconds"), "total_s": total_s,
               "timings": timings, "commands": commands,
-              "run_all_command": "python benchmarks/run_all.py"
-              + (" --quick" if args.quick else ""),
+              "run_all_command": " ".join(["python benchmarks/run_all.py",
+                                           *_argv_without_out(sys.argv[1:])]),
               "settings": {k: (str(v) if isinstance(v, Path) else v)
                            for k, v in vars(args).items()}}
     args.cache_dir.mkdir(parents=True, exist_ok=True)
