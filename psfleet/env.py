@@ -14,6 +14,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from psfleet.errors import ConfigError
+
 __all__ = ["EnvVar", "VARIABLES", "read", "markdown_table"]
 
 
@@ -197,6 +199,37 @@ def read(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     if value is None or value == "":
         return var.default
     return value
+
+
+def int_var(environ: Mapping[str, str] | None, name: str, minimum: int,
+            maximum: int | None = None) -> int | None:
+    """The integer in the declared variable ``name`` (None when unset).
+
+    Raises:
+        ConfigError: the value is not an integer or is outside ``minimum .. maximum``
+            (names the variable and the value).
+    """
+    raw = read(name, environ)
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}: {raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"{name}: {value} must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name}: {value} must be <= {maximum}")
+    return value
+
+
+def list_var(environ: Mapping[str, str] | None, name: str) -> tuple[str, ...] | None:
+    """The comma list in the declared variable ``name`` (blank entries dropped; None
+    when unset)."""
+    raw = read(name, environ)
+    if raw is None:
+        return None
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
 
 
 def markdown_table() -> str:

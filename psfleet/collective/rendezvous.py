@@ -30,26 +30,11 @@ from psfleet.rpc import parse_endpoint
 __all__ = ["rendezvous_from_env"]
 
 
-def _int(environ: Mapping[str, str], name: str, minimum: int) -> int | None:
-    raw = env.read(name, environ)
-    if raw is None:
-        return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ConfigError(f"{name}: {raw!r} is not an integer") from None
-    if value < minimum:
-        raise ConfigError(f"{name}: {value} must be >= {minimum}")
-    return value
-
-
 def _list(environ: Mapping[str, str], name: str) -> tuple[str, ...] | None:
-    raw = env.read(name, environ)
-    if raw is None:
-        return None
-    items = tuple(p.strip() for p in raw.split(",") if p.strip())
-    if not items:
-        raise ConfigError(f"{name}: {raw!r} lists nothing; list one entry per rank")
+    items = env.list_var(environ, name)
+    if items == ():
+        raise ConfigError(f"{name}: {env.read(name, environ)!r} lists nothing; list one "
+                          "entry per rank")
     return items
 
 
@@ -93,11 +78,11 @@ def rendezvous_from_env(environ: Mapping[str, str] | None = None) -> RendezvousS
     ranks: list[tuple[str, int]] = []
     sizes: list[tuple[str, int]] = []
     if _pair(e, "RANK", "WORLD_SIZE"):
-        ranks.append(("RANK", _int(e, "RANK", 0) or 0))
-        sizes.append(("WORLD_SIZE", _int(e, "WORLD_SIZE", 1) or 1))
-    if (trainer_id := _int(e, "PADDLE_TRAINER_ID", 0)) is not None:
+        ranks.append(("RANK", env.int_var(e, "RANK", 0) or 0))
+        sizes.append(("WORLD_SIZE", env.int_var(e, "WORLD_SIZE", 1) or 1))
+    if (trainer_id := env.int_var(e, "PADDLE_TRAINER_ID", 0)) is not None:
         ranks.append(("PADDLE_TRAINER_ID", trainer_id))
-    if (trainers := _int(e, "PADDLE_TRAINERS_NUM", 1)) is not None:
+    if (trainers := env.int_var(e, "PADDLE_TRAINERS_NUM", 1)) is not None:
         sizes.append(("PADDLE_TRAINERS_NUM", trainers))
     endpoints = _list(e, "PADDLE_TRAINER_ENDPOINTS")
     if endpoints is not None:
@@ -123,14 +108,14 @@ def rendezvous_from_env(environ: Mapping[str, str] | None = None) -> RendezvousS
         raise ConfigError(f"world size {world_size} but no rendezvous endpoint: set "
                           "MASTER_ADDR and MASTER_PORT (or PADDLE_TRAINER_ENDPOINTS), or "
                           "start the job with fleetrun --mode collective or torchrun")
-    local_rank = _int(e, "LOCAL_RANK", 0)
+    local_rank = env.int_var(e, "LOCAL_RANK", 0)
     agent_store = (env.read("TORCHELASTIC_USE_AGENT_STORE", e) or "").strip().lower() == "true"
     source = " / ".join(name for name, _ in (ranks or sizes)) or "defaults"
     return RendezvousSpec(
         rank=rank, world_size=world_size, local_rank=local_rank if local_rank is not None else 0,
         master_addr=master[0] if master else None, master_port=master[1] if master else 0,
         agent_store=agent_store and master is not None,
-        restart_count=_int(e, "TORCHELASTIC_RESTART_COUNT", 0) or 0, source=source)
+        restart_count=env.int_var(e, "TORCHELASTIC_RESTART_COUNT", 0) or 0, source=source)
 
 
 def _check_current(environ: Mapping[str, str], rank: int, endpoints: tuple[str, ...] | None,
@@ -151,7 +136,7 @@ def _master(environ: Mapping[str, str], endpoints: tuple[str, ...] | None,
     """The rendezvous (host, port): MASTER_ADDR:MASTER_PORT, else the seeds' first rank."""
     if _pair(environ, "MASTER_ADDR", "MASTER_PORT"):
         host = (env.read("MASTER_ADDR", environ) or "").strip()
-        port = _int(environ, "MASTER_PORT", 1)
+        port = env.int_var(environ, "MASTER_PORT", 1)
         if port is None or port > 65535:
             raise ConfigError(f"MASTER_PORT: {port} is not a port (1..65535)")
         return _host(host), port
@@ -162,7 +147,7 @@ def _master(environ: Mapping[str, str], endpoints: tuple[str, ...] | None,
                               "rendezvous endpoint) has port 0; give it a fixed port")
         return _host(host), port
     if ips is not None:
-        port = _int(environ, "PADDLE_PORT", 1)
+        port = env.int_var(environ, "PADDLE_PORT", 1)
         if port is not None:
             if port > 65535:
                 raise ConfigError(f"PADDLE_PORT: {port} is not a port (1..65535)")

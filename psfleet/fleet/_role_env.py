@@ -11,39 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from psfleet import env
+from psfleet.env import int_var, list_var
 from psfleet.errors import ConfigError
 from psfleet.rpc import parse_endpoint
 
-__all__ = ["Workers", "int_var", "server_endpoints", "workers_of"]
-
-
-def int_var(environ: Mapping[str, str], name: str, minimum: int,
-            maximum: int | None = None) -> int | None:
-    """The integer in ``name`` (None when unset), within ``minimum .. maximum``."""
-    raw = env.read(name, environ)
-    if raw is None:
-        return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ConfigError(f"{name}: {raw!r} is not an integer") from None
-    if value < minimum:
-        raise ConfigError(f"{name}: {value} must be >= {minimum}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(f"{name}: {value} must be <= {maximum}")
-    return value
-
-
-def _items(environ: Mapping[str, str], name: str) -> tuple[str, ...] | None:
-    """The comma list in ``name`` (blank entries dropped), None when unset."""
-    raw = env.read(name, environ)
-    if raw is None:
-        return None
-    return tuple(p.strip() for p in raw.split(",") if p.strip())
+__all__ = ["Workers", "server_endpoints", "workers_of"]
 
 
 def _hosts(environ: Mapping[str, str], name: str) -> tuple[str, ...] | None:
-    hosts = _items(environ, name)
+    hosts = list_var(environ, name)
     for host in hosts or ():
         if ":" in host or " " in host:
             raise ConfigError(f"{name}: {host!r} is not an IP address or host name "
@@ -72,7 +48,7 @@ def server_endpoints(environ: Mapping[str, str]) -> tuple[tuple[str, ...], str]:
     for every IP, or a comma list aligned with the IPs, as old Paddle did). Both given
     must agree.
     """
-    listed = _items(environ, "PADDLE_PSERVERS_IP_PORT_LIST")
+    listed = list_var(environ, "PADDLE_PSERVERS_IP_PORT_LIST")
     ips = _hosts(environ, "PADDLE_PSERVER_IPS")
     ports_raw = env.read("PADDLE_PSERVER_PORT", environ)
     composed: tuple[str, ...] | None = None
@@ -116,7 +92,7 @@ def _trainers(environ: Mapping[str, str]) -> tuple[int | None, tuple[str, ...] |
         return None, None
     if raw.strip().isdigit():
         return int_var(environ, "PADDLE_TRAINERS", 1), None
-    ips = _items(environ, "PADDLE_TRAINERS") or ()
+    ips = list_var(environ, "PADDLE_TRAINERS") or ()
     for ip in ips:
         try:
             ipaddress.ip_address(ip)

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from psfleet import env
+from psfleet.env import int_var
 from psfleet.errors import ConfigError
-from psfleet.fleet._role_env import Workers, int_var, server_endpoints, workers_of
+from psfleet.fleet._role_env import Workers, server_endpoints, workers_of
 from psfleet.rpc import parse_endpoint
 
 __all__ = [
