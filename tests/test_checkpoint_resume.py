@@ -150,7 +150,10 @@ def test_sync_job_killed_after_a_checkpoint_resumes_exactly(
 
 
 def test_killed_server_and_killed_worker_are_restarted(tmp_path: Path, criteo_dir: Path) -> None:
-    checkpoint = {"checkpoint_dir": str(tmp_path / "ck"), "epoch_interval": 1}
+    # step_interval: every worker runs the same steps, so the restarted worker must take
+    # the agreed examples per worker from the checkpoint (it cannot count with the others).
+    checkpoint = {"checkpoint_dir": str(tmp_path / "ck"), "epoch_interval": 1,
+                  "step_interval": 40}
     config = _config(tmp_path, "async", criteo_dir / "train.csv", criteo_dir / "dev.csv",
                      "async", 2, 64, checkpoint, 2, max_restarts=1)
     job = subprocess.Popen(_train_argv(config), env=clean_env(), text=True,
@@ -175,6 +178,8 @@ def test_killed_server_and_killed_worker_are_restarted(tmp_path: Path, criteo_di
     assert len(restarts) == 2 and all("signal SIGKILL" in line for line in restarts)
     assert (log / "serverlog.1.failed1").is_file() and (log / "workerlog.1.failed1").is_file()
     assert "recovered 2 tables from checkpoint" in (log / "serverlog.1").read_text()
-    assert "rejoins from checkpoint" in (log / "workerlog.1").read_text()
+    worker_log = (log / "workerlog.1").read_text()
+    assert "rejoins from checkpoint" in worker_log
+    assert "restarted worker: 3600 examples per worker per epoch, as the job agreed" in worker_log
     metrics = json.loads((tmp_path / "out-async" / "metrics.json").read_text())
     assert 0.65 < metrics["test"]["auc"] < 1.0

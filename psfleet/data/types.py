@@ -120,6 +120,11 @@ class Reader(Protocol):
         """Batches of one epoch, or None while unknown (a stream not read yet)."""
         ...
 
+    @property
+    def num_examples(self) -> int | None:
+        """This worker's examples of one epoch, or None while unknown."""
+        ...
+
     def __len__(self) -> int:
         """:attr:`num_batches`; raises TypeError while it is unknown."""
         ...

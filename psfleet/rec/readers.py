@@ -130,7 +130,8 @@ def _exchange(runner: RunnerConfig, config: TrainConfig, worker_index: int,
 
 
 def build_train_reader(config: TrainConfig, worker_index: int, worker_num: int, *,
-                       equal_steps: bool | None = None) -> Reader:
+                       equal_steps: bool | None = None,
+                       example_limit: int | None = None) -> Reader:
     """This worker's training reader (module docstring); loads in-memory data (blocks)
     and, with ``equal_steps``, makes every worker's step count per epoch equal. Logs
     the global batch.
@@ -141,8 +142,12 @@ def build_train_reader(config: TrainConfig, worker_index: int, worker_num: int, 
         equal_steps: every worker must run the same number of steps per epoch
             (default: ``runner.sync_mode == "sync"``; also needed for checkpoints
             inside epochs).
+        example_limit: with ``equal_steps``, the examples per worker already agreed
+            (a restarted worker takes it from the checkpoint: the others are not there
+            to count again); None: count now, among all workers.
 
-    Every worker of the job must call it (it may be a collective).
+    Every worker of the job must call it (it may be a collective) unless
+    ``example_limit`` is given and there is no global shuffle.
 
     Raises:
         ConfigError: an invalid reader combination (names the fields) or file split.
@@ -161,7 +166,9 @@ def build_train_reader(config: TrainConfig, worker_index: int, worker_num: int, 
     if runner.reader_type == "QueueDataset":
         stream = QueueDataset(runner.batch_size, runner.parser, options, **kwargs)
         stream.set_filelist(files)
-        if sync:
+        if sync and example_limit is not None:
+            stream.set_example_limit(example_limit)
+        elif sync:
             shares = stream.worker_lines()
             stream.set_example_limit(min(shares))
             logger.info("sync mode: every worker streams %d examples per epoch (the smallest "
@@ -173,7 +180,9 @@ def build_train_reader(config: TrainConfig, worker_index: int, worker_num: int, 
                                  **kwargs)
         memory.set_filelist(files)
         memory.load_into_memory()
-        if worker_num > 1 and (runner.global_shuffle or sync):
+        if sync and example_limit is not None and not runner.global_shuffle:
+            memory.truncate(example_limit)
+        elif worker_num > 1 and (runner.global_shuffle or sync):
             with _exchange(runner, config, worker_index, worker_num) as exchange:
                 if runner.global_shuffle:
                     memory.global_shuffle(exchange, seed=runner.seed)
@@ -185,7 +194,7 @@ def build_train_reader(config: TrainConfig, worker_index: int, worker_num: int, 
                                     "worker's share so that every worker runs the same "
                                     "number of steps", dropped)
         reader = DataLoaderReader(memory) if runner.reader_type == "DataLoader" else memory
-    examples = getattr(reader, "num_examples", None)
+    examples = reader.num_examples
     logger.info("%s (%s parser, split_file_list %s): batch_size %d x %d workers = global "
                 "batch %d; %s examples on this worker", runner.reader_type, runner.parser,
                 runner.split_file_list, runner.batch_size, worker_num,

@@ -21,7 +21,7 @@ from torch import nn
 from tqdm import tqdm
 
 from psfleet import fleet
-from psfleet.checkpoint import CheckpointConfig, Cursor
+from psfleet.checkpoint import CheckpointConfig, CheckpointStore, Cursor
 from psfleet.data import Batch, Reader
 from psfleet.errors import ConfigError
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy
@@ -137,12 +137,29 @@ def _device(sync_mode: str, use_gpu: bool) -> str:
                       "fleetrun --mode collective --devices hands out)")
 
 
-def _resume(checkpoint: CheckpointConfig | None, reader: Reader) -> Cursor:
+def _agreed_share(checkpoint: CheckpointConfig | None) -> int | None:
+    """The examples per worker the job agreed on (stored in its checkpoints), for a
+    restarted worker that cannot count again with the others; None if unknown."""
+    latest = CheckpointStore(checkpoint.checkpoint_dir).latest() if checkpoint else None
+    agreed = latest.manifest.extra.get("examples_per_worker") if latest else None
+    if agreed is None:
+        logger.warning("restarted worker: no checkpoint gives the examples per worker; "
+                       "training on this worker's whole share (its step count may differ "
+                       "from the others')")
+        return None
+    logger.info("restarted worker: %d examples per worker per epoch, as the job agreed",
+                agreed)
+    return int(agreed)
+
+
+def _resume(checkpoint: CheckpointConfig | None, reader: Reader,
+            extra: dict[str, object]) -> Cursor:
     """Where this worker starts: the cursor of the newest complete checkpoint (tables
     loaded into the servers by :meth:`Fleet.load_checkpoint`), or the beginning.
 
-    With checkpoints on and none written yet, a first checkpoint is taken at once, so
-    a server that fails before the first interval can be restarted from it.
+    With checkpoints on and none written yet, a first checkpoint is taken at once
+    (holding ``extra``, e.g. the agreed examples per worker), so a server that fails
+    before the first interval can be restarted from it.
     """
     start = Cursor(epoch=0, batch=0, step=0)
     if checkpoint is None:
@@ -150,7 +167,7 @@ def _resume(checkpoint: CheckpointConfig | None, reader: Reader) -> Cursor:
     resumed = fleet.load_checkpoint(checkpoint)
     if resumed is None:
         if restart_num() == 0:
-            fleet.save_checkpoint(checkpoint, start)
+            fleet.save_checkpoint(checkpoint, start, extra)
         return start
     if reader.num_batches is not None and resumed.batch >= reader.num_batches:  # epoch done
         resumed = Cursor(epoch=resumed.epoch + 1, batch=0, step=resumed.step)
@@ -205,12 +222,14 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
     # inside epochs (every worker takes part in each).
     equal_steps = runner.sync_mode == "sync" or bool(checkpoint is not None
                                                        and checkpoint.step_interval)
-    if restart_num() > 0:  # a restarted worker cannot meet the others to count examples
-        equal_steps = False
-    reader = build_train_reader(config, index, workers, equal_steps=equal_steps)
+    agreed = _agreed_share(checkpoint) if equal_steps and restart_num() > 0 else None
+    reader = build_train_reader(config, index, workers, equal_steps=equal_steps,
+                                example_limit=agreed)
+    share: dict[str, object] = (
+        {"examples_per_worker": reader.num_examples} if equal_steps else {})
     test_reader = build_test_reader(config) if first else None
     fleet.init_worker()
-    resume = _resume(checkpoint, reader)
+    resume = _resume(checkpoint, reader, share)
     job_start = time.perf_counter()
     epochs = []
     for epoch in range(resume.epoch, runner.epochs):
@@ -219,7 +238,7 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
             def after_batch(done: int, epoch: int = epoch) -> None:
                 if checkpoint.due_after_batch(done, reader.num_batches):
                     fleet.save_checkpoint(checkpoint, Cursor(epoch=epoch, batch=done,
-                                                             step=optimizer.steps))
+                                                             step=optimizer.steps), share)
         start_batch = resume.batch if epoch == resume.epoch else 0
         with fleet.join():  # collective: ranks with fewer batches wait for the others
             stats = _train_epoch(train_model, optimizer, reader, epoch, config, show=first,
@@ -228,13 +247,13 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         if (checkpoint is not None and epoch + 1 < runner.epochs
                 and checkpoint.due_after_epoch(epoch + 1)):
             fleet.save_checkpoint(checkpoint, Cursor(epoch=epoch + 1, batch=0,
-                                                     step=optimizer.steps))
+                                                     step=optimizer.steps), share)
         logger.info("epoch %d/%d: loss %.5f, train auc %.4f, %d examples, %.0f examples/s "
                     "on this worker, %.1f s", stats["epoch"], runner.epochs, stats["loss"],
                     stats["auc"], stats["examples"], stats["examples_per_s"], stats["wall_s"])
     if checkpoint is not None:  # the end of training (also flushes and meets)
         fleet.save_checkpoint(checkpoint, Cursor(epoch=runner.epochs, batch=0,
-                                                 step=optimizer.steps))
+                                                 step=optimizer.steps), share)
     fleet.flush()
     fleet.barrier_worker()  # every worker's pushes are applied past this point
     train_wall = time.perf_counter() - job_start
