@@ -151,8 +151,20 @@ class RemoteClient(TableClient):
         wait_servers_ready(self._clients, timeout_s)
 
     def _all(self, method: str, requests: Sequence[object]) -> list[object]:
+        """One call per server, in parallel; every call has ended when this returns or
+        raises (the first error, after the others finished), so a caller cleaning up
+        after a failure (e.g. removing a half-written checkpoint) races no server."""
         pending = [c.start(method, r) for c, r in zip(self._clients, requests, strict=True)]
-        return [p.result() for p in pending]
+        replies: list[object] = []
+        first_error: BaseException | None = None
+        for call in pending:
+            try:
+                replies.append(call.result())
+            except Exception as exc:  # noqa: BLE001 - re-raised below
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        return replies
 
     def create_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
         num = len(self._clients)
