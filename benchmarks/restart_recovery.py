@@ -86,8 +86,9 @@ def run(work: Path, name: str, train: Path, test: Path, kill: tuple[str, str] | 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--train", type=Path, required=True)
-    parser.add_argument("--test", type=Path, required=True)
+    # Absolute: the paths go into YAML files written under --work.
+    parser.add_argument("--train", type=lambda p: Path(p).resolve(), required=True)
+    parser.add_argument("--test", type=lambda p: Path(p).resolve(), required=True)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--kill_after", type=int, default=400)
     parser.add_argument("--runs", default="undisturbed,server_killed,worker_killed",
