@@ -25,7 +25,7 @@ from psfleet.checkpoint import CheckpointConfig, CheckpointStore, Cursor
 from psfleet.data import Batch, Reader
 from psfleet.errors import ConfigError
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy
-from psfleet.fleet.fleet import restart_num
+from psfleet.fleet.persistence import restart_num
 from psfleet.metrics import StreamingAuc, auc, log_loss
 from psfleet.nn import SparseEmbedding
 from psfleet.rec.config import TrainConfig

@@ -1,0 +1,322 @@
+"""Saving and loading a job's state through the fleet API: tables, checkpoints (with
+each worker's data cursor, for exact resume) and the model for serving.
+
+Checkpoints are the :mod:`psfleet.checkpoint` layer's (fsspec storage, manifest with
+checksums, atomic publish); the servers write their own tables
+(:mod:`psfleet.ps.persist`); the inference model is :mod:`psfleet.export`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from psfleet import collective, env
+from psfleet.checkpoint import (
+    CheckpointConfig,
+    CheckpointError,
+    CheckpointStore,
+    Cursor,
+    FileDigest,
+    Manifest,
+    Storage,
+)
+from psfleet.checkpoint.compat import check_compatible
+from psfleet.checkpoint.cursors import (
+    read_cursors,
+    read_resume_name,
+    write_cursor,
+    write_resume_name,
+)
+from psfleet.checkpoint.storage import sha256_of
+from psfleet.errors import ConfigError, PsfleetError
+from psfleet.export import InferenceManifest
+from psfleet.export import save_inference_model as _save_inference_model
+from psfleet.fleet.optimizer import DistributedOptimizer
+from psfleet.fleet.role_maker import RoleInfo
+from psfleet.fleet.strategy import DistributedStrategy
+from psfleet.nn import live_embeddings
+from psfleet.ps import TableClient
+from psfleet.ps.communicator import Communicator
+from psfleet.ps.persist import FORMAT_VERSION
+
+__all__ = ["PersistenceMixin", "restart_num"]
+
+logger = logging.getLogger(__name__)
+
+
+def restart_num() -> int:
+    """How many times the launcher restarted this process (``PSFLEET_RESTART_NUM``)."""
+    raw = env.read("PSFLEET_RESTART_NUM") or "0"
+    try:
+        return max(int(raw), 0)
+    except ValueError:
+        raise ConfigError(f"PSFLEET_RESTART_NUM: {raw!r} is not an integer") from None
+
+
+def _digests(storage: Storage) -> list[FileDigest]:
+    """Checksums of every file under ``storage`` (tables written in this process)."""
+    root = storage.root.rstrip("/") + "/"
+    out = []
+    for path in storage.fs.find(storage.root):
+        rel = path[len(root):] if path.startswith(root) else path
+        size, digest = sha256_of(storage, rel)
+        out.append(FileDigest(rel, size, digest))
+    return out
+
+
+class PersistenceMixin:
+    """The Fleet methods that save and load state: tables (save_persistables,
+    load_model), checkpoints with exact resume (save_checkpoint, load_checkpoint) and
+    the inference model (save_inference_model). Mixed into
+    :class:`~psfleet.fleet.fleet.Fleet`, which provides the role, the client and the
+    optimizer these use."""
+
+    strategy: DistributedStrategy
+    _collective: collective.CollectiveContext | None
+    _communicator: Communicator | None
+
+    if TYPE_CHECKING:  # provided by Fleet
+        @property
+        def role(self) -> RoleInfo: ...
+        @property
+        def client(self) -> TableClient: ...
+        def server_num(self) -> int: ...
+        def worker_num(self) -> int: ...
+        def flush(self) -> None: ...
+        def _barrier(self, name: str, client: TableClient | None) -> None: ...
+        def _require_optimizer(self) -> DistributedOptimizer: ...
+
+    def save_persistables(self, dirname: str) -> None:
+        """Save every table (values and optimizer state) to ``dirname``.
+
+        Call on one worker (``is_first_worker()``), after ``barrier_worker()`` when
+        every worker's updates must be in it. This worker's pushes are flushed first.
+        Each server writes its share; this worker writes ``manifest.json``.
+
+        Raises:
+            FatalError: init_worker() was not called.
+            OSError: ``dirname`` cannot be written.
+        """
+        self.flush()
+        self.client.save(dirname)
+        embeddings = live_embeddings()
+        manifest = {
+            "format_version": FORMAT_VERSION, "server_num": max(self.server_num(), 1),
+            "worker_num": self.worker_num(), "mode": self.strategy.mode,
+            "sparse_tables": {e.name: i for i, e in enumerate(embeddings)},
+            "dense_shapes": [list(p.shape) for p in self._require_optimizer().params],
+        }
+        (Path(dirname) / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        logger.info("saved tables to %s", dirname)
+
+    def load_model(self, dirname: str) -> None:
+        """Load a save into the servers' tables; every worker calls it after init_worker.
+
+        Worker 0 asks every server to load its share (the save may come from another
+        server count); then every worker takes the loaded dense values.
+
+        Raises:
+            ConfigError: ``dirname`` has no manifest.json.
+            DataError, RemoteError: a table is missing from the save or does not fit
+                (names the table and both values).
+        """
+        if not (Path(dirname) / "manifest.json").is_file():
+            raise ConfigError(f"load_model({dirname!r}): no manifest.json there; pass a "
+                              "folder written by fleet.save_persistables()")
+        role = self.role
+        if role.worker_index == 0 or self._collective is not None:  # collective: every rank
+            self.client.load(dirname)
+        self._barrier("load_model", self.client)
+        optimizer = self._require_optimizer()
+        optimizer.refresh()
+        if self._communicator is not None:
+            self._communicator.on_dense_table(len(live_embeddings()), optimizer.rule,
+                                              optimizer.flat_values())
+
+    def save_inference_model(self, dirname: str, model: torch.nn.Module,
+                             example_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
+                             metadata: dict[str, object] | None = None) -> InferenceManifest:
+        """Export ``model`` for serving: dense tower (torch.export) and sparse rows (.npy).
+
+        Call on one worker (``is_first_worker()``) after ``flush()`` and
+        ``barrier_worker()`` when every worker's updates must be in it; this worker's
+        pushes are flushed and its dense parameters refreshed first. Works with
+        servers (they write their rows to a staging folder in ``dirname``, so they
+        must be able to write there) and with in-process tables. Layout and loading:
+        :mod:`psfleet.export` (``load_inference_model``, ``psfleet predict``).
+
+        Args:
+            dirname: the model directory (local path or fsspec URL).
+            model: ``(sparse_ids int64[B, S], dense float32[B, F]) -> logits[B]``
+                through its SparseEmbeddings.
+            example_inputs: one batch (only shapes past the batch dimension matter);
+                None: from ``model.num_slots`` / ``model.num_dense``.
+            metadata: JSON-serialisable, stored in ``manifest.json``.
+
+        Returns:
+            The manifest written.
+
+        Raises:
+            FatalError: init_worker() was not called, or torch.export failed.
+            ConfigError: the model cannot be exported (see ``export_dense_tower``).
+            OSError: ``dirname`` cannot be written.
+        """
+        self.flush()
+        opt = self._require_optimizer()
+        tables = {e.name: (i, e.table_config(opt.rule))
+                  for i, e in enumerate(live_embeddings())}
+        return _save_inference_model(dirname, model, self.client, tables, example_inputs,
+                                     metadata)
+
+    # -- checkpoints ------------------------------------------------------------------
+    def _table_configs(self) -> dict[str, dict[str, object]]:
+        rule = self._require_optimizer().rule
+        return {e.name: e.table_config(rule).model_dump(mode="json")
+                for e in live_embeddings()}
+
+    def save_checkpoint(self, config: CheckpointConfig, cursor: Cursor,
+                        extra: dict[str, object] | None = None) -> str | None:
+        """Take a checkpoint; every worker calls it at the same point of training.
+
+        Each worker flushes its pushes and publishes its cursor; once all did, worker 0
+        has every server copy its tables at one moment (pushes held back) and write
+        them, writes the manifest (step, cursors, table configs, strategy, checksums)
+        and publishes the checkpoint atomically, keeping the last
+        ``max_num_checkpoints``. The workers continue when it is published. In sync
+        mode every worker is at the same step, so the checkpoint is globally
+        consistent; in async mode each server's copy is consistent.
+
+        A failed write (full or read-only storage) is logged as an error naming the
+        cause, its temporary folder is removed and training continues: the previous
+        checkpoints stay intact and loadable.
+
+        Args:
+            config: where and how many to keep.
+            cursor: this worker's position: epoch, batches done in it, steps done.
+            extra: free-form values stored in the manifest (worker 0's).
+
+        Returns:
+            On worker 0, the published checkpoint's URL (None if it failed); None on
+            other workers.
+
+        Raises:
+            FatalError: init_worker() was not called.
+        """
+        role = self.role
+        store = CheckpointStore(config.checkpoint_dir, config.max_num_checkpoints)
+        self.flush()
+        write_cursor(store.storage, role.worker_index, cursor)
+        self._barrier("checkpoint.begin", self.client)
+        url = None
+        if role.worker_index == 0:
+            url = self._write_checkpoint(store, cursor, extra or {})
+        self._barrier("checkpoint.end", self.client)
+        return url
+
+    def _write_checkpoint(self, store: CheckpointStore, cursor: Cursor,
+                          extra: dict[str, object]) -> str | None:
+        role = self.role
+        optimizer = self._require_optimizer()
+        pending = None
+        try:
+            cursors = read_cursors(store.storage, role.worker_num)
+            pending = store.begin(cursor.step)
+            digests = self.client.save(pending.storage.url)
+            pending.add(digests if digests is not None else _digests(pending.storage))
+            manifest = Manifest(
+                step=cursor.step, epoch=cursor.epoch, batch=cursor.batch,
+                server_num=max(self.server_num(), 1), worker_num=role.worker_num,
+                mode=self.strategy.mode if self.server_num() else "local",
+                strategy=self.strategy.model_dump(mode="json"),
+                sparse_tables={name: {**c, "table_id": i} for i, (name, c) in
+                               enumerate(self._table_configs().items())},
+                dense={"table_id": len(live_embeddings()),
+                       "shapes": [list(p.shape) for p in optimizer.params],
+                       "rule": optimizer.rule.model_dump(mode="json")},
+                cursors=cursors, extra=extra)
+            url = store.commit(pending, manifest)
+        except (OSError, PsfleetError) as exc:
+            if pending is not None:
+                store.abort(pending)
+            logger.error("checkpoint at step %d FAILED, training goes on and the previous "
+                         "checkpoints in %s stay intact: %s", cursor.step, store.storage.url,
+                         exc)
+            return None
+        logger.info("checkpoint at epoch %d batch %d (step %d) written to %s", cursor.epoch,
+                    cursor.batch, cursor.step, url)
+        return url
+
+    def load_checkpoint(self, config: CheckpointConfig | str) -> Cursor | None:
+        """Resume from the newest complete checkpoint; every worker calls it after
+        init_worker (the servers may be more or fewer than when it was written).
+
+        Worker 0 picks the newest checkpoint whose files all verify (a damaged one is
+        skipped with a warning naming the file), checks that it fits the model, and
+        has every server load its buckets and dense blocks; then every worker takes
+        the loaded dense values and its cursor. A worker the launcher restarted
+        (``PSFLEET_RESTART_NUM`` > 0) rejoins a running job instead: it loads nothing
+        into the servers and only takes its cursor.
+
+        Returns:
+            This worker's cursor in the checkpoint (None when there is none yet).
+            Also sets the optimizer's step count.
+
+        Raises:
+            CheckpointError: the checkpoint does not fit the model (names the table and
+                both values), or the worker count changed in the middle of an epoch.
+        """
+        url = config if isinstance(config, str) else config.checkpoint_dir
+        store = CheckpointStore(url)
+        role = self.role
+        optimizer = self._require_optimizer()
+        if restart_num() > 0:
+            latest = store.latest()
+            if latest is None:
+                return None
+            logger.info("restarted worker %d rejoins from checkpoint %s", role.worker_index,
+                        latest.storage.url)
+            return self._cursor_of(latest.manifest, latest.storage.url)
+        # Collective: every rank holds all tables in process, so every rank loads them.
+        if role.worker_index == 0 or self._collective is not None:
+            latest = store.latest()
+            if latest is not None:
+                check_compatible(latest.manifest, latest.storage.url, self._table_configs(),
+                                 [list(p.shape) for p in optimizer.params],
+                                 optimizer.rule.model_dump(mode="json"))
+                self.client.load(latest.storage.url)
+                logger.info("resumed tables from checkpoint %s (step %d, %d server(s) then, "
+                            "%d now)", latest.storage.url, latest.manifest.step,
+                            latest.manifest.server_num, max(self.server_num(), 1))
+            if role.worker_index == 0:
+                write_resume_name(store.storage, latest.name if latest else None)
+        self._barrier("load_checkpoint", self.client)
+        name = read_resume_name(store.storage)
+        if name is None:
+            return None
+        optimizer.refresh()
+        if self._communicator is not None:
+            self._communicator.on_dense_table(len(live_embeddings()), optimizer.rule,
+                                              optimizer.flat_values())
+        storage = store.storage.child(name)
+        manifest = Manifest.model_validate_json(storage.read_bytes("manifest.json"))
+        return self._cursor_of(manifest, storage.url)
+
+    def _cursor_of(self, manifest: Manifest, where: str) -> Cursor:
+        role = self.role
+        if manifest.worker_num == role.worker_num and role.worker_index < len(manifest.cursors):
+            cursor = manifest.cursors[role.worker_index]
+        elif manifest.batch == 0:  # an epoch boundary: any worker count may go on
+            cursor = Cursor(epoch=manifest.epoch, batch=0, step=manifest.step)
+        else:
+            raise CheckpointError(
+                f"checkpoint {where} was taken in the middle of epoch {manifest.epoch} with "
+                f"worker_num {manifest.worker_num}; this job has worker_num "
+                f"{role.worker_num}. Resume with {manifest.worker_num} workers, or from a "
+                "checkpoint taken at an epoch end")
+        self._require_optimizer().steps = cursor.step
+        return cursor
