@@ -9,6 +9,7 @@ so the two paths give bit-identical results.
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -128,6 +129,18 @@ def int_fields(chars: npt.NDArray[np.integer], lengths: npt.NDArray[np.int64]
     return np.where(negative, -magnitude, magnitude), valid
 
 
+def _binary_layout(array: pa.Array | pa.ChunkedArray
+                   ) -> tuple[int, list[Any], npt.NDArray[np.int64]]:
+    """(value count, Arrow buffers, offsets [M+1] int64) of a binary/string column."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    count = len(array)
+    buffers = array.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int32, count=count + 1,
+                            offset=array.offset * 4).astype(np.int64)
+    return count, buffers, offsets
+
+
 def binary_matrix(array: pa.Array | pa.ChunkedArray, max_width: int
                   ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
     """The bytes of an Arrow binary/string column as a 0-padded matrix.
@@ -142,12 +155,7 @@ def binary_matrix(array: pa.Array | pa.ChunkedArray, max_width: int
         (chars [M, width] uint8, lengths [M] int64) with ``width = min(longest, max_width)``
         (at least 1).
     """
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    count = len(array)
-    buffers = array.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int32, count=count + 1,
-                            offset=array.offset * 4).astype(np.int64)
+    count, buffers, offsets = _binary_layout(array)
     data = (np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None
             else np.zeros(0, dtype=np.uint8))
     lengths = np.diff(offsets)
@@ -172,12 +180,7 @@ def binary_words(array: pa.Array | pa.ChunkedArray
         (words [M] uint64, lengths [M] int64, fits) where ``fits`` says that no value is
         longer than 8 bytes (otherwise use :func:`binary_matrix`).
     """
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    count = len(array)
-    buffers = array.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int32, count=count + 1,
-                            offset=array.offset * 4).astype(np.int64)
+    count, buffers, offsets = _binary_layout(array)
     lengths = np.diff(offsets)
     fits = bool(lengths.max(initial=0) <= 8)
     padded = np.zeros(offsets[-1] - offsets[0] + 8 if count else 8, dtype=np.uint8)

@@ -18,7 +18,7 @@ from psfleet.data.criteo import ParsedChunk
 from psfleet.data.types import Batch
 from psfleet.errors import DataError
 
-__all__ = ["memory_batches", "stream_batches"]
+__all__ = ["batches_per_epoch", "memory_batches", "stream_batches"]
 
 
 def _batch(labels: npt.NDArray[np.float32], dense: npt.NDArray[np.float32],
@@ -26,6 +26,13 @@ def _batch(labels: npt.NDArray[np.float32], dense: npt.NDArray[np.float32],
     return Batch(torch.from_numpy(np.ascontiguousarray(labels)),
                  torch.from_numpy(np.ascontiguousarray(dense)),
                  torch.from_numpy(np.ascontiguousarray(sparse).view(np.int64)))
+
+
+def batches_per_epoch(examples: int, batch_size: int, drop_last: bool) -> int:
+    """Batches of ``batch_size`` in ``examples`` examples (a last smaller batch counts
+    unless ``drop_last``)."""
+    full, rest = divmod(examples, batch_size)
+    return full if drop_last or rest == 0 else full + 1
 
 
 def stream_batches(chunks: Iterable[ParsedChunk], batch_size: int, *, drop_last: bool = False,
@@ -103,8 +110,7 @@ def memory_batches(labels: torch.Tensor, dense: torch.Tensor, sparse: torch.Tens
     """Batches of in-memory tensors (labels [N] f32, dense [N, D] f32, sparse [N, S] i64),
     in ``order`` (a permutation [N] int64) or as stored (views, no copy)."""
     size = int(labels.shape[0])
-    full, rest = divmod(size, batch_size)
-    count = full if drop_last or rest == 0 else full + 1
+    count = batches_per_epoch(size, batch_size, drop_last)
     for begin in range(start_batch * batch_size, count * batch_size, batch_size):
         end = min(begin + batch_size, size)
         if order is None:

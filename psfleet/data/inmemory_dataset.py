@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from psfleet.data.batching import memory_batches
+from psfleet.data.batching import batches_per_epoch, memory_batches
 from psfleet.data.dataset_base import DatasetBase
 from psfleet.data.exchange import FileExchange
 from psfleet.data.parsers import Parser
@@ -190,8 +190,7 @@ class InMemoryDataset(DatasetBase):
     @property
     def num_batches(self) -> int:
         """Batches of one epoch."""
-        full, rest = divmod(self.num_examples, self.batch_size)
-        return full if self.drop_last or rest == 0 else full + 1
+        return batches_per_epoch(self.num_examples, self.batch_size, self.drop_last)
 
     def __len__(self) -> int:
         """Batches of one epoch."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from psfleet.data.batching import stream_batches
+from psfleet.data.batching import batches_per_epoch, stream_batches
 from psfleet.data.dataset_base import DatasetBase
 from psfleet.data.types import Batch
 from psfleet.errors import ConfigError
@@ -60,8 +60,7 @@ class QueueDataset(DatasetBase):
         examples = self.num_examples
         if examples is None:
             return None
-        full, rest = divmod(examples, self.batch_size)
-        return full if self.drop_last or rest == 0 else full + 1
+        return batches_per_epoch(examples, self.batch_size, self.drop_last)
 
     def __len__(self) -> int:
         """Batches of one epoch.

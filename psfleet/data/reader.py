@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from psfleet.data.batching import memory_batches
+from psfleet.data.batching import batches_per_epoch, memory_batches
 from psfleet.data.criteo import parse_lines
 from psfleet.data.types import Batch
 from psfleet.errors import ConfigError, DataError
@@ -242,8 +242,7 @@ class CriteoReader:
     @property
     def num_batches(self) -> int:
         """Batches per epoch."""
-        full, rest = divmod(self.num_examples, self.batch_size)
-        return full if self.drop_last or rest == 0 else full + 1
+        return batches_per_epoch(self.num_examples, self.batch_size, self.drop_last)
 
     def __len__(self) -> int:
         """Batches per epoch."""
