@@ -46,7 +46,10 @@ VARIABLES: tuple[EnvVar, ...] = (
         "PADDLE_PSERVER_PORT",
         None,
         "Port of the servers in PADDLE_PSERVER_IPS: one port for all, or a comma list with "
-        "one port per IP.",
+        "one port per IP. Collective (the seeds' NCCL2) mode: the rendezvous port of the "
+        "first PADDLE_TRAINER_IPS entry, used at start-up to set up the process group (the "
+        "seeds broadcast the NCCL ID through it); if PADDLE_PORT is also set, both must be "
+        "equal. MASTER_ADDR:MASTER_PORT and PADDLE_TRAINER_ENDPOINTS take precedence.",
     ),
     EnvVar("PADDLE_TRAINERS_NUM", None, "Number of workers (worker_num)."),
     EnvVar(

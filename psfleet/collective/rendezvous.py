@@ -8,13 +8,16 @@ Two sets of variables say it (all declared in :mod:`psfleet.env`):
 - the seeds' (PaddlePaddle's collective mode): ``PADDLE_TRAINER_ID``,
   ``PADDLE_TRAINERS_NUM``, ``PADDLE_TRAINER_ENDPOINTS`` (every rank's ``host:port``;
   the first is the rendezvous endpoint) with ``PADDLE_CURRENT_ENDPOINT``, or
-  ``PADDLE_TRAINER_IPS`` (every rank's IP) with ``PADDLE_PORT`` (the first IP's port)
-  and ``PADDLE_CURRENT_IP``.
+  ``PADDLE_TRAINER_IPS`` (every rank's IP) with ``PADDLE_PSERVER_PORT`` (the seeds'
+  NCCL2 name: "used at the initial stage to broadcast the NCCL ID") or ``PADDLE_PORT``
+  (the first IP's port; when both are set they must be equal) and ``PADDLE_CURRENT_IP``.
 
 Either set alone is enough; when both are given they must agree (a rank or world
 size given twice with two values is an error naming both). The rendezvous endpoint
-is ``MASTER_ADDR:MASTER_PORT`` when set, else the seeds' first endpoint. With no
-variable at all the process is rank 0 of a world of 1 (no store needed).
+is, first found: ``MASTER_ADDR:MASTER_PORT``; the first entry of
+``PADDLE_TRAINER_ENDPOINTS``; the first ``PADDLE_TRAINER_IPS`` entry with the port of
+``PADDLE_PSERVER_PORT`` / ``PADDLE_PORT``. With no variable at all the process is rank
+0 of a world of 1 (no store needed).
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ def rendezvous_from_env(environ: Mapping[str, str] | None = None) -> RendezvousS
             without MASTER_PORT); two variables give different ranks or world sizes
             (names both and their values); the rank is not below the world size; more
             than one rank and no rendezvous endpoint; PADDLE_CURRENT_ENDPOINT is not
-            this rank's entry of PADDLE_TRAINER_ENDPOINTS.
+            this rank's entry of PADDLE_TRAINER_ENDPOINTS; PADDLE_PSERVER_PORT and
+            PADDLE_PORT name different rendezvous ports (names both).
     """
     e = dict(os.environ if environ is None else environ)
     ranks: list[tuple[str, int]] = []
@@ -147,9 +151,33 @@ def _master(environ: Mapping[str, str], endpoints: tuple[str, ...] | None,
                               "rendezvous endpoint) has port 0; give it a fixed port")
         return _host(host), port
     if ips is not None:
-        port = env.int_var(environ, "PADDLE_PORT", 1)
+        port = _rendezvous_port(environ)
         if port is not None:
-            if port > 65535:
-                raise ConfigError(f"PADDLE_PORT: {port} is not a port (1..65535)")
             return _host(ips[0]), port
     return None
+
+
+#: Variables naming the rendezvous port that goes with PADDLE_TRAINER_IPS: the seeds'
+#: NCCL2 name first, then the one fleetrun and earlier psfleet used.
+_PORT_VARS = ("PADDLE_PSERVER_PORT", "PADDLE_PORT")
+
+
+def _rendezvous_port(environ: Mapping[str, str]) -> int | None:
+    """The port of the first PADDLE_TRAINER_IPS entry (None when neither variable is set).
+
+    Raises:
+        ConfigError: a value is not one port in 1..65535 (a comma list of ports is the
+            parameter-server meaning of PADDLE_PSERVER_PORT), or both variables are set
+            to different ports (names both).
+    """
+    ports: list[tuple[str, int]] = []
+    for name in _PORT_VARS:
+        raw = env.read(name, environ)
+        if raw is None:
+            continue
+        if "," in raw:
+            raise ConfigError(f"{name}: {raw!r} lists several ports; in collective mode it "
+                              "is the one rendezvous port of the first PADDLE_TRAINER_IPS entry")
+        if (port := env.int_var(environ, name, 1, 65535)) is not None:
+            ports.append((name, port))
+    return _agree(ports, "rendezvous port")
