@@ -19,9 +19,9 @@ from conftest import run_command
 from psfleet.ps import (
     DenseTable,
     DenseTableConfig,
-    PsHandler,
     RemoteClient,
     RuleConfig,
+    TableService,
     start_server,
 )
 from psfleet.ps.dense_table import dc_asgd_compensate
@@ -84,7 +84,7 @@ def test_no_compensation_without_a_prior_pull_or_with_lambda_zero() -> None:
 
 
 def test_servers_compensate_async_pushes_per_worker() -> None:
-    handler = PsHandler(barrier_timeout_s=20.0)
+    handler = TableService(barrier_timeout_s=20.0)
     _, server = start_server("127.0.0.1", 0, CONFIG, handler)
     clients = [RemoteClient([server.endpoint], CONFIG, worker_index=k) for k in (0, 1)]
     try:

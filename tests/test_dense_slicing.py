@@ -19,7 +19,7 @@ from functools import reduce
 import numpy as np
 import pytest
 
-from psfleet.ps import LocalClient, PsHandler, RemoteClient, RuleConfig, start_server
+from psfleet.ps import LocalClient, RemoteClient, RuleConfig, TableService, start_server
 from psfleet.ps.routing import DenseLayout
 from psfleet.ps.types import SlicingConfig
 from psfleet.rpc import RpcConfig, RunningServer
@@ -156,7 +156,7 @@ def remote_client(num_servers: int) -> Iterator[RemoteClient]:
     client = None
     try:
         for _ in range(num_servers):
-            _, server = start_server(HOST, 0, CONFIG, PsHandler(barrier_timeout_s=20.0))
+            _, server = start_server(HOST, 0, CONFIG, TableService(barrier_timeout_s=20.0))
             started.append(server)
         client = RemoteClient([s.endpoint for s in started], CONFIG)
         yield client

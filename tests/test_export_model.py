@@ -169,7 +169,7 @@ def test_exported_dnn_scores_as_the_eager_model(tmp_path: Path, where: str) -> N
     assert manifest.sparse_tables[0].rows == 400 and manifest.metadata == {"model": "dnn"}
     for rows in (1, 37):
         ids, dense = _batch(keys, 26, 13, rows)
-        model.embedding = _TableEmbedding(client.sparse[0])
+        model.embedding = _TableEmbedding(client.service.tables[0])
         with torch.no_grad():
             expected = model(ids, dense)
         model.embedding = embedding
@@ -192,8 +192,8 @@ def test_exported_model_with_two_tables(tmp_path: Path) -> None:
                                                               "export-test-wide"]
     eager = _WideDeep()
     eager.load_state_dict(model.state_dict())
-    eager.deep = _TableEmbedding(client.sparse[0])  # type: ignore[assignment]
-    eager.wide = _TableEmbedding(client.sparse[1])  # type: ignore[assignment]
+    eager.deep = _TableEmbedding(client.service.tables[0])  # type: ignore[assignment]
+    eager.wide = _TableEmbedding(client.service.tables[1])  # type: ignore[assignment]
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids, dense), eager(ids, dense), rtol=1e-6, atol=1e-6)
     with pytest.raises(ConfigError, match="dense: got"):

@@ -78,7 +78,7 @@ def test_save_server_load_server_round_trip_is_byte_for_byte(rule: str, tmp_path
     """Values and optimizer state, per row, equal after reloading into 3 shards of servers."""
     client = LocalClient()
     train_a_little(client, rule, seed=2)
-    table = client.sparse[0]
+    table = client.service.tables[0]
     keys, rows = table.items()
     save_server({0: table}, tmp_path, 0, {})
     union_keys, union_rows = [], []
@@ -116,7 +116,7 @@ def test_dense_state_survives_resharding(tmp_path: Path) -> None:
 def test_loading_into_another_dim_names_the_table_and_both_dims(tmp_path: Path) -> None:
     client = LocalClient()
     train_a_little(client, "sgd", seed=4)
-    save_server({0: client.sparse[0]}, tmp_path, 0, {})
+    save_server({0: client.service.tables[0]}, tmp_path, 0, {})
     other = SparseTable(SparseTableConfig(name="emb", dim=7))
     with pytest.raises(RemoteError, match=r"dim 5.*dim 7"):
         load_server({0: other}, tmp_path, 0, 1, {})
@@ -124,7 +124,7 @@ def test_loading_into_another_dim_names_the_table_and_both_dims(tmp_path: Path) 
 
 def test_servers_started_with_a_save_load_it_when_workers_create_tables(tmp_path: Path) -> None:
     """fleet.init_server(dirname): each table is loaded at CreateTable, re-sharded."""
-    from psfleet.ps import PsHandler
+    from psfleet.ps import TableService
 
     with servers(3) as source:
         keys = train_a_little(source, "adagrad", seed=5)
@@ -135,7 +135,7 @@ def test_servers_started_with_a_save_load_it_when_workers_create_tables(tmp_path
         endpoints = []
         for _ in range(2):
             _, server = start_server("127.0.0.1", 0, RpcConfig(),
-                                     PsHandler(preload_dir=tmp_path))
+                                     TableService(preload_dir=tmp_path))
             stack.callback(server.stop)
             endpoints.append(server.endpoint)
         client = RemoteClient(endpoints, RpcConfig())

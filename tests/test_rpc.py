@@ -18,10 +18,10 @@ import pytest
 from psfleet.errors import ConfigError, RemoteError, RpcError, ServerNotReadyError
 from psfleet.ps import (
     LocalClient,
-    PsHandler,
     RemoteClient,
     RuleConfig,
     SparseTableConfig,
+    TableService,
     start_server,
 )
 from psfleet.ps.client import TableClient
@@ -40,7 +40,7 @@ def servers(n: int, config: RpcConfig = CONFIG,
     try:
         for _ in range(n):
             _, server = start_server(HOST, 0, config,
-                                     PsHandler(barrier_timeout_s=barrier_timeout_s))
+                                     TableService(barrier_timeout_s=barrier_timeout_s))
             assert server.port > 0
             started.append(server)
         yield started

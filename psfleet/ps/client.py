@@ -1,22 +1,28 @@
-"""The worker's view of the tables: create, pull, push, barrier, stop.
+"""The worker's view of the tables: create, pull, push, barrier, save, stop.
 
-:class:`TableClient` is the contract the communicator and ``SparseEmbedding`` use.
-:class:`RemoteClient` implements it over the servers (keys routed by virtual bucket,
-calls to all servers issued at once); ``local_client.LocalClient`` implements it in
-process for single-machine training, with the same tables and rules.
+:class:`TableClient` is the one client: it routes keys to servers by virtual bucket,
+cuts the dense vector into blocks, numbers pushes (at-most-once, see
+``psfleet.ps.push_ledger``) and fans requests out to every server at once. Its
+servers are reached through transports (``psfleet.ps.transport``):
+:class:`RemoteClient` over gRPC, :class:`LocalClient` by direct calls into an
+in-process :class:`~psfleet.ps.service.TableService` (``server_num: 0``), so
+single-machine training runs the same server code as a distributed job.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-from abc import ABC, abstractmethod
+import secrets
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from psfleet.checkpoint.storage import FileDigest
-from psfleet.errors import FatalError
+from psfleet.errors import ConfigError, FatalError
 from psfleet.ps.routing import BucketRouter, DenseLayout
+from psfleet.ps.service import TableService
+from psfleet.ps.transport import InProcessTransport, Transport
 from psfleet.ps.types import (
     DenseTableConfig,
     PushMode,
@@ -27,23 +33,80 @@ from psfleet.ps.types import (
 from psfleet.rpc import RpcClient, RpcConfig, codec, wait_servers_ready
 from psfleet.rpc import messages as msg
 
-__all__ = ["TableClient", "RemoteClient"]
+__all__ = ["TableClient", "RemoteClient", "LocalClient", "PullHandle"]
 
 logger = logging.getLogger(__name__)
 
 
-class TableClient(ABC):
-    """Tables as a worker sees them. Implementations are thread safe."""
+class PullHandle:
+    """Rows being pulled (``TableClient.start_pull_sparse``).
 
-    @abstractmethod
+    :meth:`result` blocks until every server answered and returns float32[N, dim]
+    in the order of the keys asked for; later calls return the same array.
+    """
+
+    def __init__(self, collect: Callable[[], np.ndarray]) -> None:
+        self._collect = collect
+        self._rows: np.ndarray | None = None
+
+    def result(self) -> np.ndarray:
+        """The rows, float32[N, dim]. Raises the pull's RpcError / RemoteError."""
+        if self._rows is None:
+            self._rows = self._collect()
+        return self._rows
+
+
+class TableClient:
+    """Tables as a worker sees them, on the servers behind ``transports``. Thread safe.
+
+    Args:
+        transports: one per server, in server-index order.
+        worker_index: this worker's index, sent with pushes and dense pulls.
+    """
+
+    def __init__(self, transports: Sequence[Transport], worker_index: int = 0) -> None:
+        self._servers = list(transports)
+        self.endpoints = [t.endpoint for t in self._servers]
+        self.worker_index = worker_index
+        self._client_id = secrets.randbits(63) | 1  # never 0 (0: a push without id)
+        self._seq = itertools.count(1)
+        self._routers: dict[int, BucketRouter] = {}
+        self._dims: dict[int, int] = {}
+        self._layouts: dict[int, DenseLayout] = {}
+
+    def _push_id(self) -> msg.PushId:
+        """A new id for one push (the same id on every server it is sent to)."""
+        return msg.PushId(client_id=self._client_id, seq=next(self._seq))
+
+    def _all(self, method: str, requests: Sequence[object]) -> list[object]:
+        """One call per server, in parallel; every call has ended when this returns or
+        raises (the first error, after the others finished), so a caller cleaning up
+        after a failure (e.g. removing a half-written checkpoint) races no server."""
+        pending = [c.start(method, r) for c, r in zip(self._servers, requests, strict=True)]
+        replies: list[object] = []
+        first_error: BaseException | None = None
+        for call in pending:
+            try:
+                replies.append(call.result())
+            except Exception as exc:  # noqa: BLE001 - re-raised below
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        return replies
+
     def create_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
         """Create the table on every server (no-op where it exists with this config).
 
         Raises:
             ConfigError: it exists with another config.
         """
+        num = len(self._servers)
+        self._all("CreateTable", [msg.CreateTableRequest(
+            table_id=table_id, config_json=config.model_dump_json(), server_index=s,
+            server_num=num) for s in range(num)])
+        self._routers[table_id] = BucketRouter(config.num_buckets, len(self._servers))
+        self._dims[table_id] = config.dim
 
-    @abstractmethod
     def create_dense_table(self, table_id: int, name: str, shapes: Sequence[tuple[int, ...] | int],
                            rule: RuleConfig, init_values: np.ndarray,
                            slicing: SlicingConfig | None = None,
@@ -57,128 +120,7 @@ class TableClient(ABC):
                 (None: SlicingConfig defaults).
             dc_asgd_lambda: DC-ASGD's lambda for async pushes (0: off).
         """
-
-    @abstractmethod
-    def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool = True) -> np.ndarray:
-        """Rows of ``keys`` (uint64[N]): float32[N, dim]. Blocks."""
-
-    def start_pull_sparse(self, table_id: int, keys: np.ndarray,
-                          create: bool = True) -> Callable[[], np.ndarray]:
-        """Issue :meth:`pull_sparse` without waiting; calling the result waits for it.
-
-        This default pulls at once; clients with a network overlap the call.
-        """
-        rows = self.pull_sparse(table_id, keys, create)
-        return lambda: rows
-
-    @abstractmethod
-    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray,
-                    mode: PushMode = PushMode.APPLY, step: int = 0, worker_num: int = 1) -> None:
-        """Send float32[N, dim] gradients (or deltas) of distinct keys uint64[N]. Blocks.
-
-        Args:
-            mode: APPLY, SYNC (returns once every worker's push of ``step`` was
-                applied; every server gets a push, empty or not) or DELTA.
-            step: SYNC: the step number, equal on every worker.
-            worker_num: SYNC: how many workers push each step.
-        """
-
-    @abstractmethod
-    def pull_dense(self, table_id: int) -> np.ndarray:
-        """The whole dense vector, float32[total]. Blocks."""
-
-    @abstractmethod
-    def push_dense(self, table_id: int, grads: np.ndarray, mode: PushMode = PushMode.APPLY,
-                   step: int = 0, worker_num: int = 1) -> None:
-        """Send the gradient (or delta) float32[total] of the dense vector. Blocks.
-
-        ``mode``, ``step`` and ``worker_num`` as for :meth:`push_sparse`.
-        """
-
-    @abstractmethod
-    def save(self, dirname: str) -> list[FileDigest] | None:
-        """Every server writes its tables (values, optimizer state) under ``dirname``.
-
-        Call on one worker after every worker flushed (see ``psfleet.ps.persist``).
-
-        Args:
-            dirname: a local path or an fsspec URL the servers can write.
-
-        Returns:
-            The files written with their checksums, when the tables report them.
-        """
-
-    @abstractmethod
-    def load(self, dirname: str) -> None:
-        """Every server loads its share of a save (any server count) into its tables.
-
-        Raises:
-            DataError, RemoteError: a table is missing from the save or does not fit.
-        """
-
-    @abstractmethod
-    def barrier(self, name: str, worker_index: int, worker_num: int) -> None:
-        """Block until all ``worker_num`` workers called barrier ``name``."""
-
-    @abstractmethod
-    def stop_servers(self, worker_index: int) -> None:
-        """Tell every server to stop serving."""
-
-    def close(self) -> None:
-        """Release connections."""
-
-
-class RemoteClient(TableClient):
-    """Tables on servers reached over rpc.
-
-    Args:
-        endpoints: server endpoints ``host:port`` in server-index order.
-        config: rpc settings.
-        worker_index: this worker's index, sent with pushes and dense pulls.
-    """
-
-    def __init__(self, endpoints: Sequence[str], config: RpcConfig,
-                 worker_index: int = 0) -> None:
-        self.endpoints = list(endpoints)
-        self.worker_index = worker_index
-        self._clients = [RpcClient(e, config) for e in self.endpoints]
-        self._routers: dict[int, BucketRouter] = {}
-        self._dims: dict[int, int] = {}
-        self._layouts: dict[int, DenseLayout] = {}
-
-    def wait_ready(self, timeout_s: float) -> None:
-        """Block until every server is serving (see ``rpc.wait_servers_ready``)."""
-        wait_servers_ready(self._clients, timeout_s)
-
-    def _all(self, method: str, requests: Sequence[object]) -> list[object]:
-        """One call per server, in parallel; every call has ended when this returns or
-        raises (the first error, after the others finished), so a caller cleaning up
-        after a failure (e.g. removing a half-written checkpoint) races no server."""
-        pending = [c.start(method, r) for c, r in zip(self._clients, requests, strict=True)]
-        replies: list[object] = []
-        first_error: BaseException | None = None
-        for call in pending:
-            try:
-                replies.append(call.result())
-            except Exception as exc:  # noqa: BLE001 - re-raised below
-                first_error = first_error or exc
-        if first_error is not None:
-            raise first_error
-        return replies
-
-    def create_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
-        num = len(self._clients)
-        self._all("CreateTable", [msg.CreateTableRequest(
-            table_id=table_id, config_json=config.model_dump_json(), server_index=s,
-            server_num=num) for s in range(num)])
-        self._routers[table_id] = BucketRouter(config.num_buckets, len(self._clients))
-        self._dims[table_id] = config.dim
-
-    def create_dense_table(self, table_id: int, name: str, shapes: Sequence[tuple[int, ...] | int],
-                           rule: RuleConfig, init_values: np.ndarray,
-                           slicing: SlicingConfig | None = None,
-                           dc_asgd_lambda: float = 0.0) -> None:
-        layout = DenseLayout(shapes, len(self._clients), slicing, name)
+        layout = DenseLayout(shapes, len(self._servers), slicing, name)
         parts = layout.scatter(np.asarray(init_values, dtype=np.float32))
         requests = [
             msg.CreateTableRequest(
@@ -187,9 +129,9 @@ class RemoteClient(TableClient):
                     name=name, size=layout.server_size(s), rule=rule,
                     dc_asgd_lambda=dc_asgd_lambda).model_dump_json(),
                 init_values=codec.floats_to_bytes(parts[s]), server_index=s,
-                server_num=len(self._clients),
+                server_num=len(self._servers),
                 dense_index=layout.server_index(s).astype("<i8").tobytes())
-            for s in range(len(self._clients))
+            for s in range(len(self._servers))
         ]
         self._all("CreateTable", requests)
         self._layouts[table_id] = layout
@@ -209,16 +151,24 @@ class RemoteClient(TableClient):
         return layout
 
     def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool = True) -> np.ndarray:
-        return self.start_pull_sparse(table_id, keys, create)()
+        """Rows of ``keys`` (uint64[N]): float32[N, dim]. Blocks.
+
+        Args:
+            create: create missing rows (training); False returns the initial
+                values of missing rows without storing them (evaluation).
+        """
+        return self.start_pull_sparse(table_id, keys, create).result()
 
     def start_pull_sparse(self, table_id: int, keys: np.ndarray,
-                          create: bool = True) -> Callable[[], np.ndarray]:
+                          create: bool = True) -> PullHandle:
+        """Issue :meth:`pull_sparse` to every server at once and return without
+        waiting for the rows."""
         positions = self._route(table_id, keys)
         dim = self._dims[table_id]
         pending = [
             (pos, c.start("PullSparse", msg.PullSparseRequest(
                 table_id=table_id, keys=codec.keys_to_bytes(keys[pos]), create=create)))
-            for c, pos in zip(self._clients, positions, strict=True) if pos.size
+            for c, pos in zip(self._servers, positions, strict=True) if pos.size
         ]
 
         def collect() -> np.ndarray:
@@ -229,64 +179,142 @@ class RemoteClient(TableClient):
                 out[pos] = codec.floats_from_bytes(call.result().values, dim)
             return out
 
-        return collect
+        return PullHandle(collect)
 
     def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray,
                     mode: PushMode = PushMode.APPLY, step: int = 0, worker_num: int = 1) -> None:
+        """Send float32[N, dim] gradients (or deltas) of distinct keys uint64[N]. Blocks.
+
+        Args:
+            mode: APPLY, SYNC (returns once every worker's push of ``step`` was
+                applied; every server gets a push, empty or not) or DELTA.
+            step: SYNC: the step number, equal on every worker.
+            worker_num: SYNC: how many workers push each step.
+        """
         positions = self._route(table_id, keys)
+        expected = (keys.size, self._dims[table_id])
+        if grads.shape != expected:
+            raise ConfigError(f"push to sparse table {table_id}: values of shape "
+                              f"{grads.shape}, expected {expected} (one row per key)")
         every_server = mode == PushMode.SYNC  # a sync round counts every worker's push
+        push_id = self._push_id()
         pending = [
             c.start("PushSparse", msg.PushSparseRequest(
                 table_id=table_id, keys=codec.keys_to_bytes(keys[pos]),
                 grads=codec.floats_to_bytes(grads[pos]), worker_index=self.worker_index,
-                step=step, mode=mode.name, worker_num=worker_num))
-            for c, pos in zip(self._clients, positions, strict=True) if pos.size or every_server
+                step=step, mode=mode.name, worker_num=worker_num, push_id=push_id))
+            for c, pos in zip(self._servers, positions, strict=True) if pos.size or every_server
         ]
         for call in pending:
             call.result()
 
     def pull_dense(self, table_id: int) -> np.ndarray:
+        """The whole dense vector, float32[total]. Blocks."""
         request = msg.PullDenseRequest(table_id=table_id, worker_index=self.worker_index)
-        replies = self._all("PullDense", [request] * len(self._clients))
+        replies = self._all("PullDense", [request] * len(self._servers))
         parts = [codec.floats_from_bytes(r.values) for r in replies]  # type: ignore[attr-defined]
         return self._layout(table_id).gather(parts)
 
     def push_dense(self, table_id: int, grads: np.ndarray, mode: PushMode = PushMode.APPLY,
                    step: int = 0, worker_num: int = 1) -> None:
+        """Send the gradient (or delta) float32[total] of the dense vector. Blocks.
+
+        ``mode``, ``step`` and ``worker_num`` as for :meth:`push_sparse`.
+        """
         parts = self._layout(table_id).scatter(grads)
+        push_id = self._push_id()
         self._all("PushDense", [msg.PushDenseRequest(
             table_id=table_id, grads=codec.floats_to_bytes(p), worker_index=self.worker_index,
-            step=step, mode=mode.name, worker_num=worker_num) for p in parts])
+            step=step, mode=mode.name, worker_num=worker_num, push_id=push_id)
+            for p in parts])
 
     def _dense_index(self, server: int) -> list[msg.DenseIndex]:
         return [msg.DenseIndex(table_id=tid, index=layout.server_index(server).astype(
             "<i8").tobytes()) for tid, layout in self._layouts.items()]
 
     def save(self, dirname: str) -> list[FileDigest]:
+        """Every server writes its tables (values, optimizer state) under ``dirname``.
+
+        Call on one worker after every worker flushed (see ``psfleet.ps.persist``).
+
+        Args:
+            dirname: a local path or an fsspec URL the servers can write.
+
+        Returns:
+            The files written with their checksums, when the tables report them.
+        """
         replies = self._all("Save", [msg.SaveRequest(dirname=dirname, server_index=s,
                                                      dense=self._dense_index(s))
-                                     for s in range(len(self._clients))])
+                                     for s in range(len(self._servers))])
         return [FileDigest(f.path, f.size, f.sha256)
                 for r in replies for f in r.files]  # type: ignore[attr-defined]
 
     def load(self, dirname: str) -> None:
+        """Every server loads its share of a save (any server count) into its tables.
+
+        Raises:
+            DataError, RemoteError: a table is missing from the save or does not fit.
+        """
         self._all("Load", [msg.LoadRequest(dirname=dirname, server_index=s,
-                                           server_num=len(self._clients),
+                                           server_num=len(self._servers),
                                            dense=self._dense_index(s))
-                           for s in range(len(self._clients))])
+                           for s in range(len(self._servers))])
 
     def barrier(self, name: str, worker_index: int, worker_num: int) -> None:
-        self._clients[0].call("Barrier", msg.BarrierRequest(
-            name=name, worker_index=worker_index, worker_num=worker_num))
+        """Block until all ``worker_num`` workers called barrier ``name``."""
+        self._servers[0].start("Barrier", msg.BarrierRequest(
+            name=name, worker_index=worker_index, worker_num=worker_num)).result()
 
     def stop_servers(self, worker_index: int) -> None:
-        self._all("Stop", [msg.StopRequest(worker_index=worker_index)] * len(self._clients))
+        """Tell every server to stop serving."""
+        self._all("Stop", [msg.StopRequest(worker_index=worker_index)] * len(self._servers))
         logger.info("told servers %s to stop", self.endpoints)
 
     def stats(self) -> list[msg.StatsResponse]:
         """Each server's table statistics (rows, bytes)."""
-        return self._all("Stats", [msg.StatsRequest()] * len(self._clients))  # type: ignore[return-value]
+        return self._all("Stats", [msg.StatsRequest()] * len(self._servers))  # type: ignore[return-value]
 
     def close(self) -> None:
-        for c in self._clients:
+        """Release the connections."""
+        for c in self._servers:
             c.close()
+
+
+class RemoteClient(TableClient):
+    """Tables on servers reached over gRPC.
+
+    Args:
+        endpoints: server endpoints ``host:port`` in server-index order.
+        config: rpc settings.
+        worker_index: this worker's index, sent with pushes and dense pulls.
+    """
+
+    def __init__(self, endpoints: Sequence[str], config: RpcConfig,
+                 worker_index: int = 0) -> None:
+        self._rpc = [RpcClient(e, config) for e in endpoints]
+        super().__init__(self._rpc, worker_index)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until every server is serving (see ``rpc.wait_servers_ready``).
+
+        Raises:
+            ServerNotReadyError: some servers were not ready within ``timeout_s`` seconds.
+        """
+        wait_servers_ready(self._rpc, timeout_s)
+
+
+class LocalClient(TableClient):
+    """Tables in this process: one :class:`TableService` called directly.
+
+    Single-machine training (``server_num: 0``) and collective mode (every rank
+    holds every table) use it; requests go through the same service code as a
+    server's, so rules, dense slicing and DC-ASGD behave exactly as on one server.
+
+    Args:
+        service: the in-process tables (a new, empty service when None).
+        worker_index: this worker's index.
+    """
+
+    def __init__(self, service: TableService | None = None, worker_index: int = 0) -> None:
+        self.service = service or TableService()
+        super().__init__([InProcessTransport(self.service)], worker_index)

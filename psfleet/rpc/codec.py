@@ -35,13 +35,15 @@ def floats_to_bytes(values: np.ndarray) -> bytes:
     return np.ascontiguousarray(values, dtype=_FLOAT).tobytes()
 
 
-def floats_from_bytes(buf: bytes, dim: int = 1) -> np.ndarray:
-    """Decode 4N bytes into a read-only float32 view of shape [N / dim, dim] (or [N]).
+def floats_from_bytes(buf: bytes, dim: int | None = None) -> np.ndarray:
+    """Decode 4N bytes into a read-only float32 view: rows [N / dim, dim] when ``dim``
+    is given (also for dim 1), else flat [N].
 
     Raises:
         RemoteError: the length does not fit ``dim`` columns of float32.
     """
-    if len(buf) % (4 * dim):
+    width = 1 if dim is None else dim
+    if len(buf) % (4 * width):
         raise RemoteError(f"value buffer of {len(buf)} bytes does not hold float32 rows of {dim}")
     flat = np.frombuffer(buf, dtype=_FLOAT)
-    return flat if dim == 1 else flat.reshape(-1, dim)
+    return flat if dim is None else flat.reshape(-1, dim)

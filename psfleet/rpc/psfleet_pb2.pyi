@@ -60,8 +60,16 @@ class PullSparseResponse(_message.Message):
     dim: int
     def __init__(self, values: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
 
+class PushId(_message.Message):
+    __slots__ = ("client_id", "seq")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    client_id: int
+    seq: int
+    def __init__(self, client_id: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
+
 class PushSparseRequest(_message.Message):
-    __slots__ = ("table_id", "keys", "grads", "worker_index", "step", "mode", "worker_num")
+    __slots__ = ("table_id", "keys", "grads", "worker_index", "step", "mode", "worker_num", "push_id")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +77,7 @@ class PushSparseRequest(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     WORKER_NUM_FIELD_NUMBER: _ClassVar[int]
+    PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     keys: bytes
     grads: bytes
@@ -76,7 +85,8 @@ class PushSparseRequest(_message.Message):
     step: int
     mode: PushMode
     worker_num: int
-    def __init__(self, table_id: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ...) -> None: ...
+    push_id: PushId
+    def __init__(self, table_id: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ...) -> None: ...
 
 class PullDenseRequest(_message.Message):
     __slots__ = ("table_id", "worker_index")
@@ -93,20 +103,22 @@ class PullDenseResponse(_message.Message):
     def __init__(self, values: _Optional[bytes] = ...) -> None: ...
 
 class PushDenseRequest(_message.Message):
-    __slots__ = ("table_id", "grads", "worker_index", "step", "mode", "worker_num")
+    __slots__ = ("table_id", "grads", "worker_index", "step", "mode", "worker_num", "push_id")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
     WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     WORKER_NUM_FIELD_NUMBER: _ClassVar[int]
+    PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     grads: bytes
     worker_index: int
     step: int
     mode: PushMode
     worker_num: int
-    def __init__(self, table_id: _Optional[int] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ...) -> None: ...
+    push_id: PushId
+    def __init__(self, table_id: _Optional[int] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ...) -> None: ...
 
 class BarrierRequest(_message.Message):
     __slots__ = ("name", "worker_index", "worker_num")

@@ -1,0 +1,269 @@
+"""The table service: one server's tables and the requests that read and change them.
+
+See :class:`TableService`. ``psfleet.ps.server`` serves it over gRPC;
+``psfleet.ps.transport.InProcessTransport`` calls it in the worker's own process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+from pydantic import ValidationError
+
+from psfleet.checkpoint import CheckpointStore
+from psfleet.errors import ConfigError, RemoteError
+from psfleet.ps.coordination import Barrier, PushGate
+from psfleet.ps.dense_table import DenseTable
+from psfleet.ps.merge import merge_sparse
+from psfleet.ps.persist import (
+    load_server,
+    saved_dense_index,
+    saved_table_configs,
+    snapshot_tables,
+    write_snapshot,
+)
+from psfleet.ps.push_ledger import PushLedger
+from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.sync_rounds import SyncRounds
+from psfleet.ps.types import SparseTableConfig, table_config_from_json
+from psfleet.rpc import codec
+from psfleet.rpc import messages as msg
+
+__all__ = ["TableService", "Table"]
+
+logger = logging.getLogger(__name__)
+
+Table = SparseTable | DenseTable
+_T = TypeVar("_T", SparseTable, DenseTable)
+
+
+class TableService:
+    """One server's tables and everything done to them. Thread safe.
+
+    The one implementation of the server side: tables and their rules, the push
+    modes (APPLY, SYNC rounds, DELTA), DC-ASGD, barriers, save/load, stats, and
+    at-most-once pushes (:class:`~psfleet.ps.push_ledger.PushLedger`). One method per
+    rpc of ``psfleet.proto``, each taking the request message and returning the
+    response. gRPC serves it to remote workers (``psfleet.ps.server``); a worker
+    with no servers calls it directly (``psfleet.ps.transport.InProcessTransport``):
+    the transport is the only difference between the two.
+
+    Args:
+        barrier_timeout_s: how long a Barrier call, or a sync-mode push, waits for
+            the other workers.
+        preload_dir: a save (``fleet.save_persistables``) each table is loaded from
+            when the workers create it (``fleet.init_server(dirname)``).
+    """
+
+    def __init__(self, barrier_timeout_s: float = 180.0,
+                 preload_dir: Path | str | None = None) -> None:
+        self.tables: dict[int, Table] = {}
+        self.preload_dir = preload_dir
+        self._tables_lock = threading.Lock()
+        self._gate = PushGate()
+        self._barrier = Barrier()
+        self._ledger = PushLedger()
+        self._barrier_timeout_s = barrier_timeout_s
+        self._sparse_rounds: SyncRounds[tuple[np.ndarray, np.ndarray]] = SyncRounds(
+            barrier_timeout_s)
+        self._dense_rounds: SyncRounds[np.ndarray] = SyncRounds(barrier_timeout_s)
+        self._sparse_push_modes = {msg.APPLY: self._sparse_apply, msg.SYNC: self._sparse_sync,
+                                   msg.DELTA: self._sparse_delta}
+        self._dense_push_modes = {msg.APPLY: self._dense_apply, msg.SYNC: self._dense_sync,
+                                  msg.DELTA: self._dense_delta}
+        self.stop_requested = threading.Event()
+
+    def _table(self, table_id: int, kind: type[_T]) -> _T:
+        table = self.tables.get(table_id)
+        if table is None:
+            raise RemoteError(f"no table {table_id} on this server; workers create tables "
+                              "in init_worker() before pulling or pushing")
+        if not isinstance(table, kind):
+            raise RemoteError(f"table {table_id} is not a {kind.__name__}")
+        return table
+
+    def CreateTable(self, request: msg.CreateTableRequest) -> msg.CreateTableResponse:  # noqa: N802
+        try:
+            config = table_config_from_json(request.config_json)
+        except ValidationError as exc:
+            raise ConfigError(f"table {request.table_id}: invalid config: {exc}") from None
+        with self._tables_lock:
+            existing = self.tables.get(request.table_id)
+            if existing is not None:
+                if existing.config != config:
+                    raise ConfigError(
+                        f"table {request.table_id} exists with config {existing.config!r}; "
+                        f"a worker sent {config!r}. Every worker must build the same model"
+                    )
+                return msg.CreateTableResponse(created=False)
+            table: Table = (
+                SparseTable(config) if isinstance(config, SparseTableConfig)
+                else DenseTable(config, codec.floats_from_bytes(request.init_values)))
+            if self.preload_dir is not None:
+                index = {request.table_id: np.frombuffer(request.dense_index, dtype="<i8")}
+                loaded = load_server({request.table_id: table}, self.preload_dir,
+                                     request.server_index, max(request.server_num, 1), index)
+                logger.info("table %d: loaded %s from %s", request.table_id, loaded,
+                            self.preload_dir)
+            self.tables[request.table_id] = table
+        logger.info("created table %d: %r", request.table_id, config)
+        return msg.CreateTableResponse(created=True)
+
+    def PullSparse(self, request: msg.PullSparseRequest) -> msg.PullSparseResponse:  # noqa: N802
+        table = self._table(request.table_id, SparseTable)
+        values = table.pull(codec.keys_from_bytes(request.keys), create=request.create)
+        return msg.PullSparseResponse(values=codec.floats_to_bytes(values), dim=table.dim)
+
+    # -- pushes: one method per push mode (APPLY async, SYNC rounds, DELTA geo) ---------
+    def PushSparse(self, request: msg.PushSparseRequest) -> msg.Empty:  # noqa: N802
+        table = self._table(request.table_id, SparseTable)
+        keys = codec.keys_from_bytes(request.keys)
+        values = codec.floats_from_bytes(request.grads, table.dim)
+        apply = self._sparse_push_modes[request.mode]
+        self._ledger.run_once(request.push_id.client_id, request.push_id.seq,
+                              lambda: apply(request, table, keys, values))
+        return msg.Empty()
+
+    def _sparse_apply(self, request: msg.PushSparseRequest, table: SparseTable,
+                      keys: np.ndarray, grads: np.ndarray) -> None:
+        with self._gate.write():
+            table.push(keys, grads)
+
+    def _sparse_delta(self, request: msg.PushSparseRequest, table: SparseTable,
+                      keys: np.ndarray, deltas: np.ndarray) -> None:
+        with self._gate.write():
+            table.add(keys, deltas)
+
+    def _sparse_sync(self, request: msg.PushSparseRequest, table: SparseTable,
+                     keys: np.ndarray, grads: np.ndarray) -> None:
+        def apply_mean(pushes: list[tuple[np.ndarray, np.ndarray]]) -> None:
+            merged_keys, summed = merge_sparse([k for k, _ in pushes], [g for _, g in pushes])
+            with self._gate.write():
+                table.push(merged_keys, summed / np.float32(len(pushes)))
+
+        self._sparse_rounds.contribute(request.table_id, request.step, request.worker_index,
+                                       request.worker_num, (keys, grads), apply_mean)
+
+    def PullDense(self, request: msg.PullDenseRequest) -> msg.PullDenseResponse:  # noqa: N802
+        table = self._table(request.table_id, DenseTable)
+        values = table.pull(request.worker_index)
+        return msg.PullDenseResponse(values=codec.floats_to_bytes(values))
+
+    def PushDense(self, request: msg.PushDenseRequest) -> msg.Empty:  # noqa: N802
+        table = self._table(request.table_id, DenseTable)
+        grads = codec.floats_from_bytes(request.grads)
+        apply = self._dense_push_modes[request.mode]
+        self._ledger.run_once(request.push_id.client_id, request.push_id.seq,
+                              lambda: apply(request, table, grads))
+        return msg.Empty()
+
+    def _dense_apply(self, request: msg.PushDenseRequest, table: DenseTable,
+                     grads: np.ndarray) -> None:
+        with self._gate.write():
+            table.push(grads, request.worker_index)
+
+    def _dense_delta(self, request: msg.PushDenseRequest, table: DenseTable,
+                     deltas: np.ndarray) -> None:
+        with self._gate.write():
+            table.add(deltas)
+
+    def _dense_sync(self, request: msg.PushDenseRequest, table: DenseTable,
+                    grads: np.ndarray) -> None:
+        def apply_mean(pushes: list[np.ndarray]) -> None:
+            mean = np.add.reduce(pushes, dtype=np.float32) / np.float32(len(pushes))
+            with self._gate.write():
+                table.push(mean)
+
+        self._dense_rounds.contribute(request.table_id, request.step, request.worker_index,
+                                      request.worker_num, grads, apply_mean)
+
+    def Barrier(self, request: msg.BarrierRequest) -> msg.Empty:  # noqa: N802
+        if request.worker_index >= request.worker_num:
+            raise ConfigError(f"barrier {request.name!r}: worker_index {request.worker_index}"
+                              f" >= worker_num {request.worker_num}")
+        self._barrier.wait(request.name, request.worker_index, request.worker_num,
+                           self._barrier_timeout_s)
+        return msg.Empty()
+
+    @staticmethod
+    def _dense_index(entries: Iterable[msg.DenseIndex]) -> dict[int, np.ndarray]:
+        return {e.table_id: np.frombuffer(e.index, dtype="<i8") for e in entries}
+
+    def Save(self, request: msg.SaveRequest) -> msg.SaveResponse:  # noqa: N802
+        """Copy every table at one moment (pushes held back), then write the copy."""
+        with self._tables_lock:
+            tables = dict(self.tables)
+        with self._gate.closed():
+            snapshot = snapshot_tables(tables)
+        try:
+            digests = write_snapshot(snapshot, request.dirname, request.server_index,
+                                     self._dense_index(request.dense))
+        except OSError as exc:
+            raise RemoteError(f"save to {request.dirname!r} failed: {exc}") from None
+        logger.info("saved %d tables to %s/server-%d", len(tables), request.dirname,
+                    request.server_index)
+        return msg.SaveResponse(files=[msg.FileDigest(path=d.path, size=d.size,
+                                                      sha256=d.sha256) for d in digests])
+
+    def Load(self, request: msg.LoadRequest) -> msg.Empty:  # noqa: N802
+        with self._tables_lock:
+            tables = dict(self.tables)
+        loaded = load_server(tables, request.dirname, request.server_index,
+                             request.server_num, self._dense_index(request.dense))
+        logger.info("loaded from %s: %s rows/elements per table", request.dirname, loaded)
+        return msg.Empty()
+
+    def recover(self, checkpoint_dir: str, server_index: int) -> bool:
+        """Re-create this server's tables from the newest complete checkpoint (a server
+        restarted by the launcher: the workers created its tables before it died).
+
+        Returns:
+            False when there is no complete checkpoint (tables stay empty).
+
+        Raises:
+            DataError: the checkpoint has no tables of this server index.
+        """
+        latest = CheckpointStore(checkpoint_dir).latest()
+        if latest is None:
+            logger.warning("restart: no complete checkpoint in %s; this server starts empty",
+                           checkpoint_dir)
+            return False
+        server_num = latest.manifest.server_num
+        created: dict[int, Table] = {}
+        for table_id, config in saved_table_configs(latest.storage, server_index).items():
+            if isinstance(config, SparseTableConfig):
+                created[table_id] = SparseTable(config)
+            else:
+                created[table_id] = DenseTable(config, np.zeros(config.size, np.float32))
+        index = {tid: saved_dense_index(latest.storage, server_index, tid)
+                 for tid, t in created.items() if isinstance(t, DenseTable)}
+        loaded = load_server(created, latest.storage, server_index, server_num, index)
+        with self._tables_lock:
+            self.tables.update(created)
+        logger.info("restart: server %d of %d recovered %d tables from checkpoint %s "
+                    "(step %d): %s rows/elements per table", server_index, server_num,
+                    len(created), latest.storage.url, latest.manifest.step, loaded)
+        return True
+
+    def Stats(self, request: msg.StatsRequest) -> msg.StatsResponse:  # noqa: N802
+        with self._tables_lock:
+            items = list(self.tables.items())
+        return msg.StatsResponse(tables=[
+            msg.TableStats(table_id=tid, name=t.config.name, rows=len(t),
+                           memory_bytes=t.memory_bytes) for tid, t in items])
+
+    def close(self) -> None:
+        """Fail the calls blocked in a Barrier or a sync round (the server is stopping)."""
+        self._barrier.close()
+        self._sparse_rounds.close()
+        self._dense_rounds.close()
+
+    def Stop(self, request: msg.StopRequest) -> msg.Empty:  # noqa: N802
+        logger.info("stop requested by worker %d", request.worker_index)
+        self.stop_requested.set()
+        return msg.Empty()
