@@ -28,6 +28,7 @@ from psfleet.ps import (
 )
 from psfleet.ps.client import TableClient
 from psfleet.ps.push_ledger import PushLedger
+from psfleet.ps.transport import InProcessTransport
 from psfleet.ps.types import SlicingConfig
 from psfleet.rpc import RpcConfig, RunningServer
 from psfleet.rpc import messages as msg
@@ -272,3 +273,33 @@ def test_ledger_duplicate_waits_for_the_first_and_failed_pushes_can_be_retried()
         ledger.run_once(5, seq, lambda: None)
     assert ledger.run_once(5, 1, lambda: applied.append(8))
     assert applied == [1, 3, 5, 6, 7, 8]
+
+
+def test_keys_are_hashed_once_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Worker: a step's pull and push share one routing. Server: one mix64 per request
+    # gives both the shard and the hash-index slot.
+    import psfleet.ps.hash_index as hash_index
+    import psfleet.ps.routing as routing
+    import psfleet.ps.sparse_table as sparse_table
+
+    calls = {"route": 0, "table": 0, "index": 0}
+
+    def counting(name: str, real):  # type: ignore[no-untyped-def]
+        def wrapped(keys: np.ndarray) -> np.ndarray:
+            calls[name] += 1
+            return real(keys)
+        return wrapped
+
+    monkeypatch.setattr(routing, "mix64", counting("route", routing.mix64))
+    monkeypatch.setattr(sparse_table, "mix64", counting("table", sparse_table.mix64))
+    monkeypatch.setattr(hash_index, "mix64", counting("index", hash_index.mix64))
+    services = [TableService(barrier_timeout_s=5.0) for _ in range(2)]
+    client = TableClient([InProcessTransport(s) for s in services])
+    client.create_sparse_table(0, SparseTableConfig(name="emb", dim=DIM, rule=SGD))
+    keys = np.arange(100, dtype=np.uint64)
+    handle = client.start_pull_sparse(0, keys)
+    rows = handle.result()
+    client.push_sparse(0, handle.keys, np.ones_like(rows))
+    assert calls == {"route": 1, "table": 4, "index": 0}  # 2 servers x (pull + push)
+    np.testing.assert_allclose(client.pull_sparse(0, handle.keys), rows - 0.1, atol=1e-7)
+    assert calls["route"] == 1

@@ -20,7 +20,7 @@ import numpy as np
 
 from psfleet.checkpoint.storage import FileDigest
 from psfleet.errors import ConfigError, FatalError
-from psfleet.ps.routing import BucketRouter, DenseLayout
+from psfleet.ps.routing import BucketRouter, DenseLayout, RoutedKeys
 from psfleet.ps.service import TableService
 from psfleet.ps.transport import InProcessTransport, Transport
 from psfleet.ps.types import (
@@ -43,9 +43,11 @@ class PullHandle:
 
     :meth:`result` blocks until every server answered and returns float32[N, dim]
     in the order of the keys asked for; later calls return the same array.
+    ``keys`` are the keys with their routing, to push the step's gradients with.
     """
 
-    def __init__(self, collect: Callable[[], np.ndarray]) -> None:
+    def __init__(self, keys: RoutedKeys, collect: Callable[[], np.ndarray]) -> None:
+        self.keys = keys
         self._collect = collect
         self._rows: np.ndarray | None = None
 
@@ -136,12 +138,20 @@ class TableClient:
         self._all("CreateTable", requests)
         self._layouts[table_id] = layout
 
-    def _route(self, table_id: int, keys: np.ndarray) -> list[np.ndarray]:
+    def route(self, table_id: int, keys: np.ndarray | RoutedKeys) -> RoutedKeys:
+        """``keys`` (uint64[N]) with the server each goes to; routed keys of this table
+        are returned as they are (a key is hashed once per step, not per call).
+
+        Raises:
+            FatalError: the table was not created by this client.
+        """
         router = self._routers.get(table_id)
         if router is None:
             raise FatalError(f"sparse table {table_id} was not created by this worker; "
                              "fleet.init_worker() creates the tables")
-        return router.split(keys)
+        if isinstance(keys, RoutedKeys) and keys.router is router:
+            return keys
+        return router.route(keys.keys if isinstance(keys, RoutedKeys) else keys)
 
     def _layout(self, table_id: int) -> DenseLayout:
         layout = self._layouts.get(table_id)
@@ -150,8 +160,10 @@ class TableClient:
                              "fleet.init_worker() creates the tables")
         return layout
 
-    def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool = True) -> np.ndarray:
-        """Rows of ``keys`` (uint64[N]): float32[N, dim]. Blocks.
+    def pull_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
+                    create: bool = True) -> np.ndarray:
+        """Rows of ``keys`` (uint64[N], or routed by :meth:`route`): float32[N, dim].
+        Blocks.
 
         Args:
             create: create missing rows (training); False returns the initial
@@ -159,11 +171,12 @@ class TableClient:
         """
         return self.start_pull_sparse(table_id, keys, create).result()
 
-    def start_pull_sparse(self, table_id: int, keys: np.ndarray,
+    def start_pull_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
                           create: bool = True) -> PullHandle:
         """Issue :meth:`pull_sparse` to every server at once and return without
         waiting for the rows."""
-        positions = self._route(table_id, keys)
+        routed = self.route(table_id, keys)
+        keys, positions = routed.keys, routed.positions
         dim = self._dims[table_id]
         pending = [
             (pos, c.start("PullSparse", msg.PullSparseRequest(
@@ -179,19 +192,22 @@ class TableClient:
                 out[pos] = codec.floats_from_bytes(call.result().values, dim)
             return out
 
-        return PullHandle(collect)
+        return PullHandle(routed, collect)
 
-    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray,
+    def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys, grads: np.ndarray,
                     mode: PushMode = PushMode.APPLY, step: int = 0, worker_num: int = 1) -> None:
         """Send float32[N, dim] gradients (or deltas) of distinct keys uint64[N]. Blocks.
 
         Args:
+            keys: the keys, or the keys routed by :meth:`route` (a pull's
+                ``PullHandle.keys``).
             mode: APPLY, SYNC (returns once every worker's push of ``step`` was
                 applied; every server gets a push, empty or not) or DELTA.
             step: SYNC: the step number, equal on every worker.
             worker_num: SYNC: how many workers push each step.
         """
-        positions = self._route(table_id, keys)
+        routed = self.route(table_id, keys)
+        keys, positions = routed.keys, routed.positions
         expected = (keys.size, self._dims[table_id])
         if grads.shape != expected:
             raise ConfigError(f"push to sparse table {table_id}: values of shape "

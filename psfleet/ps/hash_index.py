@@ -53,15 +53,20 @@ class HashIndex:
         """Bytes held by the slot arrays."""
         return int(self._keys.nbytes + self._rows.nbytes)
 
-    def _home(self, keys: np.ndarray) -> np.ndarray:
+    def _home(self, hashes: np.ndarray) -> np.ndarray:
         # Top bits of the mix: independent of the low bits that pick bucket and shard.
-        return (mix64(keys) >> self._shift).astype(np.int64)
+        return (hashes >> self._shift).astype(np.int64)
 
-    def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """Row numbers of ``keys`` (uint64[N]); -1 where a key is absent. int64[N]."""
+    def lookup(self, keys: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
+        """Row numbers of ``keys`` (uint64[N]); -1 where a key is absent. int64[N].
+
+        Args:
+            hashes (uint64[N]): ``mix64(keys)`` when the caller has it already (the
+                sparse table computes it once per request for shard and slot).
+        """
         n = keys.shape[0]
         out = np.full(n, -1, dtype=np.int64)
-        pos = self._home(keys)
+        pos = self._home(mix64(keys) if hashes is None else hashes)
         # First round: one slot per key (most keys sit in their home slot).
         slot_keys = self._keys[pos]
         hit = slot_keys == keys
@@ -86,11 +91,12 @@ class HashIndex:
             pos = (pos[more] + _WINDOW) & self._mask
         return out
 
-    def insert_new(self, keys: np.ndarray) -> np.ndarray:
+    def insert_new(self, keys: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
         """Insert keys known to be absent and unique; return their new row numbers.
 
         Args:
             keys (uint64[M]): absent, distinct keys, none equal to RESERVED_KEY.
+            hashes (uint64[M]): ``mix64(keys)``, when the caller has it.
 
         Returns:
             int64[M]: rows ``len(self) .. len(self)+M-1`` in the order of ``keys``.
@@ -99,13 +105,13 @@ class HashIndex:
         rows = np.arange(self._size, self._size + m, dtype=np.int64)
         if (self._size + m) > _MAX_LOAD * (1 << self._bits):
             self._grow(self._size + m)
-        self._place(keys, rows)
+        self._place(keys, rows, mix64(keys) if hashes is None else hashes)
         self._size += m
         return rows
 
-    def _place(self, keys: np.ndarray, rows: np.ndarray) -> None:
+    def _place(self, keys: np.ndarray, rows: np.ndarray, hashes: np.ndarray) -> None:
         pending = np.arange(keys.shape[0])
-        pos = self._home(keys)
+        pos = self._home(hashes)
         while pending.size:
             free = self._keys[pos] == _EMPTY
             # Among keys whose slot is free, the first one to name a slot claims it.
@@ -126,7 +132,7 @@ class HashIndex:
         while needed > _MAX_LOAD * (1 << bits):
             bits += 1
         self._alloc(bits)
-        self._place(old_keys, old_rows)
+        self._place(old_keys, old_rows, mix64(old_keys))
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """All (keys uint64[n], rows int64[n]) held, ordered by row."""

@@ -21,12 +21,31 @@ import numpy as np
 from psfleet.ps.hashing import mix64
 from psfleet.ps.types import SlicingConfig
 
-__all__ = ["bucket_of", "BucketRouter", "DenseBlock", "DenseLayout"]
+__all__ = ["bucket_of", "BucketRouter", "RoutedKeys", "DenseBlock", "DenseLayout"]
 
 
 def bucket_of(keys: np.ndarray, num_buckets: int) -> np.ndarray:
     """Virtual bucket of each key: int64[N] in [0, num_buckets)."""
     return (mix64(keys) % np.uint64(num_buckets)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class RoutedKeys:
+    """Keys with the server each one goes to, computed once (``BucketRouter.route``).
+
+    A step pulls and then pushes the same keys; routing them once and passing this
+    object to both saves hashing every key twice.
+
+    Attributes:
+        keys (uint64[N]): the keys.
+        positions: per server, the int64 positions in ``keys`` it owns.
+        router: the router that computed ``positions`` (a table's; another table's
+            router must route again).
+    """
+
+    keys: np.ndarray
+    positions: list[np.ndarray]
+    router: BucketRouter
 
 
 class BucketRouter:
@@ -41,6 +60,10 @@ class BucketRouter:
         self.num_buckets = num_buckets
         self.num_servers = num_servers
         self.bucket_map = np.arange(num_buckets, dtype=np.int64) % num_servers
+
+    def route(self, keys: np.ndarray) -> RoutedKeys:
+        """``keys`` (uint64[N]) with the positions each server owns (see :meth:`split`)."""
+        return RoutedKeys(keys, self.split(keys), self)
 
     def split(self, keys: np.ndarray) -> list[np.ndarray]:
         """Positions in ``keys`` (uint64[N]) owned by each server: one int64 array each."""

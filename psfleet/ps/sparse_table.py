@@ -17,8 +17,7 @@ import numpy as np
 
 from psfleet.errors import RemoteError
 from psfleet.ps.hash_index import HashIndex
-from psfleet.ps.hashing import init_rows
-from psfleet.ps.routing import bucket_of
+from psfleet.ps.hashing import init_rows, mix64
 from psfleet.ps.rules import make_rule
 from psfleet.ps.types import RESERVED_KEY, SparseTableConfig
 
@@ -65,19 +64,25 @@ class SparseTable:
         """Bytes held by row matrices and hash indexes."""
         return sum(s.data.nbytes + s.index.memory_bytes for s in self._shards)
 
-    def _split(self, keys: np.ndarray) -> list[tuple[_Shard, np.ndarray]]:
-        """(shard, positions in ``keys``) for every shard that has keys."""
+    def _split(self, keys: np.ndarray) -> list[tuple[_Shard, np.ndarray, np.ndarray]]:
+        """(shard, positions in ``keys``, their hashes) for every shard that has keys.
+
+        ``mix64`` runs once per key here: the bucket (so the shard) and the hash
+        index's slot both come from it.
+        """
         if keys.size and (keys == np.uint64(RESERVED_KEY)).any():
             raise RemoteError(f"table {self.config.name!r}: key 2^64-1 is reserved")
+        hashes = mix64(keys)
         if len(self._shards) == 1:
-            return [(self._shards[0], np.arange(keys.size))]
-        shard_ids = bucket_of(keys, self.config.num_buckets) % len(self._shards)
+            return [(self._shards[0], np.arange(keys.size), hashes)]
+        buckets = (hashes % np.uint64(self.config.num_buckets)).astype(np.int64)
+        shard_ids = buckets % len(self._shards)
         # A stable sort of small integers is a radix sort in numpy: O(N).
         small = np.uint8 if len(self._shards) <= 256 else np.uint16
         order = np.argsort(shard_ids.astype(small), kind="stable")
         bounds = np.searchsorted(shard_ids[order], np.arange(len(self._shards) + 1))
-        return [(self._shards[i], order[bounds[i]:bounds[i + 1]])
-                for i in range(len(self._shards)) if bounds[i + 1] > bounds[i]]
+        parts = [order[bounds[i]:bounds[i + 1]] for i in range(len(self._shards))]
+        return [(self._shards[i], pos, hashes[pos]) for i, pos in enumerate(parts) if pos.size]
 
     def pull(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
         """Values of the rows of ``keys``.
@@ -94,10 +99,10 @@ class SparseTable:
             RemoteError: a key equals the reserved 2^64-1.
         """
         out = np.empty((keys.size, self.dim), dtype=np.float32)
-        for shard, pos in self._split(keys):
+        for shard, pos, hashes in self._split(keys):
             k = keys[pos]
             with shard.lock:
-                rows = self._rows(shard, k, create)
+                rows = self._rows(shard, k, hashes, create)
                 missing = rows < 0
                 if missing.any():  # only when not creating
                     out[pos[missing]] = self._initial(k[missing])
@@ -105,13 +110,14 @@ class SparseTable:
                 out[pos] = np.take(shard.data, rows, axis=0)[:, : self.dim]
         return out
 
-    def _rows(self, shard: _Shard, keys: np.ndarray, create: bool) -> np.ndarray:
+    def _rows(self, shard: _Shard, keys: np.ndarray, hashes: np.ndarray,
+              create: bool) -> np.ndarray:
         """Row numbers of ``keys`` in ``shard`` (caller holds its lock); missing keys
         get new rows when ``create``, else -1."""
-        rows = shard.index.lookup(keys)
+        rows = shard.index.lookup(keys, hashes)
         missing = rows < 0
         if create and missing.any():
-            rows[missing] = self._insert(shard, keys[missing])
+            rows[missing] = self._insert(shard, keys[missing], hashes[missing])
         return rows
 
     def _check_shape(self, keys: np.ndarray, values: np.ndarray, what: str) -> None:
@@ -124,9 +130,9 @@ class SparseTable:
     def _update(self, keys: np.ndarray, values: np.ndarray,
                 op: Callable[[np.ndarray, np.ndarray, np.ndarray], None]) -> None:
         """``op(w, state, v)`` in place on the rows of distinct ``keys``, creating them."""
-        for shard, pos in self._split(keys):
+        for shard, pos, hashes in self._split(keys):
             with shard.lock:
-                rows = self._rows(shard, keys[pos], create=True)
+                rows = self._rows(shard, keys[pos], hashes, create=True)
                 block = np.take(shard.data, rows, axis=0)  # [M, dim + state]
                 op(block[:, : self.dim], block[:, self.dim:], values[pos])
                 shard.data[rows] = block
@@ -195,21 +201,21 @@ class SparseTable:
     def contains(self, keys: np.ndarray) -> np.ndarray:
         """bool[N]: which of ``keys`` (uint64[N]) have a row."""
         out = np.zeros(keys.size, dtype=bool)
-        for shard, pos in self._split(keys):
+        for shard, pos, hashes in self._split(keys):
             with shard.lock:
-                out[pos] = shard.index.lookup(keys[pos]) >= 0
+                out[pos] = shard.index.lookup(keys[pos], hashes) >= 0
         return out
 
     def _initial(self, keys: np.ndarray) -> np.ndarray:
         c = self.config
         return init_rows(keys, self.dim, c.initializer, c.initial_range, c.seed)
 
-    def _insert(self, shard: _Shard, keys: np.ndarray) -> np.ndarray:
+    def _insert(self, shard: _Shard, keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
         """Create rows for absent keys (possibly repeated); return each key's row."""
-        uniq, inverse = np.unique(keys, return_inverse=True)
+        uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         start = len(shard.index)
         shard.reserve(start + uniq.size)
-        rows = shard.index.insert_new(uniq)
+        rows = shard.index.insert_new(uniq, hashes[first])
         shard.data[rows, : self.dim] = self._initial(uniq)
         shard.data[rows, self.dim:] = self.rule.init_state(uniq.size, self.dim)
         return rows[inverse]

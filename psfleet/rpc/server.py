@@ -1,6 +1,6 @@
 """Serve a :class:`ServiceHandler` over gRPC, with the standard health service.
 
-The handler (``psfleet.ps.server.PsHandler``) implements one Python method per rpc of
+The handler (``psfleet.ps.service.TableService``) implements one Python method per rpc of
 ``psfleet.proto``; this module adapts it to grpc, maps psfleet errors to status codes,
 checks the auth token, and binds the port (0: a free port chosen by the OS).
 """
