@@ -30,6 +30,8 @@ from psfleet.ps.persist import load_server, saved_table_configs
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.types import DenseTableConfig, SparseTableConfig
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 
 def _config(tmp_path: Path, name: str, train: Path, test: Path, mode: str, epochs: int,
             batch: int, checkpoint: dict[str, object], servers: int,

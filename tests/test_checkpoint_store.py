@@ -27,6 +27,8 @@ from psfleet.errors import RemoteError
 from psfleet.ps import RemoteClient, RuleConfig, SparseTableConfig, start_server
 from psfleet.rpc import RpcConfig
 
+pytestmark = pytest.mark.service
+
 CONFIG = RpcConfig(deadline_s=20.0, max_retries=2, backoff_initial_s=0.05, server_threads=8)
 SHAPES = [(40, 30), (30,)]
 TOTAL = sum(int(np.prod(s)) for s in SHAPES)

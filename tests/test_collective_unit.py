@@ -25,6 +25,8 @@ from psfleet.launch.collective import (
 )
 from psfleet.launch.main import build_parser, collective_from_args
 
+pytestmark = pytest.mark.unit
+
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1",
             "MASTER_PORT": "29500"}
 

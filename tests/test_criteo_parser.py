@@ -16,6 +16,8 @@ from psfleet.data import criteo
 from psfleet.data.criteo import NUM_DENSE, NUM_SLOTS, hash_feature, hash_features, parse_lines
 from psfleet.errors import DataError
 
+pytestmark = pytest.mark.unit
+
 DATA_DIR = Path("/work/shared/data/criteo_kaggle_sample")
 TRAIN = DATA_DIR / "train.csv"
 
@@ -122,6 +124,7 @@ def test_generic_strings_use_a_stable_31_bit_hash() -> None:
     assert hash_features(values, 1).ravel().tolist() == [hash_feature(0, v) for v in values]
 
 
+@pytest.mark.slow
 def test_keys_do_not_depend_on_python_hash_seed() -> None:
     code = (
         "from psfleet.data.criteo import hash_feature, hash_features;"

@@ -17,6 +17,8 @@ from psfleet.data.synthetic import VOCAB_SIZES
 from psfleet.errors import ConfigError, DataError
 from psfleet.metrics import auc
 
+pytestmark = pytest.mark.e2e
+
 ROWS = 20_000
 SEED = 11
 
@@ -124,6 +126,7 @@ def _datagen(run_cli: RunCli, *args: str) -> subprocess.CompletedProcess[str]:
     return run_cli(["datagen", "criteo", *args], timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_writes_train_and_test_and_prints_the_optimum(run_cli: RunCli, tmp_path: Path) -> None:
     out, test_out = tmp_path / "train.tsv", tmp_path / "test.tsv"
     done = _datagen(run_cli, "--rows", "3000", "--seed", "5", "--out", str(out),

@@ -9,6 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from subprocess import CompletedProcess
 
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 Cli = Callable[..., CompletedProcess[str]]
 
 

@@ -29,6 +29,8 @@ from psfleet.data.slot_format import SlotParser
 from psfleet.data.types import RawChunk
 from psfleet.errors import ConfigError, DataError
 
+pytestmark = pytest.mark.unit
+
 PADDLEREC = CRITEO_DIR.parent / "criteo_paddlerec"
 
 

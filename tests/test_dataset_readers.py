@@ -25,6 +25,8 @@ from psfleet.data import (
 )
 from psfleet.errors import ConfigError, DataError
 
+pytestmark = pytest.mark.job
+
 FILES = [CRITEO_DIR / f"{name}.csv" for name in ("train", "dev", "test")]
 TOTAL = 8000
 
@@ -226,6 +228,7 @@ def _shuffle_in_threads(directory: Path, num: int) -> list[np.ndarray]:
     return results
 
 
+@pytest.mark.slow
 def test_global_shuffle_between_processes_keeps_the_multiset_and_is_deterministic(
         tmp_path: Path) -> None:
     first = _shuffle_job(tmp_path, "a", 3)

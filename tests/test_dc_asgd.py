@@ -27,6 +27,8 @@ from psfleet.ps import (
 from psfleet.ps.dense_table import dc_asgd_compensate
 from psfleet.rpc import RpcConfig
 
+pytestmark = pytest.mark.job
+
 JOB = Path(__file__).resolve().parent / "jobs" / "oracle_job.py"
 CONFIG = RpcConfig(deadline_s=20.0, max_retries=2, backoff_initial_s=0.05, server_threads=8)
 SGD = RuleConfig(name="sgd", learning_rate=0.1)
@@ -101,6 +103,7 @@ def test_servers_compensate_async_pushes_per_worker() -> None:
         server.stop(grace_s=0.5)
 
 
+@pytest.mark.slow
 def test_async_job_with_dc_asgd_converges(data_slice: Callable[..., Path],
                                           tmp_path: Path) -> None:
     data = data_slice(2000)

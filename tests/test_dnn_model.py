@@ -14,6 +14,8 @@ from psfleet.errors import ConfigError
 from psfleet.metrics import auc
 from psfleet.rec.models import DNN, build_model, list_models, register_model
 
+pytestmark = pytest.mark.unit
+
 DATA_DIR = Path("/work/shared/data/criteo_kaggle_sample")
 
 

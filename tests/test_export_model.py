@@ -35,6 +35,8 @@ from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.types import RuleConfig, SparseTableConfig
 from psfleet.rec.models import DNN
 
+pytestmark = pytest.mark.unit
+
 RULE = RuleConfig(name="adam", learning_rate=0.05)
 
 

@@ -22,6 +22,8 @@ from conftest import assert_no_processes_mentioning
 from psfleet.cli.main import main
 from psfleet.metrics import auc
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
 AUC_TOLERANCE = 1e-4

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import assert_no_processes_mentioning, clean_env, run_command
 
+pytestmark = pytest.mark.job
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fleet_minimal.py"
 
 
@@ -19,6 +21,7 @@ def _test_auc(stdout: str) -> float:
     return float(lines[-1].split()[-1])
 
 
+@pytest.mark.slow
 def test_fleetrun_two_servers_two_workers(tmp_path: Path) -> None:
     result = run_command([sys.executable, "-m", "psfleet.launch.main", "--server_num=2",
                           "--worker_num=2", "--log_dir", str(tmp_path / "log"), str(EXAMPLE),
@@ -52,6 +55,7 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
+@pytest.mark.slow
 def test_four_processes_started_by_hand_with_environment_only(tmp_path: Path) -> None:
     """The seeds' two-machine walkthrough, on one host: no launcher, only variables."""
     ports = _free_ports(2)

@@ -28,6 +28,8 @@ from psfleet.launch.specs import server_spec, worker_spec
 from psfleet.rpc import parse_endpoint
 from psfleet.rpc.endpoint_file import write_endpoint_file
 
+pytestmark = pytest.mark.job
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "launch_scripts"
 SCRIPT = SCRIPTS / "ps_job.py"

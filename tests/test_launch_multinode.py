@@ -35,6 +35,8 @@ from psfleet.launch.hosts import host_matches, local_addresses
 from psfleet.launch.main import build_parser, config_from_args
 from psfleet.launch.specs import server_spec, worker_spec
 
+pytestmark = pytest.mark.job
+
 REPO = Path(__file__).resolve().parents[1]
 FLEET_JOB = REPO / "tests" / "jobs" / "fleet_job.py"
 JOB_TIMEOUT_S = 120.0
@@ -271,6 +273,7 @@ def _run_with_ports(tmp_path: Path, make_argv: Callable[[list[int], Path], list[
     raise AssertionError("unreachable")
 
 
+@pytest.mark.slow
 def test_fleet_job_on_fixed_server_ports(tmp_path: Path,
                                          data_slice: Callable[..., Path]) -> None:
     data = data_slice(DATA_LINES)
@@ -292,6 +295,7 @@ def test_fleet_job_on_fixed_server_ports(tmp_path: Path,
     assert_no_processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_start_port_binds_consecutive_ports(tmp_path: Path,
                                             data_slice: Callable[..., Path]) -> None:
     data = data_slice(DATA_LINES)
@@ -363,6 +367,7 @@ def _start(argv: Sequence[str], cwd: Path) -> subprocess.Popen[str]:
                             start_new_session=True)
 
 
+@pytest.mark.slow
 def test_job_split_over_two_launchers_by_node_ip(tmp_path: Path,
                                                  data_slice: Callable[..., Path]) -> None:
     """"Node" 127.0.0.1 runs both servers, "node" 127.0.0.2 both workers.

@@ -11,6 +11,8 @@ import torch
 from psfleet.errors import ConfigError
 from psfleet.metrics import StreamingAuc, auc, log_loss
 
+pytestmark = pytest.mark.unit
+
 
 def pairwise_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     pos = scores[labels == 1][:, None]

@@ -15,6 +15,8 @@ from psfleet.ps.persist import load_server, save_server
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.rpc import RpcConfig
 
+pytestmark = pytest.mark.service
+
 RULES = ["sgd", "adagrad", "adam"]
 SHAPES = [(40, 30), (30,), (30, 1)]
 

@@ -13,6 +13,8 @@ import torch
 from psfleet.data import Batch, CriteoReader, list_data_files, parse_lines
 from psfleet.errors import ConfigError, DataError
 
+pytestmark = pytest.mark.unit
+
 DATA_DIR = Path("/work/shared/data/criteo_kaggle_sample")
 TRAIN, DEV, TEST = (DATA_DIR / f"{name}.csv" for name in ("train", "dev", "test"))
 

@@ -20,6 +20,8 @@ from psfleet.fleet import (
 )
 from psfleet.ps.types import RuleConfig
 
+pytestmark = pytest.mark.unit
+
 SERVERS = "127.0.0.1:6170,127.0.0.1:6171, 10.0.0.2:6170"
 ENDPOINTS = ("127.0.0.1:6170", "127.0.0.1:6171", "10.0.0.2:6170")
 

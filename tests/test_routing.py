@@ -8,6 +8,8 @@ import pytest
 from psfleet.ps.hashing import mix64
 from psfleet.ps.routing import BucketRouter, DenseLayout, bucket_of
 
+pytestmark = pytest.mark.unit
+
 _M64 = (1 << 64) - 1
 
 

@@ -28,6 +28,8 @@ from psfleet.ps.client import TableClient
 from psfleet.rpc import RpcClient, RpcConfig, RunningServer, codec, wait_servers_ready
 from psfleet.rpc import messages as msg
 
+pytestmark = pytest.mark.service
+
 HOST = "127.0.0.1"
 CONFIG = RpcConfig(deadline_s=20.0, max_retries=2, backoff_initial_s=0.05, server_threads=8)
 

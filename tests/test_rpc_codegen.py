@@ -12,6 +12,8 @@ import pytest
 import psfleet.rpc
 from psfleet.rpc.codegen import generate
 
+pytestmark = pytest.mark.unit
+
 RPC_DIR = Path(psfleet.rpc.__file__).resolve().parent
 
 

@@ -15,6 +15,8 @@ from psfleet.ps.rules import make_rule
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.types import DenseTableConfig, RuleConfig, SparseTableConfig
 
+pytestmark = pytest.mark.unit
+
 
 class ReferenceRule:
     """float64 reference of one rule over rows ``w`` [N, D], from the published formulas.

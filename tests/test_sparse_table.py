@@ -15,6 +15,8 @@ from psfleet.ps.hashing import init_rows
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.types import RESERVED_KEY, RuleConfig, SparseTableConfig
 
+pytestmark = pytest.mark.unit
+
 
 class ReferenceRow:
     """One row and its rule state in float64 (SGD; Adagrad, Duchi et al. 2011; Adam,

@@ -25,6 +25,8 @@ from types import ModuleType
 import pytest
 from conftest import assert_no_processes_mentioning, run_command
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
 SMALL_MODEL = ["-o", "hyper_parameters.fc_sizes=[64, 32]", "-o", "runner.epochs=2"]

@@ -35,6 +35,8 @@ import psutil
 import pytest
 from conftest import clean_env, kill_processes
 
+pytestmark = [pytest.mark.job, pytest.mark.slow]
+
 REPO = Path(__file__).resolve().parents[1]
 FLEET_JOB = REPO / "tests" / "jobs" / "fleet_job.py"
 JOB_TIMEOUT_S = 180.0
