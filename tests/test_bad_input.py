@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import assert_no_processes_mentioning
 
+pytestmark = pytest.mark.e2e
+
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
 FAST = ["-o", "hyper_parameters.fc_sizes=[16]", "-o", "runner.epochs=1"]
@@ -58,6 +60,7 @@ def test_missing_train_data_dir(run_cli: RunCli, config: Path, tmp_path: Path,
     assert_no_processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_empty_train_file(run_cli: RunCli, config: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty.csv"
     empty.write_text("")
@@ -71,6 +74,7 @@ def test_empty_train_file(run_cli: RunCli, config: Path, tmp_path: Path) -> None
     assert_no_processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_malformed_lines_are_counted_skipped_and_named(
         run_cli: RunCli, config: Path, tmp_path: Path, criteo_dir: Path) -> None:
     good = (criteo_dir / "train.csv").read_text().splitlines(keepends=True)[:600]
@@ -148,6 +152,7 @@ def busy_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_worker_gives_up_on_a_server_that_never_comes_up(
         run_cli: RunCli, config: Path, tmp_path: Path, dead_port: int,
         data_slice: Callable[..., Path]) -> None:
@@ -171,6 +176,7 @@ def test_worker_gives_up_on_a_server_that_never_comes_up(
     assert_no_processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_server_on_a_port_in_use_fails_fast(run_cli: RunCli, config: Path, tmp_path: Path,
                                             busy_port: int) -> None:
     env = {"TRAINING_ROLE": "PSERVER", "POD_IP": "127.0.0.1", "PADDLE_PORT": str(busy_port),

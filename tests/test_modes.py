@@ -38,6 +38,8 @@ from psfleet.ps.communicator import (
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.rpc import RpcConfig, RunningServer
 
+pytestmark = pytest.mark.service
+
 HOST = "127.0.0.1"
 CONFIG = RpcConfig(deadline_s=20.0, max_retries=2, backoff_initial_s=0.05, server_threads=8)
 LR = 0.1

@@ -15,6 +15,8 @@ from psfleet.ps.client import RemoteClient
 from psfleet.ps.communicator import AsyncCommunicator, LocalCommunicator, SyncCommunicator
 from psfleet.rpc import RpcConfig
 
+pytestmark = pytest.mark.service
+
 
 @pytest.fixture
 def remote() -> Iterator[RemoteClient]:

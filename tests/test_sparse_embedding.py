@@ -28,6 +28,8 @@ from psfleet.ps.communicator import (
     merge_sparse,
 )
 
+pytestmark = pytest.mark.unit
+
 DIM = 4
 SPARSE_ID, DENSE_ID = 0, 1
 
