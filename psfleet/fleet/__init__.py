@@ -13,6 +13,8 @@ from psfleet.fleet.role_maker import (
     UserDefinedRoleMaker,
 )
 from psfleet.fleet.strategy import AsyncSettings, DistributedStrategy, StrategyFactory
+from psfleet.fleet.transpiler import DistributeTranspiler, Executor, TrainerProgram
+from psfleet.fleet.transpiler_config import DistributeTranspilerConfig
 
 _fleet = Fleet()
 
@@ -45,6 +47,9 @@ __all__ = [
     "CheckpointConfig",
     "DistributedOptimizer",
     "DistributedStrategy",
+    "DistributeTranspiler",
+    "DistributeTranspilerConfig",
+    "Executor",
     "Fleet",
     "MPIRoleMaker",
     "PaddleCloudRoleMaker",
@@ -53,6 +58,7 @@ __all__ = [
     "RoleInfo",
     "RoleMaker",
     "SlurmRoleMaker",
+    "TrainerProgram",
     "UserDefinedRoleMaker",
     "barrier_worker",
     "distributed_model",
