@@ -1,8 +1,8 @@
 """Tests of SparseEmbedding + DistributedOptimizer over in-process tables, and of the
 async communicator against the local one.
 
-The embedding and optimizer are bound by hand, as ``fleet.init_worker`` does, so no
-process-wide fleet state is touched.
+The embedding and optimizer are bound by hand to a step collector, as the worker
+runtime (``fleet.init_worker``) does, so no process-wide fleet state is touched.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 from psfleet.errors import ConfigError, FatalError
 from psfleet.fleet import DistributedOptimizer
+from psfleet.fleet.step import StepCollector
 from psfleet.nn import SparseEmbedding, live_embeddings
 from psfleet.ps import LocalClient, RuleConfig
 from psfleet.ps.communicator import (
@@ -53,10 +54,11 @@ class Worker:
     optimizer: DistributedOptimizer
     client: LocalClient
     communicator: RecordingCommunicator
+    step: StepCollector
 
     def rows(self, keys: np.ndarray) -> np.ndarray:
         """What the table holds for ``keys`` now (not creating rows)."""
-        return self.client.sparse[SPARSE_ID].pull(keys.view(np.uint64), create=False)
+        return self.client.service.tables[SPARSE_ID].pull(keys.view(np.uint64), create=False)
 
 
 def _bind(optimizer_cls: type[torch.optim.SGD | torch.optim.Adam], lr: float,
@@ -68,12 +70,13 @@ def _bind(optimizer_cls: type[torch.optim.SGD | torch.optim.Adam], lr: float,
     communicator = RecordingCommunicator(client)
     # What fleet.init_worker does, with in-process tables.
     client.create_sparse_table(SPARSE_ID, embedding.table_config(optimizer.rule))
-    embedding.bind(communicator, SPARSE_ID)
+    step = StepCollector(communicator, {SPARSE_ID: DIM}, DENSE_ID)
+    embedding.bind(step, SPARSE_ID)
     client.create_dense_table(DENSE_ID, "dense", [p.numel() for p in optimizer.params],
                               optimizer.rule, optimizer.flat_values())
-    optimizer.bind(communicator, [embedding], DENSE_ID)
+    optimizer.bind(step)
     communicator.start()
-    return Worker(embedding, dense, optimizer, client, communicator)
+    return Worker(embedding, dense, optimizer, client, communicator, step)
 
 
 @pytest.fixture
@@ -89,7 +92,7 @@ IDS = torch.tensor([[3, 7, 3], [2**62, 7, 3], [-5, 3, 2**62]], dtype=torch.int64
 def test_forward_gathers_the_table_rows(sgd_worker: Worker) -> None:
     out = sgd_worker.embedding(IDS)
     assert out.shape == (3, 3, DIM) and out.dtype == torch.float32
-    table = sgd_worker.client.sparse[SPARSE_ID]
+    table = sgd_worker.client.service.tables[SPARSE_ID]
     assert len(table) == 4  # the distinct ids, created on first pull
     expected = sgd_worker.rows(IDS.reshape(-1).numpy()).reshape(3, 3, DIM)
     assert np.array_equal(out.detach().numpy(), expected)
@@ -152,14 +155,15 @@ def test_two_forwards_before_a_step_are_one_push() -> None:
         # One Adam step with the summed gradient: w - lr * g / (|g| + eps).
         np.testing.assert_allclose(w.rows(keys), before - 0.01 * g / (np.abs(g) + 1e-8),
                                    rtol=0, atol=1e-6)
-        assert w.embedding.push_grads() == 0  # nothing left pending
+        assert w.step.pending_rows == 0  # the step's push took every row
+        assert w.step.sparse_pushes == 1
     finally:
         w.communicator.stop()
 
 
 def test_eval_and_no_grad_do_not_create_rows(sgd_worker: Worker) -> None:
     w = sgd_worker
-    table = w.client.sparse[SPARSE_ID]
+    table = w.client.service.tables[SPARSE_ID]
     w.embedding(torch.tensor([100], dtype=torch.int64))
     assert len(table) == 1
     w.embedding.eval()
@@ -174,7 +178,7 @@ def test_eval_and_no_grad_do_not_create_rows(sgd_worker: Worker) -> None:
     stored = w.embedding(IDS)
     assert len(table) == 5
     assert torch.equal(stored.detach(), out)
-    assert w.embedding.push_grads() == 0  # no backward: nothing to push
+    assert w.step.push_sparse_grads() == 0  # no backward: nothing to push
 
 
 def test_unbound_embedding_says_to_call_init_worker() -> None:
@@ -255,8 +259,8 @@ def _run(communicator: Communicator, steps: list[tuple[np.ndarray, np.ndarray, n
 
 
 def _state(client: LocalClient) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    keys, rows = client.sparse[SPARSE_ID].items()
-    return keys, rows, client.dense[DENSE_ID].state()[0]
+    keys, rows = client.service.tables[SPARSE_ID].items()
+    return keys, rows, client.service.tables[DENSE_ID].state()[0]
 
 
 def test_async_communicator_without_merging_equals_local() -> None:
@@ -267,7 +271,7 @@ def test_async_communicator_without_merging_equals_local() -> None:
     _run(AsyncCommunicator(remote, AsyncConfig(k_steps=1)), steps, flush_each=True)
     for a, b in zip(_state(local), _state(remote), strict=True):
         assert np.array_equal(a, b)
-    assert len(local.sparse[SPARSE_ID]) > 30
+    assert len(local.service.tables[SPARSE_ID]) > 30
 
 
 class GatedClient(LocalClient):

@@ -1,6 +1,7 @@
 """Collective mode: the torch.distributed process group and data-parallel helpers."""
 
 from psfleet.collective.ddp import ExampleCounter, weighted_allreduce_hook, wrap_model
+from psfleet.collective.hooks import CollectiveHooks
 from psfleet.collective.join import JoinContext
 from psfleet.collective.process_group import (
     barrier,
@@ -16,6 +17,7 @@ __all__ = [
     "BACKENDS",
     "Backend",
     "CollectiveContext",
+    "CollectiveHooks",
     "ExampleCounter",
     "JoinContext",
     "RendezvousSpec",

@@ -24,8 +24,6 @@ nothing, so one script runs in both.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -33,17 +31,25 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.algorithms.join import Joinable
 
-from psfleet import collective, env, logs
+from psfleet import env, logs
+from psfleet.checkpoint import CheckpointConfig, Cursor
+from psfleet.collective import CollectiveHooks
 from psfleet.errors import ConfigError, FatalError
+from psfleet.export import InferenceManifest
 from psfleet.fleet.optimizer import DistributedOptimizer
-from psfleet.fleet.persistence import PersistenceMixin, restart_num
+from psfleet.fleet.persistence import Persistence, restart_num
 from psfleet.fleet.role_maker import PaddleCloudRoleMaker, Role, RoleInfo, RoleMaker
+from psfleet.fleet.runtime import (
+    ParameterServerHooks,
+    RuntimeConfig,
+    WorkerHooks,
+    WorkerRuntime,
+    server_wait_timeout_s,
+)
 from psfleet.fleet.strategy import DistributedStrategy
-from psfleet.nn import live_embeddings
-from psfleet.ps import LocalClient, RemoteClient, TableClient, run_server
-from psfleet.ps.communicator import CollectiveCommunicator, Communicator, make_communicator
+from psfleet.nn import SparseEmbedding, live_embeddings
+from psfleet.ps import TableClient, run_server
 from psfleet.rpc import RpcConfig, parse_endpoint
 
 __all__ = ["Fleet"]
@@ -51,21 +57,27 @@ __all__ = ["Fleet"]
 logger = logging.getLogger(__name__)
 
 
-class Fleet(PersistenceMixin):
-    """Process-wide training state: role, strategy, tables, communicator."""
+class Fleet:
+    """The seeds' ``fleet`` object: role, strategy, and a shell over the worker runtime.
+
+    Before ``init_worker`` it gathers what the runtime is built from (role, strategy,
+    optimizer, model); ``init_worker`` builds the :class:`WorkerRuntime`, and the
+    worker-side methods delegate to it (saving and loading to its
+    :class:`Persistence`). What collective mode changes is in its hooks
+    (``psfleet.collective.CollectiveHooks``), chosen once at :meth:`init`.
+    """
 
     def __init__(self) -> None:
         self._role: RoleInfo | None = None
         self.strategy = DistributedStrategy()
         self.rpc_config = RpcConfig()
+        self._hooks: WorkerHooks = ParameterServerHooks()
         self._optimizer: DistributedOptimizer | None = None
-        self._client: TableClient | None = None
-        self._communicator: Communicator | None = None
+        self._model: nn.Module | None = None
+        self._runtime: WorkerRuntime | None = None
+        self._persistence: Persistence | None = None
         self._preload_dir: Path | None = None
         self._checkpoint_dir: str | None = None
-        self._collective: collective.CollectiveContext | None = None
-        self._examples = collective.ExampleCounter()
-        self._model: nn.Module | None = None
 
     # -- role -------------------------------------------------------------------------
     def init(self, role_maker: RoleMaker | None = None,
@@ -108,17 +120,14 @@ class Fleet(PersistenceMixin):
                               "DistributedStrategy(mode='collective') or drop is_collective")
         logs.setup_logging()
         self.strategy = strategy or DistributedStrategy(mode="collective")
-        backend = self.strategy.collective_backend
-        context = collective.init_process_group(backend=None if backend == "auto" else backend)
-        self._collective = context
-        self._role = RoleInfo(Role.WORKER, context.rank, context.world_size)
-        logs.set_role(f"worker:{context.rank}")
-        logger.info("fleet.init: collective mode, rank %d of %d, backend %s on %s",
-                    context.rank, context.world_size, context.backend, context.device)
+        hooks = CollectiveHooks.connect(self.strategy.collective_backend)
+        self._hooks = hooks
+        self._role = RoleInfo(Role.WORKER, hooks.context.rank, hooks.context.world_size)
+        logs.set_role(f"worker:{hooks.context.rank}")
 
     def is_collective(self) -> bool:
         """Whether this process trains in collective mode (after :meth:`init`)."""
-        return self._collective is not None
+        return self._hooks.is_collective
 
     @property
     def role(self) -> RoleInfo:
@@ -191,22 +200,22 @@ class Fleet(PersistenceMixin):
 
     # -- worker -----------------------------------------------------------------------
     def distributed_model(self, model: nn.Module) -> nn.Module:
-        """The model to train with: wrapped for data parallelism in collective mode.
+        """The model to train with; its SparseEmbeddings are the worker's tables.
 
         Collective mode: moves ``model`` to this rank's device and wraps it in
         DistributedDataParallel whose gradient all-reduce is weighted by each rank's
         example count (``psfleet.collective.ddp``); run the training forward through
         the returned module. Every rank must call it, at the same point. In the
         parameter-server modes it returns ``model`` itself, so one script runs in both.
+        Either way ``init_worker`` then creates tables for this model's embeddings
+        only (without this call: for every embedding alive in the process).
 
         Raises:
             FatalError: :meth:`init` was not called.
         """
         self.role  # noqa: B018  (raises before init)
-        if self._collective is None:
-            return model
-        self._model = collective.wrap_model(model, self._examples, self._collective.device)
-        return self._model
+        self._model = model
+        return self._hooks.wrap_model(model)
 
     def join(self) -> AbstractContextManager[Any]:
         """A context for a training loop whose ranks may run different step counts.
@@ -219,13 +228,7 @@ class Fleet(PersistenceMixin):
         Raises:
             FatalError: collective mode and :meth:`init_worker` was not called.
         """
-        if self._collective is None:
-            return contextlib.nullcontext()
-        communicator = self._communicator
-        if not isinstance(communicator, Joinable):
-            raise FatalError("call fleet.init_worker() before fleet.join()")
-        joinables = [m for m in (self._model,) if isinstance(m, Joinable)]
-        return collective.JoinContext([*joinables, communicator], self._examples)
+        return self._hooks.join(self._runtime.communicator if self._runtime else None)
 
     def distributed_optimizer(self, optimizer: torch.optim.Optimizer,
                               strategy: DistributedStrategy | None = None
@@ -233,10 +236,11 @@ class Fleet(PersistenceMixin):
         """Wrap ``optimizer``; its type and settings become the tables' rule.
 
         Raises:
-            ConfigError: the optimizer has no table rule.
+            ConfigError: the optimizer has no table rule, or ``strategy`` is
+                collective and fleet.init() was not (or the reverse).
         """
         if strategy is not None:
-            if (strategy.mode == "collective") != (self._collective is not None):
+            if (strategy.mode == "collective") != self._hooks.is_collective:
                 raise ConfigError(f"strategy.mode {strategy.mode!r} does not match "
                                   "fleet.init(): pass the strategy to fleet.init() instead")
             self.strategy = strategy
@@ -246,11 +250,14 @@ class Fleet(PersistenceMixin):
     def init_worker(self) -> None:
         """Connect to the servers (or in-process tables) and create the tables.
 
-        Waits for every server with a visible, bounded retry; creates one sparse
-        table per SparseEmbedding and one dense table for the optimizer's
-        parameters; every worker starts from the dense values the servers hold.
+        Builds the worker runtime (:class:`~psfleet.fleet.runtime.WorkerRuntime`):
+        waits for every server with a visible, bounded retry; creates one sparse
+        table per SparseEmbedding (ids by name) and one dense table for the
+        optimizer's parameters; every worker starts from the dense values the
+        servers hold.
 
         Raises:
+            ConfigError: called on a server, or two embeddings share a name.
             FatalError: distributed_optimizer() was not called first.
             ServerNotReadyError: servers not ready within the wait timeout.
         """
@@ -260,74 +267,28 @@ class Fleet(PersistenceMixin):
         if self._optimizer is None:
             raise FatalError("call fleet.distributed_optimizer(optimizer) before "
                              "fleet.init_worker(): the optimizer decides the tables' rule")
-        client: TableClient
-        strategy = self.strategy
-        settings = strategy.communicator_settings(role.worker_num)
-        if self._collective is not None:  # every rank holds every table
-            client, mode = LocalClient(), "collective"
-            settings = dataclasses.replace(settings, example_count=self._examples.take,
-                                           device=self._collective.device)
-        elif role.is_local:
-            client, mode = LocalClient(), "local"
-        else:
-            remote = RemoteClient(role.server_endpoints, self.rpc_config, role.worker_index)
-            remote.wait_ready(self._wait_timeout_s())
-            client, mode = remote, strategy.mode
-        communicator = make_communicator(mode, client, settings)
-        embeddings = live_embeddings()
-        opt = self._optimizer
-        for table_id, embedding in enumerate(embeddings):
-            config = embedding.table_config(opt.rule)
-            client.create_sparse_table(table_id, config)
-            communicator.on_sparse_table(table_id, config)
-            embedding.bind(communicator, table_id)
-        dense_id = len(embeddings)
-        initial = opt.flat_values()
-        if self._collective is not None:  # every rank's table starts from rank 0's values
-            initial = collective.broadcast_from_rank0(initial, self._collective.device)
-        client.create_dense_table(
-            dense_id, "dense", [tuple(p.shape) for p in opt.params], opt.rule,
-            initial, strategy.slicing(),
-            strategy.dc_asgd_lambda if strategy.dc_asgd else 0.0)
-        if restart_num() == 0:  # a restarted worker joins a job already running
-            self._barrier("init_worker", client)
-        values = client.pull_dense(dense_id)
-        opt.install(values)
-        communicator.on_dense_table(dense_id, opt.rule, values)
-        opt.bind(communicator, embeddings, dense_id)
-        if isinstance(communicator, CollectiveCommunicator):  # a joined rank steps too
-            communicator.shadow_step = opt.step
-        communicator.start()
-        self._client, self._communicator = client, communicator
-        logger.info("worker %d/%d ready: %s mode, %d sparse tables, %d dense parameters, "
-                    "servers %s", role.worker_index, role.worker_num, mode, len(embeddings),
-                    sum(p.numel() for p in opt.params), list(role.server_endpoints))
+        config = RuntimeConfig(role, self.strategy, self.rpc_config,
+                               server_wait_timeout_s(self.strategy), restart_num())
+        embeddings = (live_embeddings() if self._model is None else
+                      [m for m in self._model.modules() if isinstance(m, SparseEmbedding)])
+        self._runtime = WorkerRuntime.connect(config, self._hooks, self._optimizer, embeddings)
+        self._persistence = Persistence(self._runtime)
 
-    def _wait_timeout_s(self) -> float:
-        if self.strategy.server_wait_timeout_s is not None:
-            return self.strategy.server_wait_timeout_s
-        raw = env.read("PSFLEET_SERVER_WAIT_TIMEOUT_S") or "300"
-        try:
-            return float(raw)
-        except ValueError:
-            raise ConfigError(f"PSFLEET_SERVER_WAIT_TIMEOUT_S: {raw!r} is not seconds") from None
+    def _require_runtime(self) -> WorkerRuntime:
+        if self._runtime is None:
+            raise FatalError("call fleet.init_worker() first")
+        return self._runtime
 
     @property
     def client(self) -> TableClient:
         """The tables (after init_worker)."""
-        if self._client is None:
-            raise FatalError("call fleet.init_worker() first")
-        return self._client
+        return self._require_runtime().client
 
     def barrier_worker(self) -> None:
         """Block until every worker reaches this call (collective: every rank)."""
-        self._barrier("barrier_worker", None)
-
-    def _barrier(self, name: str, client: TableClient | None) -> None:
-        if self._collective is not None:
-            collective.barrier()
-        else:
-            (client or self.client).barrier(name, self.role.worker_index, self.role.worker_num)
+        role = self.role
+        self._hooks.barrier("barrier_worker", lambda: self.client.barrier(
+            "barrier_worker", role.worker_index, role.worker_num))
 
     def flush(self) -> None:
         """Block until this worker's pushes so far are applied; install fresh dense values.
@@ -335,30 +296,45 @@ class Fleet(PersistenceMixin):
         Other workers' pushes may still be in flight: call :meth:`barrier_worker`
         after every worker flushed, then ``optimizer.refresh()``, to see them all.
         """
-        if self._communicator is not None:
-            self._communicator.flush()
-        if self._optimizer is not None:
-            self._optimizer.refresh()
-
-    def _require_optimizer(self) -> DistributedOptimizer:
-        if self._optimizer is None:
-            raise FatalError("call fleet.distributed_optimizer(optimizer) first")
-        return self._optimizer
+        if self._runtime is not None:
+            self._runtime.flush()
 
     def stop_worker(self) -> None:
         """Flush pushes, wait for every worker, then (worker 0) stop the servers.
 
         Collective mode: after the barrier every rank leaves the process group.
         """
-        if self._communicator is not None:
-            self._communicator.stop()
-        if self._client is not None:
-            role = self.role
-            self._barrier("stop_worker", self._client)
-            if role.worker_index == 0:
-                self._client.stop_servers(role.worker_index)
-            self._client.close()
-        if self._collective is not None:
-            collective.destroy_process_group()
-        self._client = self._communicator = None
+        if self._runtime is not None:
+            self._runtime.stop()
+        self._hooks.close()
+        self._runtime = self._persistence = None
 
+    # -- saving and loading (psfleet.fleet.persistence.Persistence) --------------------
+    def _require_persistence(self) -> Persistence:
+        if self._persistence is None:
+            raise FatalError("call fleet.init_worker() first")
+        return self._persistence
+
+    def save_persistables(self, dirname: str) -> None:
+        """See :meth:`Persistence.save_persistables`."""
+        self._require_persistence().save_persistables(dirname)
+
+    def load_model(self, dirname: str) -> None:
+        """See :meth:`Persistence.load_model`."""
+        self._require_persistence().load_model(dirname)
+
+    def save_inference_model(self, dirname: str, model: torch.nn.Module,
+                             example_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
+                             metadata: dict[str, object] | None = None) -> InferenceManifest:
+        """See :meth:`Persistence.save_inference_model`."""
+        return self._require_persistence().save_inference_model(dirname, model,
+                                                                example_inputs, metadata)
+
+    def save_checkpoint(self, config: CheckpointConfig, cursor: Cursor,
+                        extra: dict[str, object] | None = None) -> str | None:
+        """See :meth:`Persistence.save_checkpoint`."""
+        return self._require_persistence().save_checkpoint(config, cursor, extra)
+
+    def load_checkpoint(self, config: CheckpointConfig | str) -> Cursor | None:
+        """See :meth:`Persistence.load_checkpoint`."""
+        return self._require_persistence().load_checkpoint(config)

@@ -2,21 +2,19 @@
 
 The wrapped optimizer is not stepped: its type and hyper-parameters choose the rule
 the tables apply (Adam -> adam, SGD -> sgd, Adagrad -> adagrad), as Paddle's
-distributed optimizer turns the optimizer into server-side rules. ``step()`` hands
-the sparse rows' gradients and the flat dense gradient to the communicator and
-installs the freshest dense values it has.
+distributed optimizer turns the optimizer into server-side rules. ``step()`` asks the
+worker runtime's step collector (:class:`psfleet.fleet.step.StepCollector`) to push the
+step's sparse gradients (collected there by the embeddings' forwards) and the flat
+dense gradient, and installs the freshest dense values it returns.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from psfleet.errors import ConfigError, FatalError
-from psfleet.nn import SparseEmbedding
-from psfleet.ps.communicator import Communicator
+from psfleet.fleet.step import StepCollector
 from psfleet.ps.types import RuleConfig
 
 __all__ = ["DistributedOptimizer", "rule_from_optimizer"]
@@ -80,17 +78,12 @@ class DistributedOptimizer:
         self.rule = rule_from_optimizer(optimizer)
         self.params: list[torch.Tensor] = [p for g in optimizer.param_groups
                                            for p in g["params"]]
-        self._communicator: Communicator | None = None
-        self._embeddings: Sequence[SparseEmbedding] = ()
-        self._dense_table_id = -1
+        self._step: StepCollector | None = None
         self.steps = 0
 
-    def bind(self, communicator: Communicator, embeddings: Sequence[SparseEmbedding],
-             dense_table_id: int) -> None:
-        """Connect to the tables (called by ``fleet.init_worker``)."""
-        self._communicator = communicator
-        self._embeddings = embeddings
-        self._dense_table_id = dense_table_id
+    def bind(self, step: StepCollector) -> None:
+        """Drive the worker runtime's steps (called by ``fleet.init_worker``)."""
+        self._step = step
 
     def flat_values(self) -> np.ndarray:
         """The dense parameters flattened in order: float32[total] (a copy)."""
@@ -111,32 +104,31 @@ class DistributedOptimizer:
 
     def refresh(self) -> None:
         """Install the dense values the tables hold now (blocks on a pull)."""
-        if self._communicator is not None and self.params:
-            self.install(self._communicator.client.pull_dense(self._dense_table_id))
+        if self._step is not None and self.params:
+            values = self._step.pull_dense()
+            if values is not None:
+                self.install(values)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the dense parameters' gradients."""
         self.inner.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
-        """Push this step's gradients; install fresh dense values if any arrived.
+        """Have the runtime push this step's gradients (sparse rows collected by the
+        forwards, then dense); install fresh dense values if any arrived.
 
         Raises:
             FatalError: ``fleet.init_worker()`` was not called, or sending failed.
         """
-        if self._communicator is None:
+        if self._step is None:
             raise FatalError("call fleet.init_worker() before optimizer.step()")
-        for embedding in self._embeddings:
-            embedding.push_grads()
+        grads = None
         if self.params:
             grads = torch.cat([p.grad.reshape(-1) if p.grad is not None
-                               else torch.zeros(p.numel()) for p in self.params])
-            self._communicator.push_dense(self._dense_table_id, grads.numpy())
-        self._communicator.end_step()
-        if self.params:
-            fresh = self._communicator.fresh_dense(self._dense_table_id)
-            if fresh is not None:
-                self.install(fresh)
+                               else torch.zeros(p.numel()) for p in self.params]).numpy()
+        fresh = self._step.end_step(grads)
+        if fresh is not None:
+            self.install(fresh)
         self.steps += 1
 
     def minimize(self, loss: torch.Tensor) -> None:

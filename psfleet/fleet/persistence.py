@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from psfleet import collective, env
+from psfleet import env
 from psfleet.checkpoint import (
     CheckpointConfig,
     CheckpointError,
@@ -36,15 +35,10 @@ from psfleet.checkpoint.storage import sha256_of
 from psfleet.errors import ConfigError, PsfleetError
 from psfleet.export import InferenceManifest
 from psfleet.export import save_inference_model as _save_inference_model
-from psfleet.fleet.optimizer import DistributedOptimizer
-from psfleet.fleet.role_maker import RoleInfo
-from psfleet.fleet.strategy import DistributedStrategy
-from psfleet.nn import live_embeddings
-from psfleet.ps import TableClient
-from psfleet.ps.communicator import Communicator
+from psfleet.fleet.runtime import WorkerRuntime
 from psfleet.ps.persist import FORMAT_VERSION
 
-__all__ = ["PersistenceMixin", "restart_num"]
+__all__ = ["Persistence", "restart_num"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,27 +63,19 @@ def _digests(storage: Storage) -> list[FileDigest]:
     return out
 
 
-class PersistenceMixin:
-    """The Fleet methods that save and load state: tables (save_persistables,
+class Persistence:
+    """Saving and loading one worker's job state: tables (save_persistables,
     load_model), checkpoints with exact resume (save_checkpoint, load_checkpoint) and
-    the inference model (save_inference_model). Mixed into
-    :class:`~psfleet.fleet.fleet.Fleet`, which provides the role, the client and the
-    optimizer these use."""
+    the inference model (save_inference_model). ``fleet``'s methods of those names
+    call it.
 
-    strategy: DistributedStrategy
-    _collective: collective.CollectiveContext | None
-    _communicator: Communicator | None
+    Args:
+        runtime: the worker runtime (``fleet.init_worker``): its role, strategy,
+            tables, optimizer and barriers.
+    """
 
-    if TYPE_CHECKING:  # provided by Fleet
-        @property
-        def role(self) -> RoleInfo: ...
-        @property
-        def client(self) -> TableClient: ...
-        def server_num(self) -> int: ...
-        def worker_num(self) -> int: ...
-        def flush(self) -> None: ...
-        def _barrier(self, name: str, client: TableClient | None) -> None: ...
-        def _require_optimizer(self) -> DistributedOptimizer: ...
+    def __init__(self, runtime: WorkerRuntime) -> None:
+        self.runtime = runtime
 
     def save_persistables(self, dirname: str) -> None:
         """Save every table (values and optimizer state) to ``dirname``.
@@ -102,14 +88,14 @@ class PersistenceMixin:
             FatalError: init_worker() was not called.
             OSError: ``dirname`` cannot be written.
         """
-        self.flush()
-        self.client.save(dirname)
-        embeddings = live_embeddings()
+        rt = self.runtime
+        rt.flush()
+        rt.client.save(dirname)
         manifest = {
-            "format_version": FORMAT_VERSION, "server_num": max(self.server_num(), 1),
-            "worker_num": self.worker_num(), "mode": self.strategy.mode,
-            "sparse_tables": {e.name: i for i, e in enumerate(embeddings)},
-            "dense_shapes": [list(p.shape) for p in self._require_optimizer().params],
+            "format_version": FORMAT_VERSION, "server_num": max(rt.server_num(), 1),
+            "worker_num": rt.role.worker_num, "mode": rt.strategy.mode,
+            "sparse_tables": rt.tables.sparse_ids(),
+            "dense_shapes": [list(p.shape) for p in rt.optimizer.params],
         }
         (Path(dirname) / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         logger.info("saved tables to %s", dirname)
@@ -128,15 +114,11 @@ class PersistenceMixin:
         if not (Path(dirname) / "manifest.json").is_file():
             raise ConfigError(f"load_model({dirname!r}): no manifest.json there; pass a "
                               "folder written by fleet.save_persistables()")
-        role = self.role
-        if role.worker_index == 0 or self._collective is not None:  # collective: every rank
-            self.client.load(dirname)
-        self._barrier("load_model", self.client)
-        optimizer = self._require_optimizer()
-        optimizer.refresh()
-        if self._communicator is not None:
-            self._communicator.on_dense_table(len(live_embeddings()), optimizer.rule,
-                                              optimizer.flat_values())
+        rt = self.runtime
+        if rt.role.worker_index == 0 or rt.hooks.every_rank_loads:
+            rt.client.load(dirname)
+        rt.barrier("load_model")
+        rt.reload_dense()
 
     def save_inference_model(self, dirname: str, model: torch.nn.Module,
                              example_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -166,18 +148,15 @@ class PersistenceMixin:
             ConfigError: the model cannot be exported (see ``export_dense_tower``).
             OSError: ``dirname`` cannot be written.
         """
-        self.flush()
-        opt = self._require_optimizer()
-        tables = {e.name: (i, e.table_config(opt.rule))
-                  for i, e in enumerate(live_embeddings())}
-        return _save_inference_model(dirname, model, self.client, tables, example_inputs,
-                                     metadata)
+        rt = self.runtime
+        rt.flush()
+        return _save_inference_model(dirname, model, rt.client, rt.tables.named_configs(),
+                                     example_inputs, metadata)
 
     # -- checkpoints ------------------------------------------------------------------
     def _table_configs(self) -> dict[str, dict[str, object]]:
-        rule = self._require_optimizer().rule
-        return {e.name: e.table_config(rule).model_dump(mode="json")
-                for e in live_embeddings()}
+        return {name: config.model_dump(mode="json")
+                for name, (_, config) in self.runtime.tables.named_configs().items()}
 
     def save_checkpoint(self, config: CheckpointConfig, cursor: Cursor,
                         extra: dict[str, object] | None = None) -> str | None:
@@ -207,35 +186,35 @@ class PersistenceMixin:
         Raises:
             FatalError: init_worker() was not called.
         """
-        role = self.role
+        rt = self.runtime
         store = CheckpointStore(config.checkpoint_dir, config.max_num_checkpoints)
-        self.flush()
-        write_cursor(store.storage, role.worker_index, cursor)
-        self._barrier("checkpoint.begin", self.client)
+        rt.flush()
+        write_cursor(store.storage, rt.role.worker_index, cursor)
+        rt.barrier("checkpoint.begin")
         url = None
-        if role.worker_index == 0:
+        if rt.role.worker_index == 0:
             url = self._write_checkpoint(store, cursor, extra or {})
-        self._barrier("checkpoint.end", self.client)
+        rt.barrier("checkpoint.end")
         return url
 
     def _write_checkpoint(self, store: CheckpointStore, cursor: Cursor,
                           extra: dict[str, object]) -> str | None:
-        role = self.role
-        optimizer = self._require_optimizer()
+        rt = self.runtime
+        role, optimizer, ids = rt.role, rt.optimizer, rt.tables.sparse_ids()
         pending = None
         try:
             cursors = read_cursors(store.storage, role.worker_num)
             pending = store.begin(cursor.step)
-            digests = self.client.save(pending.storage.url)
+            digests = rt.client.save(pending.storage.url)
             pending.add(digests if digests is not None else _digests(pending.storage))
             manifest = Manifest(
                 step=cursor.step, epoch=cursor.epoch, batch=cursor.batch,
-                server_num=max(self.server_num(), 1), worker_num=role.worker_num,
-                mode=self.strategy.mode if self.server_num() else "local",
-                strategy=self.strategy.model_dump(mode="json"),
-                sparse_tables={name: {**c, "table_id": i} for i, (name, c) in
-                               enumerate(self._table_configs().items())},
-                dense={"table_id": len(live_embeddings()),
+                server_num=max(rt.server_num(), 1), worker_num=role.worker_num,
+                mode=rt.strategy.mode if rt.server_num() else "local",
+                strategy=rt.strategy.model_dump(mode="json"),
+                sparse_tables={name: {**c, "table_id": ids[name]}
+                               for name, c in self._table_configs().items()},
+                dense={"table_id": rt.tables.dense_table_id,
                        "shapes": [list(p.shape) for p in optimizer.params],
                        "rule": optimizer.rule.model_dump(mode="json")},
                 cursors=cursors, extra=extra)
@@ -272,9 +251,9 @@ class PersistenceMixin:
         """
         url = config if isinstance(config, str) else config.checkpoint_dir
         store = CheckpointStore(url)
-        role = self.role
-        optimizer = self._require_optimizer()
-        if restart_num() > 0:
+        rt = self.runtime
+        role, optimizer = rt.role, rt.optimizer
+        if rt.config.restart_num > 0:
             latest = store.latest()
             if latest is None:
                 return None
@@ -282,32 +261,29 @@ class PersistenceMixin:
                         latest.storage.url)
             return self._cursor_of(latest.manifest, latest.storage.url)
         # Collective: every rank holds all tables in process, so every rank loads them.
-        if role.worker_index == 0 or self._collective is not None:
+        if role.worker_index == 0 or rt.hooks.every_rank_loads:
             latest = store.latest()
             if latest is not None:
                 check_compatible(latest.manifest, latest.storage.url, self._table_configs(),
                                  [list(p.shape) for p in optimizer.params],
                                  optimizer.rule.model_dump(mode="json"))
-                self.client.load(latest.storage.url)
+                rt.client.load(latest.storage.url)
                 logger.info("resumed tables from checkpoint %s (step %d, %d server(s) then, "
                             "%d now)", latest.storage.url, latest.manifest.step,
-                            latest.manifest.server_num, max(self.server_num(), 1))
+                            latest.manifest.server_num, max(rt.server_num(), 1))
             if role.worker_index == 0:
                 write_resume_name(store.storage, latest.name if latest else None)
-        self._barrier("load_checkpoint", self.client)
+        rt.barrier("load_checkpoint")
         name = read_resume_name(store.storage)
         if name is None:
             return None
-        optimizer.refresh()
-        if self._communicator is not None:
-            self._communicator.on_dense_table(len(live_embeddings()), optimizer.rule,
-                                              optimizer.flat_values())
+        rt.reload_dense()
         storage = store.storage.child(name)
         manifest = Manifest.model_validate_json(storage.read_bytes("manifest.json"))
         return self._cursor_of(manifest, storage.url)
 
     def _cursor_of(self, manifest: Manifest, where: str) -> Cursor:
-        role = self.role
+        role = self.runtime.role
         if manifest.worker_num == role.worker_num and role.worker_index < len(manifest.cursors):
             cursor = manifest.cursors[role.worker_index]
         elif manifest.batch == 0:  # an epoch boundary: any worker count may go on
@@ -318,5 +294,5 @@ class PersistenceMixin:
                 f"worker_num {manifest.worker_num}; this job has worker_num "
                 f"{role.worker_num}. Resume with {manifest.worker_num} workers, or from a "
                 "checkpoint taken at an epoch end")
-        self._require_optimizer().steps = cursor.step
+        self.runtime.optimizer.steps = cursor.step
         return cursor

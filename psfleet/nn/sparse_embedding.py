@@ -1,9 +1,16 @@
 """SparseEmbedding: an embedding whose rows live in a sparse table.
 
 Forward dedups the batch's ids (``torch.unique``), pulls the unique rows from the
-table (in parallel from every server), and gathers them into ``[B, S, dim]``.
-Backward leaves the gradient of the unique rows (duplicates already summed) on a
-leaf tensor; the distributed optimizer's ``step()`` pushes it (:meth:`push_grads`).
+table (in parallel from every server) as a handle, and gathers them into
+``[B, S, dim]``. In training, the rows are a leaf tensor handed to the worker
+runtime (:class:`~psfleet.nn.types.RowAccess`): backward leaves the gradient of the
+unique rows there (duplicates already summed) and the distributed optimizer's
+``step()`` has the runtime push every table's gradients once. The module keeps no
+gradients and holds no communicator.
+
+Prefetch is explicit: :meth:`SparseEmbedding.prefetch` returns a
+:class:`~psfleet.nn.types.Prefetch` handle that the forward reading that batch
+consumes (``embedding(ids, prefetched=handle)`` or :func:`use_prefetched`).
 
 The module has no torch parameters: its rows are created on first pull, with
 initial values seeded by each key, and updated by the table's rule.
@@ -11,40 +18,57 @@ initial values seeded by each key, and updated by the table's rule.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
 from torch import nn
 
 from psfleet.errors import ConfigError, FatalError
-from psfleet.ps.communicator import Communicator
-from psfleet.ps.merge import merge_sparse
+from psfleet.nn.types import Prefetch, RowAccess
 from psfleet.ps.types import RuleConfig, SparseTableConfig
 
-__all__ = ["SparseEmbedding", "live_embeddings"]
+__all__ = ["SparseEmbedding", "live_embeddings", "use_prefetched"]
 
 _LIVE: weakref.WeakSet[SparseEmbedding] = weakref.WeakSet()
-_MAX_PREFETCHED = 2  # pulls in flight per embedding: the next batch and the one after
 
 
 def live_embeddings() -> list[SparseEmbedding]:
     """Every SparseEmbedding alive in this process, sorted by table name.
 
-    ``fleet.init_worker()`` creates one table per embedding in this order, so table
-    ids agree across workers that build the same model.
+    ``fleet.init_worker()`` takes these when it was not given the model
+    (``fleet.distributed_model``); table ids are then assigned by name
+    (``psfleet.fleet.tables.TableRegistry``).
 
     Raises:
         ConfigError: two embeddings share a name (give each a distinct ``name``).
     """
     embeddings = sorted(_LIVE, key=lambda e: e.name)
+    check_distinct_names(embeddings)
+    return embeddings
+
+
+def check_distinct_names(embeddings: Iterable[SparseEmbedding]) -> None:
+    """Raises ConfigError naming the embedding names used more than once."""
     names = [e.name for e in embeddings]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"SparseEmbedding names {dupes} are used more than once; "
                           "pass a distinct name= to each embedding")
-    return embeddings
+
+
+@contextlib.contextmanager
+def use_prefetched(handles: Iterable[Prefetch | None]) -> Iterator[None]:
+    """Within the block, each handle's embedding consumes it in its next forward over
+    equal ids (for models that call their embeddings themselves). None entries (no
+    prefetch made) are skipped; a handle still unconsumed at exit is dropped."""
+    with contextlib.ExitStack() as stack:
+        for handle in handles:
+            if handle is not None:
+                stack.enter_context(handle.embedding.use(handle))
+        yield
 
 
 class SparseEmbedding(nn.Module):
@@ -74,14 +98,16 @@ class SparseEmbedding(nn.Module):
         self.initializer = initializer
         self.initial_range = initial_range
         self.num_buckets = num_buckets
-        self._communicator: Communicator | None = None
+        self._access: RowAccess | None = None
         self._table_id = -1
-        self._pending: list[tuple[np.ndarray, torch.Tensor]] = []
-        # Pulls started by prefetch(), oldest first: (ids, inverse, keys, collect).
-        self._prefetched: list[tuple[torch.Tensor, torch.Tensor, np.ndarray,
-                                     Callable[[], np.ndarray]]] = []
+        self._armed: Prefetch | None = None  # set by use(): the next forward's rows
         self.table_config(RuleConfig())  # validate the arguments now
         _LIVE.add(self)
+
+    @property
+    def table_id(self) -> int:
+        """The sparse table of this embedding (-1 before ``fleet.init_worker``)."""
+        return self._table_id
 
     def table_config(self, default_rule: RuleConfig) -> SparseTableConfig:
         """The table this embedding needs; ``default_rule`` when ``rule`` is None.
@@ -97,75 +123,90 @@ class SparseEmbedding(nn.Module):
         except ValueError as exc:
             raise ConfigError(f"SparseEmbedding {self.name!r}: {exc}") from None
 
-    def bind(self, communicator: Communicator, table_id: int) -> None:
-        """Connect to table ``table_id`` through ``communicator`` (fleet.init_worker)."""
-        self._communicator = communicator
+    def bind(self, access: RowAccess, table_id: int) -> None:
+        """Read table ``table_id`` through the worker runtime (``fleet.init_worker``)."""
+        self._access = access
         self._table_id = table_id
 
-    def prefetch(self, ids: torch.Tensor) -> bool:
+    def _require_access(self) -> RowAccess:
+        if self._access is None:
+            raise FatalError(f"SparseEmbedding {self.name!r} is not connected to a table: "
+                             "call fleet.init_worker() before the first forward")
+        return self._access
+
+    def prefetch(self, ids: torch.Tensor) -> Prefetch | None:
         """Start pulling the rows of a coming batch while the current one computes.
 
-        The next ``forward`` whose input is this very tensor uses the rows (any other
-        input pulls as usual). Only the async mode prefetches (its steps may read rows
-        a step older); elsewhere this does nothing, so sync stays exact.
+        Hand the returned handle to the forward over that batch (see
+        :class:`~psfleet.nn.types.Prefetch`). Only the async mode prefetches (its steps
+        may read rows a step older); elsewhere, and outside training, this returns
+        None and pulls nothing, so sync stays exact.
 
         Args:
             ids (Tensor[..., S], int64): the coming batch's ids.
 
         Returns:
-            Whether a pull was started.
+            The handle, or None when nothing was pulled.
+
+        Raises:
+            FatalError: not bound to a table (``fleet.init_worker``).
         """
-        communicator = self._communicator
-        if communicator is None or not communicator.prefetches or not (
-                self.training and torch.is_grad_enabled()):
-            return False
+        access = self._require_access()
+        if not access.prefetches or not (self.training and torch.is_grad_enabled()):
+            return None
         uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
         keys = uniq.numpy().view(np.uint64)
-        self._prefetched.append(
-            (ids, inverse, keys, communicator.start_pull_sparse(self._table_id, keys, True)))
-        del self._prefetched[:-_MAX_PREFETCHED]
-        return True
+        return Prefetch(self, ids, inverse, keys, access.start_pull(self._table_id, keys, True))
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self._communicator is None:
-            raise FatalError(f"SparseEmbedding {self.name!r} is not connected to a table: "
-                             "call fleet.init_worker() before the first forward")
+    @contextlib.contextmanager
+    def use(self, handle: Prefetch) -> Iterator[None]:
+        """Within the block, the next forward over ids equal to ``handle.ids`` uses the
+        prefetched rows. Raises ConfigError if ``handle`` is another embedding's."""
+        if handle.embedding is not self:
+            raise ConfigError(f"SparseEmbedding {self.name!r}: the prefetch handle belongs "
+                              f"to {handle.embedding.name!r}; hand each embedding its own")
+        self._armed = handle
+        try:
+            yield
+        finally:
+            self._armed = None
+
+    def forward(self, ids: torch.Tensor, prefetched: Prefetch | None = None) -> torch.Tensor:
+        """Rows of ``ids`` (Tensor[..., S], int64) as Tensor[..., S, dim], float32.
+
+        Args:
+            prefetched: the handle of :meth:`prefetch` over these ids (equal values);
+                its rows are used instead of a new pull.
+
+        Raises:
+            FatalError: not bound to a table.
+            ConfigError: ids are not int64, or ``prefetched`` was made for other ids
+                or another embedding.
+        """
+        access = self._require_access()
         if ids.dtype != torch.int64:
             raise ConfigError(f"SparseEmbedding {self.name!r}: ids must be int64, "
                               f"got {ids.dtype}")
         training = self.training and torch.is_grad_enabled()
-        match = next((i for i, p in enumerate(self._prefetched) if p[0] is ids), None)
-        if match is not None and training:
-            _, inverse, keys, collect = self._prefetched[match]
-            del self._prefetched[: match + 1]  # this one and any never used
-            values = collect()
+        if prefetched is not None and not prefetched.matches(self, ids):
+            raise ConfigError(f"SparseEmbedding {self.name!r}: prefetched= was made by "
+                              f"{prefetched.embedding.name!r} for ids of shape "
+                              f"{tuple(prefetched.ids.shape)}, not for these ids "
+                              f"{tuple(ids.shape)}; pass the handle of this batch")
+        handle = prefetched
+        if handle is None and self._armed is not None and self._armed.matches(self, ids):
+            handle, self._armed = self._armed, None
+        if handle is not None and training:
+            inverse, keys, values = handle.inverse, handle.keys, handle.rows.result()
         else:
             uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
             keys = uniq.numpy().view(np.uint64)
-            values = self._communicator.pull_sparse(self._table_id, keys, create=training)
+            values = access.start_pull(self._table_id, keys, training).result()
         rows = torch.from_numpy(values)  # [U, dim]
         if training:
             rows.requires_grad_(True)
-            self._pending.append((keys, rows))
+            access.record(self._table_id, keys, rows)
         return rows[inverse].reshape(*ids.shape, self.dim)
-
-    def push_grads(self) -> int:
-        """Hand the gradients of every forward since the last call to the communicator.
-
-        Returns:
-            Number of rows pushed (forwards of one step are merged into one push,
-            equal keys summed).
-        """
-        with_grad = [(keys, rows.grad.numpy()) for keys, rows in self._pending
-                     if rows.grad is not None]
-        self._pending.clear()
-        if self._communicator is None:
-            return 0
-        if not with_grad:  # still push (nothing): a sync round counts every worker's push
-            with_grad = [(np.zeros(0, np.uint64), np.zeros((0, self.dim), np.float32))]
-        keys, grads = merge_sparse([k for k, _ in with_grad], [g for _, g in with_grad])
-        self._communicator.push_sparse(self._table_id, keys, grads)
-        return int(keys.size)
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, dim={self.dim}, table_id={self._table_id}"

@@ -27,7 +27,7 @@ from psfleet.errors import ConfigError
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy
 from psfleet.fleet.persistence import restart_num
 from psfleet.metrics import StreamingAuc, auc, log_loss
-from psfleet.nn import SparseEmbedding
+from psfleet.nn import Prefetch, SparseEmbedding, use_prefetched
 from psfleet.rec.config import TrainConfig
 from psfleet.rec.models import build_model
 from psfleet.rec.predict import export_trained_model
@@ -59,21 +59,23 @@ def evaluate(model: nn.Module, reader: Reader) -> dict[str, float]:
 
 
 def _with_prefetch(reader: Reader, embeddings: list[SparseEmbedding]
-                   ) -> Iterator[Batch]:
-    """Yield the batches, starting each next batch's row pulls before yielding one.
+                   ) -> Iterator[tuple[Batch, list[Prefetch | None]]]:
+    """Yield each batch with its prefetch handles, starting the next batch's row pulls
+    before yielding one.
 
     The pulls of batch t+1 overlap the forward and backward of batch t (async mode;
-    ``SparseEmbedding.prefetch`` does nothing in the other modes).
+    ``SparseEmbedding.prefetch`` returns None in the other modes). Run the forward of
+    a batch inside ``use_prefetched(handles)``.
     """
     batches = iter(reader)
     current = next(batches, None)
+    handles: list[Prefetch | None] = []
     while current is not None:
         upcoming = next(batches, None)
-        if upcoming is not None:
-            for embedding in embeddings:
-                embedding.prefetch(upcoming.sparse)
-        yield current
-        current = upcoming
+        coming = ([e.prefetch(upcoming.sparse) for e in embeddings]
+                  if upcoming is not None else [])
+        yield current, handles
+        current, handles = upcoming, coming
 
 
 def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Reader,
@@ -91,8 +93,9 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Read
                desc=f"epoch {epoch + 1}/{config.runner.epochs}",
                disable=not show, mininterval=0.5, unit="batch", dynamic_ncols=True)
     embeddings = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
-    for step, batch in enumerate(_with_prefetch(reader, embeddings)):
-        logits = model(batch.sparse, batch.dense)
+    for step, (batch, prefetched) in enumerate(_with_prefetch(reader, embeddings)):
+        with use_prefetched(prefetched):
+            logits = model(batch.sparse, batch.dense)
         loss = loss_fn(logits, batch.labels)
         optimizer.zero_grad()
         loss.backward()

@@ -10,33 +10,40 @@ mode beside this file, chosen by name through :func:`make_communicator`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
-from psfleet.errors import ConfigError
 from psfleet.ps.client import TableClient
 from psfleet.ps.types import RuleConfig, SparseTableConfig
 
-__all__ = ["AsyncConfig", "Communicator"]
+__all__ = ["AsyncConfig", "Communicator", "SparsePull"]
 
 
-@dataclass(frozen=True)
-class AsyncConfig:
-    """Settings of the async communicator (Paddle's ``a_sync_configs``).
+_AT_LEAST_ONE = ("k_steps", "send_queue_size", "max_merge_var_num", "thread_pool_size")
+
+
+class AsyncConfig(BaseModel):
+    """Settings of the async communicator: Paddle's ``strategy.a_sync_configs``.
+
+    Declared once: ``DistributedStrategy.a_sync_configs`` is this model, and the async
+    communicator takes it as it is. Frozen; unknown keys are errors; every error names
+    the field as ``strategy.a_sync_configs.<name>``.
 
     Attributes:
-        k_steps: dense values are pulled after every ``k_steps`` sends.
+        k_steps: dense values are pulled after every ``k_steps`` sends (>= 1).
         send_queue_size: steps waiting to be sent before ``end_step`` blocks
             (back-pressure on a worker that outruns the servers; it bounds how stale
-            the gradients the servers apply can be).
-        max_merge_var_num: queued steps merged (summed) into one send at most.
-        thread_pool_size: send threads (each merges and sends on its own).
+            the gradients the servers apply can be) (>= 1).
+        max_merge_var_num: queued steps merged (summed) into one send at most (>= 1).
+        thread_pool_size: send threads (each merges and sends on its own) (>= 1).
         send_wait_times: when fewer than ``max_merge_var_num`` steps are queued, a
             send thread waits up to this many 10 ms periods for more to merge
-            (0: send at once).
+            (0: send at once) (>= 0).
     """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     k_steps: int = 1
     send_queue_size: int = 16
@@ -44,13 +51,56 @@ class AsyncConfig:
     thread_pool_size: int = 1
     send_wait_times: int = 0
 
-    def __post_init__(self) -> None:
-        for name in ("k_steps", "send_queue_size", "max_merge_var_num", "thread_pool_size",
-                     "send_wait_times"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < (0 if name == "send_wait_times" else 1):
-                raise ConfigError(f"strategy.a_sync_configs.{name}: {value!r} must be an "
-                                  "integer >= 1 (send_wait_times >= 0)")
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(cls.model_fields))
+            if unknown:
+                raise ValueError(f"strategy.a_sync_configs.{unknown[0]}: unknown setting; "
+                                 f"the settings are {', '.join(cls.model_fields)}")
+        return data
+
+    @field_validator(*_AT_LEAST_ONE, "send_wait_times")
+    @classmethod
+    def _in_range(cls, value: int, info: ValidationInfo) -> int:
+        least = 1 if info.field_name in _AT_LEAST_ONE else 0
+        if value < least:
+            raise ValueError(f"strategy.a_sync_configs.{info.field_name}: {value!r} must be "
+                             f"an integer >= {least}")
+        return value
+
+
+class SparsePull:
+    """A sparse pull in flight (a future): :meth:`result` waits for the rows.
+
+    Made by :meth:`Communicator.start_pull_sparse`. Dropping one whose result was never
+    asked for is harmless (the rows are discarded when they arrive). Not thread safe:
+    one consumer.
+
+    Args:
+        pending: the client's pull in flight, an object with ``result() -> ndarray``
+            (``TableClient.start_pull_sparse``'s handle); a bare callable returning
+            the rows is accepted too.
+        rows: rows already here (float32[N, dim]); ``pending`` is then ignored.
+    """
+
+    __slots__ = ("pending", "_rows")
+
+    def __init__(self, pending: Any = None, rows: np.ndarray | None = None) -> None:
+        self.pending = pending
+        self._rows = rows
+
+    def result(self) -> np.ndarray:
+        """The rows float32[N, dim], in the order of the keys pulled. Blocks until they
+        arrive; later calls return the same array.
+
+        Raises:
+            RpcError, RemoteError: the pull failed.
+        """
+        if self._rows is None:
+            self._rows = getattr(self.pending, "result", self.pending)()
+        return self._rows
 
 
 class Communicator(ABC):
@@ -81,9 +131,17 @@ class Communicator(ABC):
         return self.client.pull_sparse(table_id, keys, create)
 
     def start_pull_sparse(self, table_id: int, keys: np.ndarray,
-                          create: bool = True) -> Callable[[], np.ndarray]:
-        """Issue a pull now; calling the result waits for the rows (see ``prefetches``)."""
-        return self.client.start_pull_sparse(table_id, keys, create)
+                          create: bool = True) -> SparsePull:
+        """Pull the rows of ``keys`` (uint64[N]) as a handle (a future): its
+        ``result()`` waits for float32[N, dim]; dropping it unused is harmless.
+
+        Where the mode :attr:`prefetches`, the pull is sent now and overlaps whatever
+        runs until ``result()``; elsewhere it is served at once through
+        :meth:`pull_sparse` (so a mode's own row source, e.g. GEO's local copy, is used).
+        """
+        if self.prefetches:
+            return SparsePull(self.client.start_pull_sparse(table_id, keys, create))
+        return SparsePull(rows=self.pull_sparse(table_id, keys, create))
 
     @abstractmethod
     def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:

@@ -1,0 +1,247 @@
+"""The worker runtime: one object per worker owning its tables and its step.
+
+Built once, at ``fleet.init_worker()``, from one frozen :class:`RuntimeConfig` (role,
+strategy, rpc settings, server wait timeout, restart count) and the mode's
+:class:`WorkerHooks` (parameter server: :class:`ParameterServerHooks`; collective:
+``psfleet.collective.CollectiveHooks``), a :class:`WorkerRuntime` owns:
+
+- the table client (remote servers, or in process when there are none) and the
+  communicator of the mode;
+- the table registry (:class:`~psfleet.fleet.tables.TableRegistry`: sparse ids by
+  embedding name, then the dense table), which it creates on the tables;
+- the dense layout and the optimizer hook-up (the dense table starts from the
+  optimizer's parameters, every worker installs the values the tables hold);
+- the step (:class:`~psfleet.fleet.step.StepCollector`): the embeddings pull through
+  it and leave their rows there; ``optimizer.step()`` has it push them.
+
+``psfleet.fleet.Fleet`` is the Paddle-compatible shell over it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+from torch import nn
+
+from psfleet import env
+from psfleet.errors import ConfigError
+from psfleet.fleet.optimizer import DistributedOptimizer
+from psfleet.fleet.role_maker import RoleInfo
+from psfleet.fleet.step import StepCollector
+from psfleet.fleet.strategy import DistributedStrategy
+from psfleet.fleet.tables import TableRegistry
+from psfleet.nn import SparseEmbedding
+from psfleet.ps import LocalClient, RemoteClient, TableClient
+from psfleet.ps.communicator import Communicator, make_communicator
+from psfleet.rpc import RpcConfig
+
+__all__ = ["ParameterServerHooks", "RuntimeConfig", "WorkerHooks", "WorkerRuntime",
+           "server_wait_timeout_s"]
+
+logger = logging.getLogger(__name__)
+
+S = TypeVar("S")
+
+
+def server_wait_timeout_s(strategy: DistributedStrategy) -> float:
+    """How long a worker waits for the servers: the strategy's, else
+    ``PSFLEET_SERVER_WAIT_TIMEOUT_S`` (default 300), seconds.
+
+    Raises:
+        ConfigError: the variable is not a number of seconds.
+    """
+    if strategy.server_wait_timeout_s is not None:
+        return strategy.server_wait_timeout_s
+    raw = env.read("PSFLEET_SERVER_WAIT_TIMEOUT_S") or "300"
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"PSFLEET_SERVER_WAIT_TIMEOUT_S: {raw!r} is not seconds") from None
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Everything a worker runtime is built from.
+
+    Attributes:
+        role: this worker's place in the job.
+        strategy: how the job trains.
+        rpc_config: deadlines, retries and auth of calls to the servers.
+        wait_timeout_s: how long to wait for the servers to be ready, seconds.
+        restart_num: how often the launcher restarted this worker (0: first start;
+            a restarted worker joins a running job and skips the start barrier).
+    """
+
+    role: RoleInfo
+    strategy: DistributedStrategy
+    rpc_config: RpcConfig
+    wait_timeout_s: float
+    restart_num: int = 0
+
+
+class WorkerHooks(Protocol):
+    """Where a mode changes the worker runtime (see ``psfleet.collective.hooks``)."""
+
+    is_collective: bool
+    tables_in_process: bool
+    communicator_mode: str | None
+    every_rank_loads: bool
+
+    def wrap_model(self, model: nn.Module) -> nn.Module: ...
+    def join(self, communicator: object | None) -> AbstractContextManager[Any]: ...
+    def communicator_settings(self, settings: S) -> S: ...
+    def initial_dense(self, values: np.ndarray) -> np.ndarray: ...
+    def attach(self, communicator: object, step: Callable[[], None]) -> None: ...
+    def barrier(self, name: str, client_barrier: Callable[[], None]) -> None: ...
+    def close(self) -> None: ...
+
+
+class ParameterServerHooks:
+    """The parameter-server modes' hooks: the model as it is, the tables' barrier."""
+
+    is_collective = False
+    tables_in_process = False
+    communicator_mode: str | None = None
+    every_rank_loads = False
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def join(self, communicator: object | None) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def communicator_settings(self, settings: S) -> S:
+        return settings
+
+    def initial_dense(self, values: np.ndarray) -> np.ndarray:
+        return values
+
+    def attach(self, communicator: object, step: Callable[[], None]) -> None:
+        """Nothing: every worker runs its own steps."""
+
+    def barrier(self, name: str, client_barrier: Callable[[], None]) -> None:
+        client_barrier()
+
+    def close(self) -> None:
+        """Nothing to leave."""
+
+
+class WorkerRuntime:
+    """One worker's tables, communicator and step (see the module doc).
+
+    Build with :meth:`connect`. Not thread safe: one training loop per process.
+    """
+
+    def __init__(self, config: RuntimeConfig, hooks: WorkerHooks, client: TableClient,
+                 communicator: Communicator, tables: TableRegistry,
+                 optimizer: DistributedOptimizer, mode: str) -> None:
+        self.config = config
+        self.hooks = hooks
+        self.client = client
+        self.communicator = communicator
+        self.tables = tables
+        self.optimizer = optimizer
+        self.mode = mode
+        sparse = tables.sparse_configs()
+        self.step = StepCollector(communicator, {i: c.dim for i, c in sparse.items()},
+                                  tables.dense_table_id)
+
+    @classmethod
+    def connect(cls, config: RuntimeConfig, hooks: WorkerHooks,
+                optimizer: DistributedOptimizer,
+                embeddings: Sequence[SparseEmbedding]) -> WorkerRuntime:
+        """Connect to the tables, create them, and bind the embeddings and optimizer.
+
+        Waits for every server with a visible, bounded retry; creates one sparse table
+        per embedding and one dense table for the optimizer's parameters; every worker
+        then starts from the dense values the tables hold. Blocks on every worker
+        (a restarted worker excepted).
+
+        Raises:
+            ConfigError: two embeddings share a name, or a setting is out of range.
+            ServerNotReadyError: servers not ready within ``config.wait_timeout_s``.
+        """
+        role, strategy = config.role, config.strategy
+        tables = TableRegistry.of(embeddings, optimizer.rule)
+        settings = hooks.communicator_settings(strategy.communicator_settings(role.worker_num))
+        client: TableClient
+        if hooks.tables_in_process or role.is_local:
+            client = LocalClient()
+            mode = hooks.communicator_mode or "local"
+        else:
+            remote = RemoteClient(role.server_endpoints, config.rpc_config, role.worker_index)
+            remote.wait_ready(config.wait_timeout_s)
+            client, mode = remote, strategy.mode
+        communicator = make_communicator(mode, client, settings)
+        runtime = cls(config, hooks, client, communicator, tables, optimizer, mode)
+        runtime._create_tables()
+        logger.info("worker %d/%d ready: %s mode, %d sparse tables %s, %d dense parameters, "
+                    "servers %s", role.worker_index, role.worker_num, mode,
+                    len(tables.embeddings), list(tables.sparse_ids()),
+                    sum(p.numel() for p in optimizer.params), list(role.server_endpoints))
+        return runtime
+
+    def _create_tables(self) -> None:
+        client, communicator, opt = self.client, self.communicator, self.optimizer
+        for table_id, config in self.tables.sparse_configs().items():
+            client.create_sparse_table(table_id, config)
+            communicator.on_sparse_table(table_id, config)
+            self.tables.embeddings[table_id].bind(self.step, table_id)
+        dense_id = self.tables.dense_table_id
+        strategy = self.config.strategy
+        client.create_dense_table(
+            dense_id, "dense", [tuple(p.shape) for p in opt.params], opt.rule,
+            self.hooks.initial_dense(opt.flat_values()), strategy.slicing(),
+            strategy.dc_asgd_lambda if strategy.dc_asgd else 0.0)
+        if self.config.restart_num == 0:  # a restarted worker joins a job already running
+            self.barrier("init_worker")
+        values = client.pull_dense(dense_id)
+        opt.install(values)
+        communicator.on_dense_table(dense_id, opt.rule, values)
+        opt.bind(self.step)
+        self.hooks.attach(communicator, opt.step)  # collective: a joined rank steps too
+        communicator.start()
+
+    @property
+    def role(self) -> RoleInfo:
+        return self.config.role
+
+    @property
+    def strategy(self) -> DistributedStrategy:
+        return self.config.strategy
+
+    def server_num(self) -> int:
+        return len(self.config.role.server_endpoints)
+
+    def barrier(self, name: str) -> None:
+        """Block until every worker (collective: every rank) reaches barrier ``name``."""
+        role = self.config.role
+        self.hooks.barrier(name, lambda: self.client.barrier(name, role.worker_index,
+                                                             role.worker_num))
+
+    def flush(self) -> None:
+        """Block until this worker's pushes so far are applied; install fresh dense values."""
+        self.communicator.flush()
+        self.optimizer.refresh()
+
+    def reload_dense(self) -> None:
+        """Install the dense values the tables hold now, in the optimizer and the
+        communicator (after a load into the tables)."""
+        self.optimizer.refresh()
+        self.communicator.on_dense_table(self.tables.dense_table_id, self.optimizer.rule,
+                                         self.optimizer.flat_values())
+
+    def stop(self) -> None:
+        """Flush, wait for every worker, then (worker 0) stop the servers; close."""
+        self.communicator.stop()
+        role = self.config.role
+        self.barrier("stop_worker")
+        if role.worker_index == 0:
+            self.client.stop_servers(role.worker_index)
+        self.client.close()
