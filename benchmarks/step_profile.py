@@ -132,9 +132,15 @@ def _train(mode: str, train: Path, steps: int, repeats: int, warmup: int,
     fleet.init_worker()
 
     timers = Timers()
-    communicator = embedding._communicator
-    assert communicator is not None
-    communicator.pull_sparse = timers.wrap("pull", communicator.pull_sparse)  # type: ignore
+    communicator = fleet._fleet._require_runtime().communicator  # noqa: SLF001
+    start_pull = communicator.start_pull_sparse
+
+    def pull(table_id: int, keys: Any, create: bool = True) -> Any:
+        handle = start_pull(table_id, keys, create)
+        handle.result()  # the forward waits for the rows here
+        return handle
+
+    communicator.start_pull_sparse = timers.wrap("pull", pull)  # type: ignore
     communicator.end_step = timers.wrap("wait (send queue full)",  # type: ignore
                                         communicator.end_step)
     optimizer.install = timers.wrap("install dense", optimizer.install)  # type: ignore
