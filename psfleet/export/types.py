@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from psfleet.ps.types import Initializer
+
 __all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST_FILE", "DENSE_MODEL_FILE", "TensorSpec",
            "SparseTableSpec", "DenseModelSpec", "InferenceManifest"]
 
@@ -68,7 +70,7 @@ class SparseTableSpec(_Spec):
     values_file: str
     key_dtype: Literal["uint64"] = "uint64"
     value_dtype: Literal["float32"] = "float32"
-    initializer: Literal["uniform", "normal", "zeros"]
+    initializer: Initializer
     initial_range: float = Field(ge=0)
     seed: int = Field(ge=0)
 

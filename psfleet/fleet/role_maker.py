@@ -20,7 +20,6 @@ never a silent choice.
 
 from __future__ import annotations
 
-import enum
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -32,6 +31,7 @@ from psfleet.env import int_var
 from psfleet.errors import ConfigError
 from psfleet.fleet._role_env import Workers, server_endpoints, workers_of
 from psfleet.rpc import parse_endpoint
+from psfleet.types import Role
 
 __all__ = [
     "Role",
@@ -42,13 +42,6 @@ __all__ = [
     "SlurmRoleMaker",
     "UserDefinedRoleMaker",
 ]
-
-
-class Role(enum.Enum):
-    """What a process does in the job."""
-
-    WORKER = "TRAINER"
-    SERVER = "PSERVER"
 
 
 @dataclass(frozen=True)

@@ -7,19 +7,36 @@ is made; an error names the field and the allowed values.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from psfleet.errors import ConfigError
 from psfleet.ps.communicator import AsyncConfig, CommunicatorSettings
-from psfleet.ps.types import SlicingConfig
+from psfleet.ps.types import SlicingConfig, SplitMethod
+from psfleet.types import Mode
 
 __all__ = ["DistributedStrategy", "AsyncSettings", "StrategyFactory"]
 
 
-#: The seeds' name of the async settings: the one model the communicator takes too.
-AsyncSettings = AsyncConfig
+class AsyncSettings(BaseModel):
+    """Paddle's ``a_sync_configs`` (meanings in ``psfleet.ps.communicator.AsyncConfig``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    k_steps: int = Field(1, ge=1)
+    send_queue_size: int = Field(16, ge=1)
+    max_merge_var_num: int = Field(16, ge=1)
+    thread_pool_size: int = Field(1, ge=1)
+    send_wait_times: int = Field(0, ge=0)
+
+
+_SLICING = SlicingConfig.model_fields
+
+
+def _slicing_field(name: str) -> Any:
+    """SlicingConfig's declaration of field ``name`` (its default and constraints)."""
+    return _SLICING[name]
 
 
 class DistributedStrategy(BaseModel):
@@ -33,8 +50,7 @@ class DistributedStrategy(BaseModel):
             server; ``collective`` for all-reduce data parallelism without servers
             (every rank holds the model; same as ``fleet.init(is_collective=True)``).
         geo_step: steps between GEO syncs (PaddleRec's default 400).
-        a_sync_configs: the async communicator's settings
-            (``psfleet.ps.communicator.AsyncConfig``, the same model it takes).
+        a_sync_configs: the async communicator's settings.
         slice_var_up, split_method, min_block_size: how dense parameters are cut
             into blocks and placed on servers (``psfleet.ps.types.SlicingConfig``).
         dc_asgd: delay-compensated async SGD for dense parameters on the servers
@@ -49,12 +65,13 @@ class DistributedStrategy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mode: Literal["sync", "async", "geo", "collective"] = "async"
+    mode: Mode = "async"
     geo_step: int = Field(400, ge=1)
-    a_sync_configs: AsyncConfig = AsyncConfig()
-    slice_var_up: bool = True
-    split_method: Literal["RoundRobin", "HashName"] = "RoundRobin"
-    min_block_size: int = Field(8192, ge=1)
+    a_sync_configs: AsyncSettings = AsyncSettings()
+    # The seeds' flat names; default and constraints are SlicingConfig's (declared once).
+    slice_var_up: bool = _slicing_field("slice_var_up")
+    split_method: SplitMethod = _slicing_field("split_method")
+    min_block_size: int = _slicing_field("min_block_size")
     dc_asgd: bool = False
     dc_asgd_lambda: float = Field(0.04, gt=0)
     server_wait_timeout_s: float | None = Field(None, gt=0)
@@ -68,12 +85,12 @@ class DistributedStrategy(BaseModel):
 
     def communicator_settings(self, worker_num: int) -> CommunicatorSettings:
         """What the communicator of :attr:`mode` needs."""
-        return CommunicatorSettings(self.a_sync_configs, self.geo_step, worker_num)
+        return CommunicatorSettings(AsyncConfig(**self.a_sync_configs.model_dump()),
+                                    self.geo_step, worker_num)
 
     def slicing(self) -> SlicingConfig:
         """The dense block layout settings."""
-        return SlicingConfig(slice_var_up=self.slice_var_up, split_method=self.split_method,
-                             min_block_size=self.min_block_size)
+        return SlicingConfig(**self.model_dump(include=set(_SLICING)))
 
 
 class StrategyFactory:

@@ -126,7 +126,7 @@ class ChildProcess:
             self._tee_thread = threading.Thread(
                 target=_copy,
                 args=(self._popen.stdout, self._log, stream),
-                name=f"tee-{spec.role.value}-{spec.index}",
+                name=f"tee-{spec.role.word}-{spec.index}",
                 daemon=True,
             )
             self._tee_thread.start()

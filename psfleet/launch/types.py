@@ -1,14 +1,14 @@
-"""Vocabulary of the launcher: roles, the launch configuration, one child's spec.
+"""Vocabulary of the launcher: the launch configuration and one child's spec.
 
 :class:`LaunchConfig` is what ``fleetrun`` parses from its flags and what
 :func:`psfleet.launch.launch_local` builds from its arguments; it is validated when
 created, so a bad value fails before any process starts. :class:`ProcessSpec` is
 everything needed to start one child: its role, index, argv, environment and log file.
+:class:`~psfleet.types.Role` (the job-wide one) is re-exported here.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 import sys
 from collections.abc import Mapping
@@ -17,28 +17,12 @@ from pathlib import Path
 
 from psfleet.errors import ConfigError
 from psfleet.launch.hosts import normalize_host, parse_server_list, parse_worker_list, split_list
+from psfleet.types import Role
 
 __all__ = ["LOCAL_HOST", "Role", "LaunchConfig", "ProcessSpec"]
 
 #: The address every child binds and reports on a one-host job.
 LOCAL_HOST = "127.0.0.1"
-
-
-class Role(enum.Enum):
-    """The role of a child process (DESIGN.md "Words")."""
-
-    SERVER = "server"
-    WORKER = "worker"
-
-    @property
-    def paddle_name(self) -> str:
-        """The value of ``TRAINING_ROLE`` for this role (the seeds' spelling)."""
-        return "PSERVER" if self is Role.SERVER else "TRAINER"
-
-    @property
-    def log_prefix(self) -> str:
-        """Prefix of this role's log files: ``serverlog`` or ``workerlog``."""
-        return f"{self.value}log"
 
 
 def _check_count(flag: str, value: object, minimum: int) -> None:
@@ -215,4 +199,4 @@ class ProcessSpec:
     @property
     def name(self) -> str:
         """Human name used in logs and errors: ``server 0``, ``worker 1``."""
-        return f"{self.role.value} {self.index}"
+        return f"{self.role.word} {self.index}"

@@ -8,7 +8,7 @@ error. Field names follow Paddle's table/accessor protos where they exist.
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -21,10 +21,34 @@ __all__ = [
     "RESERVED_KEY",
     "PushMode",
     "SlicingConfig",
+    "RuleName",
+    "RULE_NAMES",
+    "OptimizerClass",
+    "OPTIMIZER_CLASSES",
+    "Initializer",
+    "INITIALIZERS",
+    "SplitMethod",
 ]
 
 #: uint64 key that cannot be stored (the hash index marks empty slots with it).
 RESERVED_KEY = 0xFFFF_FFFF_FFFF_FFFF
+
+#: Optimizer rules the servers apply (one ``psfleet.ps.rules.Rule`` class per name).
+RuleName = Literal["sgd", "adagrad", "adam"]
+RULE_NAMES: tuple[str, ...] = get_args(RuleName)
+
+#: The torch.optim classes (by class name, as the YAML's ``optimizer.class``) whose
+#: update a rule reproduces: ``Adam`` -> ``adam``, ``SGD`` -> ``sgd``, ``Adagrad`` ->
+#: ``adagrad`` (``psfleet.fleet.rule_from_optimizer``).
+OptimizerClass = Literal["Adam", "SGD", "Adagrad"]
+OPTIMIZER_CLASSES: tuple[str, ...] = get_args(OptimizerClass)
+
+#: Initializers of new sparse rows (``psfleet.ps.hashing.init_rows``).
+Initializer = Literal["uniform", "normal", "zeros"]
+INITIALIZERS: tuple[str, ...] = get_args(Initializer)
+
+#: How dense blocks are placed on servers (:class:`SlicingConfig`).
+SplitMethod = Literal["RoundRobin", "HashName"]
 
 
 class PushMode(enum.IntEnum):
@@ -55,7 +79,7 @@ class RuleConfig(_Frozen):
             (torch.optim.Adagrad's ``initial_accumulator_value``).
     """
 
-    name: Literal["sgd", "adagrad", "adam"] = "adam"
+    name: RuleName = "adam"
     learning_rate: float = Field(0.001, gt=0)
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.999, ge=0, lt=1)
@@ -83,7 +107,7 @@ class SparseTableConfig(_Frozen):
     name: str = Field(min_length=1)
     dim: int = Field(gt=0, le=65536)
     rule: RuleConfig = RuleConfig()
-    initializer: Literal["uniform", "normal", "zeros"] = "uniform"
+    initializer: Initializer = "uniform"
     initial_range: float = Field(0.01, ge=0)
     seed: int = Field(0, ge=0)
     num_buckets: int = Field(4096, gt=0)
@@ -116,7 +140,7 @@ class SlicingConfig(_Frozen):
     """
 
     slice_var_up: bool = True
-    split_method: Literal["RoundRobin", "HashName"] = "RoundRobin"
+    split_method: SplitMethod = "RoundRobin"
     min_block_size: int = Field(8192, ge=1)
 
 
