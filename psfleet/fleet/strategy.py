@@ -19,16 +19,8 @@ from psfleet.types import Mode
 __all__ = ["DistributedStrategy", "AsyncSettings", "StrategyFactory"]
 
 
-class AsyncSettings(BaseModel):
-    """Paddle's ``a_sync_configs`` (meanings in ``psfleet.ps.communicator.AsyncConfig``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    k_steps: int = Field(1, ge=1)
-    send_queue_size: int = Field(16, ge=1)
-    max_merge_var_num: int = Field(16, ge=1)
-    thread_pool_size: int = Field(1, ge=1)
-    send_wait_times: int = Field(0, ge=0)
+#: The seeds' name of the async settings: the one model the communicator takes too.
+AsyncSettings = AsyncConfig
 
 
 _SLICING = SlicingConfig.model_fields
@@ -50,7 +42,8 @@ class DistributedStrategy(BaseModel):
             server; ``collective`` for all-reduce data parallelism without servers
             (every rank holds the model; same as ``fleet.init(is_collective=True)``).
         geo_step: steps between GEO syncs (PaddleRec's default 400).
-        a_sync_configs: the async communicator's settings.
+        a_sync_configs: the async communicator's settings
+            (``psfleet.ps.communicator.AsyncConfig``, the same model it takes).
         slice_var_up, split_method, min_block_size: how dense parameters are cut
             into blocks and placed on servers (``psfleet.ps.types.SlicingConfig``).
         dc_asgd: delay-compensated async SGD for dense parameters on the servers
@@ -67,7 +60,7 @@ class DistributedStrategy(BaseModel):
 
     mode: Mode = "async"
     geo_step: int = Field(400, ge=1)
-    a_sync_configs: AsyncSettings = AsyncSettings()
+    a_sync_configs: AsyncConfig = AsyncConfig()
     # The seeds' flat names; default and constraints are SlicingConfig's (declared once).
     slice_var_up: bool = _slicing_field("slice_var_up")
     split_method: SplitMethod = _slicing_field("split_method")
@@ -85,8 +78,7 @@ class DistributedStrategy(BaseModel):
 
     def communicator_settings(self, worker_num: int) -> CommunicatorSettings:
         """What the communicator of :attr:`mode` needs."""
-        return CommunicatorSettings(AsyncConfig(**self.a_sync_configs.model_dump()),
-                                    self.geo_step, worker_num)
+        return CommunicatorSettings(self.a_sync_configs, self.geo_step, worker_num)
 
     def slicing(self) -> SlicingConfig:
         """The dense block layout settings."""
