@@ -4,7 +4,9 @@
   non-daemon threads, listening sockets or changed environment variables; it kills
   leftover processes and restores the environment so later tests start clean. Mark a
   test ``@pytest.mark.allow_leaks`` to skip the check (say why in the test).
-- ``repo_root``, ``criteo_dir``: where the code and the shared Criteo sample are.
+- ``repo_root``, ``criteo_dir``: where the code and the shared Criteo sample are; a test
+  that needs ``../shared/data`` FAILS naming it when it is missing (never skips):
+  :func:`require_shared_data`.
 - ``data_slice``: writes the first N lines of a Criteo file into ``tmp_path``.
 - ``run_cli``: runs ``python -m psfleet.cli.main ...`` in a clean environment.
 - :func:`clean_env`, :func:`run_command`, :func:`processes_mentioning` for tests that
@@ -26,7 +28,9 @@ import psutil
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CRITEO_DIR = (REPO_ROOT / ".." / "shared" / "data" / "criteo_kaggle_sample").resolve()
+SHARED_DATA = (REPO_ROOT / ".." / "shared" / "data").resolve()
+CRITEO_DIR = SHARED_DATA / "criteo_kaggle_sample"
+CRITEO_FILES = ("train.csv", "dev.csv", "test.csv")
 LEAK_GRACE_S = 5.0
 
 # Variables that make a process part of a job; children of tests never inherit them.
@@ -139,13 +143,30 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
-@pytest.fixture
+def require_shared_data(folder: Path | None = None,
+                        files: Sequence[str] = CRITEO_FILES) -> Path:
+    """Return ``folder`` (default :data:`CRITEO_DIR`) if it holds ``files``.
+
+    Raises:
+        pytest.fail.Exception: some file is missing; the message names the folder, the
+            missing files and how to get them. A missing data set fails the test: it is
+            never skipped, so a run without ``../shared`` cannot pass silently.
+    """
+    folder = CRITEO_DIR if folder is None else folder
+    missing = [name for name in files if not (folder / name).is_file()]
+    if missing:
+        pytest.fail(f"{folder} (../shared/data/{folder.name} beside the repository) is "
+                    f"missing {', '.join(missing)}: clone the project with ../shared beside "
+                    f"it (the shared folder holds the real Criteo data the tests train on)",
+                    pytrace=False)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def criteo_dir() -> Path:
-    """The shared Criteo Kaggle sample (train.csv 7,200 lines, dev.csv, test.csv)."""
-    if not (CRITEO_DIR / "train.csv").is_file():
-        pytest.skip(f"Criteo sample not found at {CRITEO_DIR} (expected next to the repo, "
-                    "in ../shared/data/criteo_kaggle_sample)")
-    return CRITEO_DIR
+    """The shared Criteo Kaggle sample (train.csv 7,200 lines, dev.csv, test.csv); the
+    test fails (never skips) when ``../shared/data/criteo_kaggle_sample`` is missing."""
+    return require_shared_data()
 
 
 def write_slice(source: Path, dest: Path, lines: int, start: int = 0) -> Path:

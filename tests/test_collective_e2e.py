@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from conftest import run_command
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "criteo_dnn" / "config_collective.yaml"
 PROBE = REPO / "tests" / "jobs" / "collective_probe_job.py"
@@ -36,15 +38,14 @@ def _train_args(train: Path, test: Path, out: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def criteo_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+def criteo_runs(criteo_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+                ) -> Iterator[dict[str, object]]:
     """The example trained three ways: name -> (CompletedProcess, metrics or None)."""
-    from conftest import CRITEO_DIR, write_slice
+    from conftest import write_slice
 
-    if not (CRITEO_DIR / "train.csv").is_file():
-        pytest.skip(f"Criteo sample not found at {CRITEO_DIR}")
     work = tmp_path_factory.mktemp("criteo_collective")
-    train = write_slice(CRITEO_DIR / "train.csv", work / "train.csv", 3000)
-    test = write_slice(CRITEO_DIR / "dev.csv", work / "test.csv", 400)
+    train = write_slice(criteo_dir / "train.csv", work / "train.csv", 3000)
+    test = write_slice(criteo_dir / "dev.csv", work / "test.csv", 400)
     module = ["-m", "psfleet.cli.main"]
     commands = {
         "psfleet train": [sys.executable, *module, *_train_args(train, test, work / "cli")],
@@ -64,6 +65,7 @@ def criteo_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
 
 
 @pytest.mark.parametrize("how", ["psfleet train", "fleetrun", "torchrun"])
+@pytest.mark.slow
 def test_criteo_example_trains_with_two_ranks(criteo_runs: dict[str, object], how: str) -> None:
     result, metrics = criteo_runs[how]  # type: ignore[misc]
     assert result.returncode == 0, f"{how}: exit {result.returncode}\n{result.stderr[-4000:]}"
@@ -78,6 +80,7 @@ def test_criteo_example_trains_with_two_ranks(criteo_runs: dict[str, object], ho
     assert metrics["test"]["auc"] == pytest.approx(reference["test"]["auc"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_failing_rank_is_the_root_cause(tmp_path: Path) -> None:
     log_dir = tmp_path / "log"
     result = run_command([sys.executable, "-m", "psfleet.launch.main", "--mode", "collective",
@@ -99,6 +102,7 @@ def closed_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_unreachable_master_fails_within_the_timeout_naming_it(
         tmp_path: Path, closed_port: int) -> None:
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
@@ -117,14 +121,16 @@ def test_world_size_mismatch_fails_naming_both(tmp_path: Path) -> None:
     assert "WORLD_SIZE is 2 but PADDLE_TRAINERS_NUM is 3" in result.stderr
 
 
-def test_collective_job_resumes_from_its_checkpoint_exactly(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_collective_job_resumes_from_its_checkpoint_exactly(criteo_dir: Path,
+                                                           tmp_path: Path) -> None:
     """2 ranks: 1 epoch with a checkpoint, then the same job asked for 2 epochs resumes
     at epoch 2 on every rank (each holds all tables) and ends where an uninterrupted
     2-epoch run ends."""
-    from conftest import CRITEO_DIR, write_slice
+    from conftest import write_slice
 
-    train = write_slice(CRITEO_DIR / "train.csv", tmp_path / "train.csv", 1200)
-    test = write_slice(CRITEO_DIR / "dev.csv", tmp_path / "test.csv", 400)
+    train = write_slice(criteo_dir / "train.csv", tmp_path / "train.csv", 1200)
+    test = write_slice(criteo_dir / "dev.csv", tmp_path / "test.csv", 400)
 
     def run(epochs: int, name: str, checkpoint_dir: Path) -> dict[str, object]:
         args = _train_args(train, test, tmp_path / name)

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CRITEO_DIR, run_command, write_slice
+from conftest import run_command, write_slice
+
+pytestmark = [pytest.mark.job, pytest.mark.slow]
 
 JOB = Path(__file__).resolve().parent / "jobs" / "collective_oracle_job.py"
 LINES = 2000
@@ -66,12 +68,11 @@ def _run(case: Case, single: bool, data: Path, workdir: Path) -> dict[str, dict[
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+def runs(criteo_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+         ) -> dict[str, dict[str, dict[str, np.ndarray]]]:
     """Every case run alone and collectively: name -> {"single", "rank0", "rank1"}."""
-    if not (CRITEO_DIR / "train.csv").is_file():
-        pytest.skip(f"Criteo sample not found at {CRITEO_DIR}")
     workdir = tmp_path_factory.mktemp("collective")
-    data = write_slice(CRITEO_DIR / "train.csv", workdir / "train_2000.csv", LINES)
+    data = write_slice(criteo_dir / "train.csv", workdir / "train_2000.csv", LINES)
     with ThreadPoolExecutor(3) as pool:
         futures = [(case.name, pool.submit(_run, case, single, data, workdir))
                    for case in CASES for single in (True, False)]

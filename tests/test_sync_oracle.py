@@ -25,7 +25,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CRITEO_DIR, run_command, write_slice
+from conftest import run_command, write_slice
+
+pytestmark = [pytest.mark.job, pytest.mark.slow]
 
 JOB = Path(__file__).resolve().parent / "jobs" / "oracle_job.py"
 LINES = 2000
@@ -89,10 +91,8 @@ def run_job(job: Job, data: Path, workdir: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (CRITEO_DIR / "train.csv").is_file():
-        pytest.skip(f"Criteo sample not found at {CRITEO_DIR}")
-    return write_slice(CRITEO_DIR / "train.csv",
+def data(criteo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_slice(criteo_dir / "train.csv",
                        tmp_path_factory.mktemp("data") / "train_2000.csv", LINES)
 
 
