@@ -3,15 +3,18 @@ no process behind.
 
 Covers ``psfleet train`` with bad data (missing, empty, malformed lines), bad
 configuration (unknown optimizer, unknown key, bad sync_mode, missing file, bad -o,
-workers without servers), a worker whose server never comes up, and a server whose
-port is taken. Every process runs in a clean environment (conftest.clean_env); the
-autouse leak check fails a test that leaves children behind.
+workers without servers, use_gpu), a worker whose server never comes up, and a server
+whose port is taken. Bad configuration and data in a job config (servers and
+workers) exit 2 before any process starts: no log directory, no ``serverlog.0``.
+Every process runs in a clean environment (conftest.clean_env); the autouse leak
+check fails a test that leaves children behind.
 """
 
 from __future__ import annotations
 
 import socket
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -72,6 +75,74 @@ def test_empty_train_file(run_cli: RunCli, config: Path, tmp_path: Path) -> None
     assert "is empty" in r.stderr
     assert not (tmp_path / "out" / "metrics.json").exists()
     assert_no_processes_mentioning(str(tmp_path))
+
+
+def _job(config: Path, out: Path, *extra: str) -> list[str]:
+    """Arguments of the example's job (1 server x 2 workers) writing to ``out``."""
+    return ["train", "-m", str(config), "-o", f"runner.model_save_path={out}",
+            "-o", "cluster.server_num=1", "-o", "cluster.worker_num=2", *FAST, *extra]
+
+
+def _assert_nothing_started(out: Path) -> None:
+    assert not (out / "log" / "serverlog.0").exists()
+    assert not (out / "log").exists()
+    assert not (out / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n\n"], ids=["zero_bytes", "blank_lines"])
+def test_empty_data_file_in_a_job_exits_2_before_any_process(
+        run_cli: RunCli, config: Path, tmp_path: Path, content: str) -> None:
+    empty = tmp_path / "empty.csv"
+    empty.write_text(content)
+    out = tmp_path / "out"
+
+    start = time.perf_counter()
+    r = run_cli(_job(config, out, "-o", f"runner.train_data_dir={empty}"), timeout=60)
+    elapsed = time.perf_counter() - start
+
+    assert r.returncode == 2, r.stderr[-3000:]
+    error = r.stderr.strip().splitlines()[-1]
+    assert error.startswith("psfleet: error: runner.train_data_dir:"), r.stderr[-3000:]
+    assert repr(str(empty)) in error and "is empty" in error and "remove it" in error
+    assert "starting" not in r.stdout  # the launcher never announced a job
+    _assert_nothing_started(out)
+    assert_no_processes_mentioning(str(tmp_path))
+    print(f"empty data file ({content!r}): exit 2 after {elapsed:.2f} s")
+
+
+def test_data_folder_without_files_exits_2_before_any_process(
+        run_cli: RunCli, config: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "test_data"
+    folder.mkdir()
+    out = tmp_path / "out"
+
+    r = run_cli(_job(config, out, "-o", f"runner.test_data_dir={folder}"), timeout=60)
+
+    assert r.returncode == 2, r.stderr[-3000:]
+    error = r.stderr.strip().splitlines()[-1]
+    assert "runner.test_data_dir" in error and str(folder) in error
+    assert "holds no data files" in error
+    _assert_nothing_started(out)
+    assert_no_processes_mentioning(str(tmp_path))
+
+
+def test_use_gpu_exits_2_before_any_process(run_cli: RunCli, config: Path,
+                                             tmp_path: Path) -> None:
+    out = tmp_path / "out"
+
+    start = time.perf_counter()
+    r = run_cli(["train", "-m", str(config), "-o", "runner.use_gpu=true",
+                 "-o", f"runner.model_save_path={out}"], timeout=60)
+    elapsed = time.perf_counter() - start
+
+    assert r.returncode == 2, r.stderr[-3000:]
+    error = r.stderr.strip().splitlines()[-1]
+    assert error.startswith("psfleet: error:") and "runner.use_gpu" in error, r.stderr
+    assert "use_gpu: false" in error  # what to do
+    assert "Traceback" not in r.stderr
+    _assert_nothing_started(out)
+    assert_no_processes_mentioning(str(tmp_path))
+    print(f"runner.use_gpu=true: exit 2 after {elapsed:.2f} s")
 
 
 @pytest.mark.slow

@@ -36,13 +36,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from psfleet import env, logs
 from psfleet.errors import ConfigError, DataError, PsfleetError
-
-if TYPE_CHECKING:
-    from psfleet.rec.config import TrainConfig
 
 __all__ = ["main"]
 
@@ -53,39 +49,16 @@ def _in_job() -> bool:
                for name in ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE", "WORLD_SIZE"))
 
 
-def _check_data_paths(config: TrainConfig) -> None:
-    """Fail fast, before any process starts, on a data path that does not exist.
-
-    Raises:
-        DataError: names the config field and the path.
-    """
-    from psfleet.data import list_data_files
-
-    runner = config.runner
-    for field, value in (("runner.train_data_dir", runner.train_data_dir),
-                         ("runner.test_data_dir", runner.test_data_dir)):
-        for path in [] if value is None else [value] if isinstance(value, Path) else value:
-            try:
-                list_data_files(path)
-            except DataError as exc:
-                raise DataError(f"{field}: {exc}") from None
-
-
 def _train(config_path: Path, overrides: Sequence[str]) -> int:
     from psfleet.rec.config import load_config
+    from psfleet.rec.preflight import check_before_start
 
+    # Every check runs here, before any process starts: the config's own rules on
+    # load, then its data files and model name.
     config = load_config(config_path, overrides)
+    check_before_start(config)
     cluster = config.cluster
     collective = config.runner.sync_mode == "collective"
-    if collective and cluster.server_num != 0:
-        raise ConfigError(f"cluster.server_num: {cluster.server_num}, but runner.sync_mode: "
-                          "collective has no servers; set cluster.server_num: 0 (ranks are "
-                          "cluster.worker_num)")
-    if not collective and cluster.server_num == 0 and cluster.worker_num > 1:
-        raise ConfigError(f"cluster.worker_num: {cluster.worker_num} workers need servers; "
-                          "set cluster.server_num >= 1 (or worker_num: 1 to train alone, or "
-                          "runner.sync_mode: collective)")
-    _check_data_paths(config)
     command = ["-m", "psfleet.cli.main", "train", "-m", str(config_path.resolve())]
     for assignment in overrides:
         command += ["-o", assignment]
@@ -104,9 +77,12 @@ def _train(config_path: Path, overrides: Sequence[str]) -> int:
         log_dir = config.runner.model_save_path / "log"
         print(f"psfleet: starting {cluster.server_num} servers x {cluster.worker_num} workers;"
               f" logs in {log_dir}", flush=True)
+        from psfleet.fleet.server_wait import server_wait_timeout_s
+
         return launch_local(command,
                             cluster.server_num, cluster.worker_num, log_dir,
-                            server_wait_timeout_s=cluster.server_wait_timeout_s,
+                            server_wait_timeout_s=server_wait_timeout_s(
+                                cluster.server_wait_timeout_s),
                             max_restarts=cluster.max_restarts)
     from psfleet.rec.trainer import train
 

@@ -5,6 +5,14 @@ Sections: ``runner`` (data, epochs, batch size, mode, output), ``hyper_parameter
 bad values are errors naming the field path and the allowed values, e.g.
 ``runner.sync_mode: 'asyc' is not one of 'sync', 'async', 'geo'``. Relative paths are relative to
 the directory of the YAML file, so an example runs from any working directory.
+
+Every rule between fields is a validator of these models (so it holds for any
+``TrainConfig``, however made): ``runner.use_gpu``, the parser's ``slots`` /
+``columns``, ``global_shuffle``, the reader that sync mode needs, servers versus
+``collective``. What needs the file system (data files) or the model registry is
+checked by :func:`psfleet.rec.preflight.check_before_start`. ``psfleet train`` runs
+both before it starts any process. The names allowed (modes, optimizers,
+initializers) are declared once, in ``psfleet.types`` and ``psfleet.ps.types``.
 """
 
 from __future__ import annotations
@@ -14,15 +22,24 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from psfleet.checkpoint import CheckpointConfig
 from psfleet.data.columnar import ColumnsConfig
 from psfleet.data.slot_format import SlotFormatConfig
 from psfleet.errors import ConfigError
+from psfleet.ps.types import Initializer, OptimizerClass
+from psfleet.types import Mode
 
 __all__ = ["RunnerConfig", "OptimizerConfig", "HyperParameters", "ClusterConfig",
-           "TrainConfig", "load_config"]
+           "TrainConfig", "load_config", "check_equal_steps_reader"]
 
 
 class _Section(BaseModel):
@@ -84,7 +101,7 @@ class RunnerConfig(_Section):
     test_data_dir: Path | list[Path] | None = None
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(512, ge=1)
-    sync_mode: Literal["sync", "async", "geo", "collective"] = "async"
+    sync_mode: Mode = "async"
     geo_step: int = Field(400, ge=1)
     use_gpu: bool = False
     thread_num: int = Field(1, ge=1)
@@ -108,13 +125,68 @@ class RunnerConfig(_Section):
     checkpoint: CheckpointConfig | None = None
     inference_model_path: Path | None = None
 
+    @property
+    def needs_equal_steps(self) -> bool:
+        """Whether every worker must run the same number of steps per epoch: in sync
+        mode, and with checkpoints inside epochs (every worker takes part in each)."""
+        return self.sync_mode == "sync" or bool(self.checkpoint is not None
+                                                and self.checkpoint.step_interval)
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> RunnerConfig:
+        if self.use_gpu:
+            if self.sync_mode != "collective":
+                raise ConfigError(f"runner.use_gpu: True needs runner.sync_mode: collective "
+                                  f"(it is {self.sync_mode!r}); the parameter-server modes "
+                                  "train on CPU; set use_gpu: false")
+            # The runner's tables and dense-gradient path are host (numpy) code; GPU
+            # training through it is not built yet (fleetrun --devices and nccl are).
+            raise ConfigError("runner.use_gpu: True: the YAML runner trains on CPU in this "
+                              "release; set use_gpu: false (a fleet-API script can use the "
+                              "GPUs that fleetrun --mode collective --devices hands out)")
+        if self.parser in ("csv", "parquet") and self.columns is None:
+            raise ConfigError(f"runner.columns: required with runner.parser: {self.parser} "
+                              "(label, dense and sparse columns)")
+        used = {"slot": "slots", "csv": "columns", "parquet": "columns"}.get(self.parser)
+        for field in ("slots", "columns"):
+            if field != used and getattr(self, field) is not None:
+                raise ConfigError(f"runner.{field}: not used by runner.parser: {self.parser}; "
+                                  f"remove it (or set the parser that reads it)")
+        if self.global_shuffle and self.reader_type != "InMemoryDataset":
+            raise ConfigError(f"runner.global_shuffle: needs runner.reader_type: "
+                              f"InMemoryDataset (got {self.reader_type})")
+        return self
+
+
+def check_equal_steps_reader(runner: RunnerConfig, worker_num: int, equal_steps: bool) -> None:
+    """The reader can give every worker the same number of steps when the job needs it.
+
+    Checked on load with ``cluster.worker_num`` and again by the reader with the job's
+    real worker count (a job started by fleetrun or torchrun sets its own).
+
+    Raises:
+        ConfigError: QueueDataset over ``pipe_command`` or Parquet (example count
+            unknown before reading) with several workers that need equal steps.
+    """
+    if (equal_steps and runner.reader_type == "QueueDataset"
+            and worker_num > 1 and (runner.pipe_command or runner.parser == "parquet")):
+        raise ConfigError(
+            "runner.reader_type: QueueDataset with "
+            f"{'runner.pipe_command' if runner.pipe_command else 'runner.parser: parquet'} "
+            "cannot guarantee the same number of steps on every worker, which "
+            f"runner.sync_mode: {runner.sync_mode}"
+            f"{' with runner.checkpoint.step_interval' if runner.sync_mode != 'sync' else ''} "
+            "needs (the example count is unknown before reading); use reader_type "
+            "InMemoryDataset or DataLoader, or sync_mode async / geo without step "
+            "checkpoints")
+
 
 class OptimizerConfig(_Section):
     """``hyper_parameters.optimizer``: ``class`` (Adam, SGD, Adagrad), ``learning_rate``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    class_: Literal["Adam", "SGD", "Adagrad"] = Field("Adam", alias="class")
+    class_: OptimizerClass = Field("Adam", alias="class")
     learning_rate: float = Field(0.001, gt=0)
 
 
@@ -124,7 +196,7 @@ class HyperParameters(_Section):
     optimizer: OptimizerConfig = OptimizerConfig()
     sparse_feature_dim: int = Field(9, ge=1)
     fc_sizes: list[int] = [512, 256, 128, 32]
-    embedding_initializer: Literal["uniform", "normal", "zeros"] = "uniform"
+    embedding_initializer: Initializer = "uniform"
     embedding_init_range: float = Field(0.01, ge=0)
 
     @field_validator("fc_sizes")
@@ -138,13 +210,16 @@ class HyperParameters(_Section):
 class ClusterConfig(_Section):
     """``cluster``: ``server_num`` 0 trains in one process; >= 1 starts a local job.
 
+    ``server_wait_timeout_s``: how long workers (and the launcher) wait for the servers
+    to be ready, seconds; unset: ``PSFLEET_SERVER_WAIT_TIMEOUT_S`` (default 300), as
+    resolved by :func:`psfleet.fleet.server_wait.server_wait_timeout_s`.
     ``max_restarts``: restarts allowed per server and per worker that fails
     (``fleetrun --max_restarts``); useful with ``runner.checkpoint``.
     """
 
     server_num: int = Field(0, ge=0, le=64)
     worker_num: int = Field(1, ge=1, le=64)
-    server_wait_timeout_s: float = Field(300.0, gt=0)
+    server_wait_timeout_s: float | None = Field(None, gt=0)
     max_restarts: int = Field(0, ge=0)
 
 
@@ -154,6 +229,20 @@ class TrainConfig(_Section):
     runner: RunnerConfig
     hyper_parameters: HyperParameters = HyperParameters()
     cluster: ClusterConfig = ClusterConfig()
+
+    @model_validator(mode="after")
+    def _cross_section_rules(self) -> TrainConfig:
+        cluster, mode = self.cluster, self.runner.sync_mode
+        if mode == "collective" and cluster.server_num != 0:
+            raise ConfigError(f"cluster.server_num: {cluster.server_num}, but runner.sync_mode:"
+                              " collective has no servers; set cluster.server_num: 0 (ranks "
+                              "are cluster.worker_num)")
+        if mode != "collective" and cluster.server_num == 0 and cluster.worker_num > 1:
+            raise ConfigError(f"cluster.worker_num: {cluster.worker_num} workers need servers; "
+                              "set cluster.server_num >= 1 (or worker_num: 1 to train alone, "
+                              "or runner.sync_mode: collective)")
+        check_equal_steps_reader(self.runner, cluster.worker_num, self.runner.needs_equal_steps)
+        return self
 
 
 def _format(error: ValidationError) -> str:
@@ -168,6 +257,8 @@ def _format(error: ValidationError) -> str:
             lines.append(f"{path}: {value!r} is not one of {allowed}")
         elif e["type"] == "missing":
             lines.append(f"{path}: required")
+        elif isinstance(e.get("ctx", {}).get("error"), ConfigError):
+            lines.append(str(e["ctx"]["error"]))  # a cross-field rule: names its fields
         else:
             lines.append(f"{path}: {value!r}: {e['msg']}")
     return "; ".join(lines)

@@ -42,7 +42,8 @@ from psfleet.data import (
     list_data_files,
 )
 from psfleet.errors import ConfigError
-from psfleet.rec.config import RunnerConfig, TrainConfig
+from psfleet.fleet.server_wait import server_wait_timeout_s
+from psfleet.rec.config import RunnerConfig, TrainConfig, check_equal_steps_reader
 
 __all__ = ["build_test_reader", "build_train_reader", "data_files"]
 
@@ -58,16 +59,11 @@ def data_files(paths: Path | Sequence[Path]) -> list[Path]:
 
 
 def _parser_options(runner: RunnerConfig) -> object:
+    """The parser's options (RunnerConfig checked the parser / slots / columns pairs)."""
     if runner.parser == "slot":
         return runner.slots  # None: PaddleRec's rank/dnn Criteo slots
     if runner.parser in ("csv", "parquet"):
-        if runner.columns is None:
-            raise ConfigError(f"runner.columns: required with runner.parser: {runner.parser} "
-                              "(label, dense and sparse columns)")
         return runner.columns
-    for field in ("slots", "columns"):
-        if getattr(runner, field) is not None:
-            raise ConfigError(f"runner.{field}: not used by runner.parser: {runner.parser}")
     return None
 
 
@@ -76,23 +72,6 @@ def _dataset_kwargs(runner: RunnerConfig, worker_index: int, worker_num: int) ->
             "split_file_list": runner.split_file_list, "pipe_command": runner.pipe_command,
             "thread_num": runner.reader_thread_num, "strict": runner.strict,
             "debug": runner.dataset_debug, "pipe_cwd": runner.pipe_cwd}
-
-
-def _check_combination(runner: RunnerConfig, worker_num: int, equal_steps: bool) -> None:
-    if runner.global_shuffle and runner.reader_type != "InMemoryDataset":
-        raise ConfigError(f"runner.global_shuffle: needs runner.reader_type: InMemoryDataset "
-                          f"(got {runner.reader_type})")
-    if (equal_steps and runner.reader_type == "QueueDataset"
-            and worker_num > 1 and (runner.pipe_command or runner.parser == "parquet")):
-        raise ConfigError(
-            "runner.reader_type: QueueDataset with "
-            f"{'runner.pipe_command' if runner.pipe_command else 'runner.parser: parquet'} "
-            "cannot guarantee the same number of steps on every worker, which "
-            f"runner.sync_mode: {runner.sync_mode}"
-            f"{' with runner.checkpoint.step_interval' if runner.sync_mode != 'sync' else ''} "
-            "needs (the example count is unknown before reading); use reader_type "
-            "InMemoryDataset or DataLoader, or sync_mode async / geo without step "
-            "checkpoints")
 
 
 @contextmanager
@@ -107,7 +86,7 @@ def _exchange(runner: RunnerConfig, config: TrainConfig, worker_index: int,
 
         client = RemoteClient(endpoints, RpcConfig.from_env(), worker_index)
         try:
-            client.wait_ready(config.cluster.server_wait_timeout_s)
+            client.wait_ready(server_wait_timeout_s(config.cluster.server_wait_timeout_s))
 
             def barrier(name: str) -> None:
                 client.barrier(f"psfleet.data/{name}", worker_index, worker_num)
@@ -140,8 +119,8 @@ def build_train_reader(config: TrainConfig, worker_index: int, worker_num: int, 
         config: the job's config.
         worker_index, worker_num: this worker and the job's worker count.
         equal_steps: every worker must run the same number of steps per epoch
-            (default: ``runner.sync_mode == "sync"``; also needed for checkpoints
-            inside epochs).
+            (default: ``runner.needs_equal_steps``: sync mode, or checkpoints inside
+            epochs).
         example_limit: with ``equal_steps``, the examples per worker already agreed
             (a restarted worker takes it from the checkpoint: the others are not there
             to count again); None: count now, among all workers.
@@ -156,8 +135,9 @@ def build_train_reader(config: TrainConfig, worker_index: int, worker_num: int, 
     """
     runner = config.runner
     if equal_steps is None:
-        equal_steps = runner.sync_mode == "sync"
-    _check_combination(runner, worker_num, equal_steps)
+        equal_steps = runner.needs_equal_steps
+    # Checked on load with cluster.worker_num; again with the job's real worker count.
+    check_equal_steps_reader(runner, worker_num, equal_steps)
     options = _parser_options(runner)
     kwargs = _dataset_kwargs(runner, worker_index, worker_num)
     files = data_files(runner.train_data_dir)

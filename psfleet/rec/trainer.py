@@ -23,11 +23,11 @@ from tqdm import tqdm
 from psfleet import fleet
 from psfleet.checkpoint import CheckpointConfig, CheckpointStore, Cursor
 from psfleet.data import Batch, Reader
-from psfleet.errors import ConfigError
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy
 from psfleet.fleet.persistence import restart_num
 from psfleet.metrics import StreamingAuc, auc, log_loss
 from psfleet.nn import Prefetch, SparseEmbedding, use_prefetched
+from psfleet.ps.types import OPTIMIZER_CLASSES
 from psfleet.rec.config import TrainConfig
 from psfleet.rec.models import build_model
 from psfleet.rec.predict import export_trained_model
@@ -37,8 +37,8 @@ __all__ = ["train", "evaluate", "OPTIMIZERS"]
 
 logger = logging.getLogger(__name__)
 
-OPTIMIZERS: dict[str, Any] = {
-    "Adam": torch.optim.Adam, "SGD": torch.optim.SGD, "Adagrad": torch.optim.Adagrad}
+#: ``hyper_parameters.optimizer.class`` -> the torch.optim class (whose rule the tables run).
+OPTIMIZERS: dict[str, Any] = {name: getattr(torch.optim, name) for name in OPTIMIZER_CLASSES}
 
 
 def evaluate(model: nn.Module, reader: Reader) -> dict[str, float]:
@@ -119,27 +119,6 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Read
             "examples_per_s": examples / wall, "wall_s": wall}
 
 
-def _device(sync_mode: str, use_gpu: bool) -> str:
-    """``cuda`` or ``cpu`` for the model (``runner.use_gpu``).
-
-    Raises:
-        ConfigError: use_gpu outside collective mode, or with no GPU visible.
-    """
-    if not use_gpu:
-        return "cpu"
-    if sync_mode != "collective":
-        raise ConfigError(f"runner.use_gpu: True needs runner.sync_mode: collective (it is "
-                          f"{sync_mode!r}); the parameter-server modes train on CPU")
-    if not torch.cuda.is_available():
-        raise ConfigError("runner.use_gpu: True but this process sees no GPU (torch.cuda is "
-                          "not available; check CUDA_VISIBLE_DEVICES); set use_gpu: false")
-    # The runner's tables and dense-gradient path are host (numpy) code; GPU training
-    # through it is not built yet (fleetrun --devices and the nccl backend are).
-    raise ConfigError("runner.use_gpu: True: the YAML runner trains on CPU in this release; "
-                      "set use_gpu: false (a fleet-API script can use the GPUs that "
-                      "fleetrun --mode collective --devices hands out)")
-
-
 def _agreed_share(checkpoint: CheckpointConfig | None) -> int | None:
     """The examples per worker the job agreed on (stored in its checkpoints), for a
     restarted worker that cannot count again with the others; None if unknown."""
@@ -196,14 +175,11 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
     runner, hp = config.runner, config.hyper_parameters
     torch.set_num_threads(runner.thread_num)
     torch.manual_seed(runner.seed)
-    # Only an explicit cluster.server_wait_timeout_s overrides PSFLEET_SERVER_WAIT_TIMEOUT_S.
-    explicit = "server_wait_timeout_s" in config.cluster.model_fields_set
-    device = _device(runner.sync_mode, runner.use_gpu)
+    # The config was checked before the job started (runner.use_gpu is false: CPU).
     fleet.init(strategy=DistributedStrategy(
         mode=runner.sync_mode, geo_step=runner.geo_step,
-        server_wait_timeout_s=config.cluster.server_wait_timeout_s if explicit else None,
-        collective_backend=("nccl" if device == "cuda" else "gloo")
-        if runner.sync_mode == "collective" else "auto"))
+        server_wait_timeout_s=config.cluster.server_wait_timeout_s,  # None: the env's
+        collective_backend="gloo" if runner.sync_mode == "collective" else "auto"))
     embedding = SparseEmbedding(hp.sparse_feature_dim, name="embedding",
                                 initializer=hp.embedding_initializer,
                                 initial_range=hp.embedding_init_range)
@@ -221,10 +197,7 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
     train_model = fleet.distributed_model(model)
     index, workers = fleet.worker_index(), fleet.worker_num()
     first = index == 0
-    # Every worker must run the same number of steps: in sync mode, and for checkpoints
-    # inside epochs (every worker takes part in each).
-    equal_steps = runner.sync_mode == "sync" or bool(checkpoint is not None
-                                                       and checkpoint.step_interval)
+    equal_steps = runner.needs_equal_steps
     agreed = _agreed_share(checkpoint) if equal_steps and restart_num() > 0 else None
     reader = build_train_reader(config, index, workers, equal_steps=equal_steps,
                                 example_limit=agreed)

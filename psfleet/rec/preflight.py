@@ -1,0 +1,98 @@
+"""Checks of a loaded config against this machine, run before any process starts.
+
+:func:`psfleet.rec.config.load_config` validates the YAML itself (types, ranges,
+allowed values and the cross-field rules). What needs the file system or the model
+registry is checked here, by ``psfleet train`` before it starts a job (and again,
+cheaply, by each process of the job):
+
+- every ``runner.train_data_dir`` / ``runner.test_data_dir`` path exists, a folder
+  holds at least one data file, and no data file is empty (0 bytes or only blank
+  lines: a worker would train on nothing);
+- with ``runner.split_file_list: False`` there are at least ``cluster.worker_num``
+  training files (each worker reads whole files);
+- ``runner.model`` is a registered model.
+
+Each failure is a :class:`~psfleet.errors.DataError` or
+:class:`~psfleet.errors.ConfigError` naming the field, the file and what to do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from psfleet.data import list_data_files
+from psfleet.data.split import plan_share
+from psfleet.errors import ConfigError, DataError
+from psfleet.rec.config import TrainConfig
+
+__all__ = ["check_before_start", "check_data_files"]
+
+_BLOCK_BYTES = 1 << 16
+
+
+def _holds_data(path: Path) -> bool:
+    """Whether ``path`` has a byte that is not ASCII whitespace (reads until the first
+    such byte: one block for any real data file)."""
+    with path.open("rb") as file:
+        while block := file.read(_BLOCK_BYTES):
+            if block.strip():
+                return True
+    return False
+
+
+def check_data_files(field: str, value: Path | list[Path] | None) -> list[Path]:
+    """The data files of a ``*_data_dir`` value, each checked to hold data.
+
+    Args:
+        field: the config field path, for messages (``runner.train_data_dir``).
+        value: a file or folder, a list of them, or None (no files).
+
+    Returns:
+        The files, in order (a folder's sorted by name).
+
+    Raises:
+        DataError: a path does not exist, a folder holds no data file, or a file is
+            empty or only blank lines (names the field and the file).
+    """
+    paths = [] if value is None else [value] if isinstance(value, Path) else value
+    files: list[Path] = []
+    for path in paths:
+        try:
+            files += list_data_files(path)
+        except DataError as exc:
+            raise DataError(f"{field}: {exc}") from None
+    for file in files:
+        try:
+            size = file.stat().st_size
+            blank = size > 0 and not _holds_data(file)
+        except OSError as exc:
+            raise DataError(f"{field}: data file {str(file)!r} cannot be read: {exc}") from None
+        if size == 0 or blank:
+            what = "0 bytes" if size == 0 else "only blank lines"
+            raise DataError(f"{field}: data file {str(file)!r} is empty ({what}); remove it "
+                            f"from {field} (or from its folder), or write the data into it")
+    return files
+
+
+def check_before_start(config: TrainConfig) -> None:
+    """Everything about ``config`` that needs the file system or the model registry
+    (module docstring). Blocks while it reads the first block of each data file.
+
+    Raises:
+        DataError: a missing or empty data path (names the field and the file).
+        ConfigError: too few files for ``split_file_list: False``, or an unknown model.
+    """
+    from psfleet.rec.models import list_models
+
+    runner = config.runner
+    train_files = check_data_files("runner.train_data_dir", runner.train_data_dir)
+    check_data_files("runner.test_data_dir", runner.test_data_dir)
+    if not runner.split_file_list:
+        try:
+            plan_share(train_files, 0, config.cluster.worker_num, split_file_list=False)
+        except ConfigError as exc:
+            raise ConfigError(f"runner.{exc} (runner.train_data_dir, cluster.worker_num)"
+                              ) from None
+    if runner.model not in list_models():
+        raise ConfigError(f"runner.model: {runner.model!r} is not one of "
+                          f"{', '.join(list_models()) or '(none)'}")

@@ -1,0 +1,273 @@
+"""Every setting declared once, every rule checked on load (issue 13, item 3).
+
+In process, on real files: the vocabulary (modes, rule and optimizer names,
+initializers, roles) has one declaration that every user agrees with; the runner's
+cross-field rules fail ``load_config`` naming the field path; the data checks of
+``check_before_start`` name the field and the file; the server wait timeout has one
+resolver. The CLI side (exit 2, no process started) is in test_bad_input.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import get_args
+
+import numpy as np
+import pytest
+import yaml
+
+from psfleet.errors import ConfigError, DataError
+from psfleet.ps.types import (
+    INITIALIZERS,
+    OPTIMIZER_CLASSES,
+    RULE_NAMES,
+    RuleConfig,
+    SlicingConfig,
+    SparseTableConfig,
+)
+from psfleet.rec.config import TrainConfig, load_config
+from psfleet.rec.preflight import check_before_start, check_data_files
+from psfleet.types import MODES, Mode, Role
+
+pytestmark = pytest.mark.unit
+
+GOOD_LINE = "0\t" + "\t".join(["1"] * 13) + "\t" + "\t".join(["68fd1e64"] * 26) + "\n"
+
+
+def _write_config(tmp_path: Path, **sections: dict[str, object]) -> Path:
+    """A YAML config in tmp_path training on one good line, with ``sections`` merged in."""
+    data = tmp_path / "train.txt"
+    if not data.exists():
+        data.write_text(GOOD_LINE * 4)
+    raw: dict[str, dict[str, object]] = {"runner": {"train_data_dir": str(data)},
+                                         "cluster": {"server_num": 0, "worker_num": 1}}
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+# -- vocabulary: one declaration, every user agrees ---------------------------------------
+
+
+def test_modes_are_the_communicator_registry_modes() -> None:
+    from psfleet.ps.communicator.registry import MODES as REGISTRY
+
+    assert MODES == ("sync", "async", "geo", "collective")
+    assert set(MODES) <= set(REGISTRY)  # every mode has a communicator ("local" besides)
+
+
+def test_mode_fields_take_the_one_declaration() -> None:
+    from psfleet.fleet.strategy import DistributedStrategy
+    from psfleet.rec.config import RunnerConfig
+
+    assert DistributedStrategy.model_fields["mode"].annotation == Mode
+    assert RunnerConfig.model_fields["sync_mode"].annotation == Mode
+
+
+def test_rule_names_are_the_rules_registry() -> None:
+    from psfleet.ps.rules import RULES
+
+    assert set(RULE_NAMES) == set(RULES)
+    for name in RULE_NAMES:
+        assert RuleConfig(name=name).name == name  # type: ignore[arg-type]
+
+
+def test_optimizer_classes_map_onto_rules() -> None:
+    import torch
+
+    from psfleet.fleet.optimizer import rule_from_optimizer
+    from psfleet.rec.trainer import OPTIMIZERS
+
+    assert set(OPTIMIZERS) == set(OPTIMIZER_CLASSES)
+    param = [torch.nn.Parameter(torch.zeros(2))]
+    rules = {rule_from_optimizer(OPTIMIZERS[name](param, lr=0.1)).name
+             for name in OPTIMIZER_CLASSES}
+    assert rules == set(RULE_NAMES)
+
+
+def test_every_initializer_makes_rows() -> None:
+    from psfleet.ps.hashing import init_rows
+
+    keys = np.arange(1, 65, dtype=np.uint64)
+    rows = {kind: init_rows(keys, 4, kind, 0.1, 0) for kind in INITIALIZERS}
+    assert set(rows) == {"uniform", "normal", "zeros"}
+    assert not rows["zeros"].any()
+    assert np.abs(rows["uniform"]).max() <= 0.1
+    assert rows["normal"].std() > 0.05
+    for kind in INITIALIZERS:
+        assert SparseTableConfig(name="t", dim=4, initializer=kind).initializer == kind  # type: ignore[arg-type]
+
+
+def test_one_role_for_fleet_and_launcher() -> None:
+    from psfleet.fleet.role_maker import Role as FleetRole
+    from psfleet.launch import Role as LaunchRole
+
+    assert FleetRole is Role and LaunchRole is Role
+    assert Role("PSERVER") is Role.SERVER and Role("TRAINER") is Role.WORKER
+    assert (Role.SERVER.paddle_name, Role.WORKER.paddle_name) == ("PSERVER", "TRAINER")
+    assert (Role.SERVER.word, Role.WORKER.word) == ("server", "worker")
+    assert (Role.SERVER.log_prefix, Role.WORKER.log_prefix) == ("serverlog", "workerlog")
+
+
+def test_strategy_slicing_fields_are_slicing_configs() -> None:
+    from psfleet.fleet.strategy import DistributedStrategy
+
+    for name, field in SlicingConfig.model_fields.items():
+        mine = DistributedStrategy.model_fields[name]
+        assert (mine.default, mine.metadata) == (field.default, field.metadata), name
+    assert DistributedStrategy().slicing() == SlicingConfig()
+    strategy = DistributedStrategy(slice_var_up=False, split_method="HashName",
+                                   min_block_size=512)
+    assert strategy.slicing() == SlicingConfig(slice_var_up=False, split_method="HashName",
+                                               min_block_size=512)
+    for bad in ({"min_block_size": 0}, {"split_method": "Random"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            DistributedStrategy(**bad)  # type: ignore[arg-type]
+
+
+# -- cross-field rules: load_config names the fields ------------------------------------
+
+
+@pytest.mark.parametrize(("sections", "expected"), [
+    ({"runner": {"use_gpu": True}},
+     ["runner.use_gpu", "runner.sync_mode: collective", "use_gpu: false"]),
+    ({"runner": {"use_gpu": True, "sync_mode": "collective"}},
+     ["runner.use_gpu", "trains on CPU", "use_gpu: false"]),
+    ({"runner": {"sync_mode": "collective"}, "cluster": {"server_num": 1}},
+     ["cluster.server_num: 1", "collective", "server_num: 0"]),
+    ({"cluster": {"worker_num": 2}}, ["cluster.worker_num: 2", "server_num >= 1"]),
+    ({"runner": {"global_shuffle": True}},
+     ["runner.global_shuffle", "InMemoryDataset", "DataLoader"]),
+    ({"runner": {"parser": "csv"}}, ["runner.columns", "required", "csv"]),
+    ({"runner": {"columns": {"label": "y", "dense": [], "sparse": ["a"]}}},
+     ["runner.columns", "not used by runner.parser: criteo"]),
+    ({"runner": {"sync_mode": "sync", "reader_type": "QueueDataset",
+                 "pipe_command": "cat"}, "cluster": {"server_num": 1, "worker_num": 2}},
+     ["runner.reader_type: QueueDataset", "runner.pipe_command", "runner.sync_mode: sync"]),
+    ({"runner": {"sync_mode": "asyc"}}, ["runner.sync_mode", "'asyc'", "'collective'"]),
+    ({"hyper_parameters": {"embedding_initializer": "ones"}},
+     ["hyper_parameters.embedding_initializer", "'ones'", "'zeros'"]),
+], ids=["use_gpu_ps_mode", "use_gpu_collective", "collective_with_servers",
+        "workers_without_servers", "global_shuffle_reader", "csv_without_columns",
+        "columns_unused", "queue_pipe_sync", "bad_mode", "bad_initializer"])
+def test_cross_field_rules_fail_on_load(tmp_path: Path, sections: dict[str, dict[str, object]],
+                                        expected: list[str]) -> None:
+    path = _write_config(tmp_path, **sections)
+
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+
+    message = str(info.value)
+    assert message.startswith(str(path)), message
+    for text in expected:
+        assert text in message, message
+    assert "Value error" not in message
+
+
+def test_rules_hold_for_configs_made_in_code(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="runner.use_gpu"):
+        TrainConfig.model_validate({"runner": {"train_data_dir": str(tmp_path),
+                                               "use_gpu": True}})
+
+
+def test_a_good_config_loads_and_passes_the_checks(tmp_path: Path) -> None:
+    config = load_config(_write_config(tmp_path, runner={"sync_mode": "sync"}))
+
+    check_before_start(config)
+    assert config.runner.needs_equal_steps
+    assert config.cluster.server_wait_timeout_s is None  # unset: resolved at run time
+
+
+# -- data checks ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("content", "what"), [
+    ("", "0 bytes"), ("\n\n   \n\t\n", "only blank lines")], ids=["zero_bytes", "blank"])
+def test_an_empty_data_file_is_named(tmp_path: Path, content: str, what: str) -> None:
+    good, empty = tmp_path / "part-0.txt", tmp_path / "part-1.txt"
+    good.write_text(GOOD_LINE)
+    empty.write_text(content)
+
+    with pytest.raises(DataError) as info:
+        check_data_files("runner.test_data_dir", [good, empty])
+    message = str(info.value)
+
+    assert message.startswith("runner.test_data_dir: ")
+    assert repr(str(empty)) in message
+    assert f"is empty ({what})" in message
+    assert "remove it" in message
+
+
+def test_an_empty_file_in_a_data_folder_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / "train"
+    folder.mkdir()
+    (folder / "a.txt").write_text(GOOD_LINE)
+    (folder / "b.txt").write_text("")
+    config = load_config(_write_config(tmp_path, runner={"train_data_dir": str(folder)}))
+
+    with pytest.raises(DataError, match=r"runner.train_data_dir: .*b\.txt.* is empty"):
+        check_before_start(config)
+
+
+def test_a_folder_without_files_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / "nothing"
+    (folder / "sub").mkdir(parents=True)
+    (folder / ".hidden").write_text(GOOD_LINE)
+    config = load_config(_write_config(tmp_path, runner={"train_data_dir": str(folder)}))
+
+    with pytest.raises(DataError) as info:
+        check_before_start(config)
+    message = str(info.value)
+
+    assert message.startswith("runner.train_data_dir: ")
+    assert str(folder) in message and "holds no data files" in message
+
+
+def test_data_that_starts_past_the_first_block_is_data(tmp_path: Path) -> None:
+    late = tmp_path / "late.txt"
+    late.write_text("\n" * 200_000 + GOOD_LINE)
+
+    assert check_data_files("runner.train_data_dir", late) == [late]
+
+
+def test_too_few_whole_files_for_the_workers(tmp_path: Path) -> None:
+    config = load_config(_write_config(tmp_path, runner={"split_file_list": False},
+                                       cluster={"server_num": 1, "worker_num": 2}))
+
+    with pytest.raises(ConfigError, match=r"runner\.split_file_list: False .* 1 files for "
+                                          r"2 workers"):
+        check_before_start(config)
+
+
+def test_an_unknown_model_lists_the_known_ones(tmp_path: Path) -> None:
+    config = load_config(_write_config(tmp_path, runner={"model": "dnnn"}))
+
+    with pytest.raises(ConfigError, match=r"runner\.model: 'dnnn' is not one of .*dnn"):
+        check_before_start(config)
+
+
+# -- the server wait timeout: one resolver ----------------------------------------------
+
+
+def test_server_wait_timeout_first_set_wins() -> None:
+    from psfleet.fleet.server_wait import server_wait_timeout_s
+
+    env = {"PSFLEET_SERVER_WAIT_TIMEOUT_S": "7.5"}
+    assert server_wait_timeout_s(12.0, 30.0, environ=env) == 12.0  # runner config
+    assert server_wait_timeout_s(None, 30.0, environ=env) == 30.0  # strategy
+    assert server_wait_timeout_s(None, None, environ=env) == 7.5  # environment
+    assert server_wait_timeout_s(None, environ={}) == 300.0  # declared default
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-3", "inf"])
+def test_server_wait_timeout_bad_environment(raw: str) -> None:
+    from psfleet.fleet.server_wait import server_wait_timeout_s
+
+    with pytest.raises(ConfigError, match=f"PSFLEET_SERVER_WAIT_TIMEOUT_S: '{raw}'"):
+        server_wait_timeout_s(None, environ={"PSFLEET_SERVER_WAIT_TIMEOUT_S": raw})
+
+
+def test_mode_literal_is_the_tuple() -> None:
+    assert get_args(Mode) == MODES
