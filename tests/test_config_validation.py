@@ -100,6 +100,23 @@ def test_every_initializer_makes_rows() -> None:
         assert SparseTableConfig(name="t", dim=4, initializer=kind).initializer == kind  # type: ignore[arg-type]
 
 
+def test_runner_parsers_are_registered_parsers() -> None:
+    from psfleet.data.parsers import parser_names
+    from psfleet.rec.config import RunnerConfig
+
+    assert set(get_args(RunnerConfig.model_fields["parser"].annotation)) <= set(parser_names())
+
+
+def test_transpiler_config_takes_the_slicing_declaration() -> None:
+    from psfleet.fleet.transpiler_config import DistributeTranspilerConfig, SplitMethod
+    from psfleet.ps.types import SplitMethod as Declared
+
+    config = DistributeTranspilerConfig()
+    assert SplitMethod is Declared
+    assert (config.slice_var_up, config.split_method, config.min_block_size) == tuple(
+        SlicingConfig().model_dump().values())
+
+
 def test_one_role_for_fleet_and_launcher() -> None:
     from psfleet.fleet.role_maker import Role as FleetRole
     from psfleet.launch import Role as LaunchRole

@@ -12,10 +12,10 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
 from psfleet.errors import ConfigError
+from psfleet.ps.types import SlicingConfig, SplitMethod
 
 __all__ = ["DistributeTranspilerConfig", "SplitMethod", "TranspilerMode"]
 
-SplitMethod = Literal["RoundRobin", "HashName"]
 TranspilerMode = Literal["pserver", "nccl2"]
 _CHOICES: dict[str, tuple[str, ...]] = {"split_method": get_args(SplitMethod),
                                          "mode": get_args(TranspilerMode)}
@@ -50,7 +50,7 @@ class DistributeTranspilerConfig:
     print_log: bool
 
     def __init__(self, **settings: Any) -> None:
-        defaults = {"slice_var_up": True, "split_method": "RoundRobin", "min_block_size": 8192,
+        defaults = {**SlicingConfig().model_dump(),  # slicing defaults declared once
                     "enable_dc_asgd": False, "mode": "pserver", "print_log": False}
         for name, value in {**defaults, **settings}.items():
             setattr(self, name, value)
