@@ -45,8 +45,8 @@ from psfleet.fleet.runtime import (
     RuntimeConfig,
     WorkerHooks,
     WorkerRuntime,
-    server_wait_timeout_s,
 )
+from psfleet.fleet.server_wait import server_wait_timeout_s
 from psfleet.fleet.strategy import DistributedStrategy
 from psfleet.nn import SparseEmbedding, live_embeddings
 from psfleet.ps import TableClient, run_server
@@ -268,7 +268,8 @@ class Fleet:
             raise FatalError("call fleet.distributed_optimizer(optimizer) before "
                              "fleet.init_worker(): the optimizer decides the tables' rule")
         config = RuntimeConfig(role, self.strategy, self.rpc_config,
-                               server_wait_timeout_s(self.strategy), restart_num())
+                               server_wait_timeout_s(self.strategy.server_wait_timeout_s),
+                               restart_num())
         embeddings = (live_embeddings() if self._model is None else
                       [m for m in self._model.modules() if isinstance(m, SparseEmbedding)])
         self._runtime = WorkerRuntime.connect(config, self._hooks, self._optimizer, embeddings)

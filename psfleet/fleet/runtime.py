@@ -29,8 +29,6 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 from torch import nn
 
-from psfleet import env
-from psfleet.errors import ConfigError
 from psfleet.fleet.optimizer import DistributedOptimizer
 from psfleet.fleet.role_maker import RoleInfo
 from psfleet.fleet.step import StepCollector
@@ -41,28 +39,11 @@ from psfleet.ps import LocalClient, RemoteClient, TableClient
 from psfleet.ps.communicator import Communicator, make_communicator
 from psfleet.rpc import RpcConfig
 
-__all__ = ["ParameterServerHooks", "RuntimeConfig", "WorkerHooks", "WorkerRuntime",
-           "server_wait_timeout_s"]
+__all__ = ["ParameterServerHooks", "RuntimeConfig", "WorkerHooks", "WorkerRuntime"]
 
 logger = logging.getLogger(__name__)
 
 S = TypeVar("S")
-
-
-def server_wait_timeout_s(strategy: DistributedStrategy) -> float:
-    """How long a worker waits for the servers: the strategy's, else
-    ``PSFLEET_SERVER_WAIT_TIMEOUT_S`` (default 300), seconds.
-
-    Raises:
-        ConfigError: the variable is not a number of seconds.
-    """
-    if strategy.server_wait_timeout_s is not None:
-        return strategy.server_wait_timeout_s
-    raw = env.read("PSFLEET_SERVER_WAIT_TIMEOUT_S") or "300"
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"PSFLEET_SERVER_WAIT_TIMEOUT_S: {raw!r} is not seconds") from None
 
 
 @dataclass(frozen=True)
@@ -73,7 +54,8 @@ class RuntimeConfig:
         role: this worker's place in the job.
         strategy: how the job trains.
         rpc_config: deadlines, retries and auth of calls to the servers.
-        wait_timeout_s: how long to wait for the servers to be ready, seconds.
+        wait_timeout_s: how long to wait for the servers to be ready, seconds
+            (``psfleet.fleet.server_wait.server_wait_timeout_s``).
         restart_num: how often the launcher restarted this worker (0: first start;
             a restarted worker joins a running job and skips the start barrier).
     """
