@@ -155,3 +155,23 @@ def test_no_prefetch_in_eval_mode(remote: CountingClient) -> None:
     embedding.eval()
     assert embedding.prefetch(torch.tensor([[1, 2]], dtype=torch.int64)) is None
     assert remote.pulls == 0
+
+
+def test_the_runners_loop_pulls_each_batch_once(remote: CountingClient) -> None:
+    from types import SimpleNamespace
+
+    from psfleet.rec.trainer import _with_prefetch
+
+    embedding, step = _embedding("prefetch_runner", remote)
+    model = torch.nn.Sequential(embedding)
+    batches = [SimpleNamespace(sparse=torch.tensor([[i, i + 1]], dtype=torch.int64))
+               for i in range(0, 10, 2)]
+    outputs = []
+    for batch, handles in _with_prefetch(batches, [embedding]):  # type: ignore[arg-type]
+        with use_prefetched(handles):
+            outputs.append(model(batch.sparse))
+    assert remote.pulls == len(batches)  # the first batch pulled, the others prefetched
+    keys = torch.cat([b.sparse for b in batches]).reshape(-1).numpy().view(np.uint64)
+    rows = remote.pull_sparse(0, keys, create=False)
+    assert np.array_equal(torch.cat(outputs).detach().numpy().reshape(-1, DIM), rows)
+    assert step.pending_rows == 10
