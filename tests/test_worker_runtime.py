@@ -8,12 +8,14 @@ servers), without the process-wide fleet.
 from __future__ import annotations
 
 import gc
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from psfleet.errors import ConfigError
+from psfleet.errors import ConfigError, FatalError
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy, Role, RoleInfo
 from psfleet.fleet.runtime import ParameterServerHooks, RuntimeConfig, WorkerRuntime
 from psfleet.fleet.tables import TableRegistry
@@ -118,3 +120,34 @@ def test_async_settings_are_one_model_for_strategy_and_communicator() -> None:
         AsyncConfig(k_step=2)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="frozen"):
         strategy.a_sync_configs.k_steps = 5  # type: ignore[misc]
+
+
+def test_fleet_is_a_shell_over_the_runtime(tmp_path: Path) -> None:
+    from psfleet.fleet import Fleet, UserDefinedRoleMaker
+
+    stray = SparseEmbedding(3, name="rt_shell_stray")  # alive, but not in the model
+    model = Model(("rt_shell_b", "rt_shell_a"))
+    f = Fleet()
+    f.init(UserDefinedRoleMaker(0, Role.WORKER, 1, []))
+    with pytest.raises(FatalError, match="init_worker"):
+        f.save_persistables(str(tmp_path / "early"))
+    assert f.distributed_model(model) is model and not f.is_collective()
+    optimizer = f.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    f.init_worker()
+    try:
+        ids = torch.tensor([[4, 5, 4]], dtype=torch.int64)
+        before = f.client.pull_sparse(1, np.array([4, 5], np.uint64), create=False)
+        with f.join():
+            loss = model(ids).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        after = f.client.pull_sparse(1, np.array([4, 5], np.uint64), create=False)
+        assert not np.array_equal(before, after)  # table 1 is rt_shell_b, the first embedding
+        assert model.first.table_id == 1 and model.second.table_id == 0
+        assert stray.table_id == -1  # only the model's embeddings got tables
+        f.save_persistables(str(tmp_path / "save"))
+        manifest = json.loads((tmp_path / "save" / "manifest.json").read_text())
+        assert manifest["sparse_tables"] == {"rt_shell_a": 0, "rt_shell_b": 1}
+    finally:
+        f.stop_worker()
