@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_shared_data
 
 from psfleet.data import criteo
 from psfleet.data.criteo import NUM_DENSE, NUM_SLOTS, hash_feature, hash_features, parse_lines
@@ -18,7 +19,7 @@ from psfleet.errors import DataError
 
 pytestmark = pytest.mark.unit
 
-DATA_DIR = Path("/work/shared/data/criteo_kaggle_sample")
+DATA_DIR = require_shared_data()  # ../shared/data/criteo_kaggle_sample, or fail
 TRAIN = DATA_DIR / "train.csv"
 
 # Line 1 of train.csv (README.md of the sample).

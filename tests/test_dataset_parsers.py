@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import CRITEO_DIR
+from conftest import CRITEO_DIR, require_shared_data
 
 from psfleet.data import (
     ColumnsConfig,
@@ -31,7 +31,8 @@ from psfleet.errors import ConfigError, DataError
 
 pytestmark = pytest.mark.unit
 
-PADDLEREC = CRITEO_DIR.parent / "criteo_paddlerec"
+PADDLEREC = require_shared_data(require_shared_data().parent / "criteo_paddlerec",
+                                ("raw_tsv/part-0", "slot_format/sample_train.txt"))
 
 
 def load(files: list[Path], parser: str, options: object = None) -> InMemoryDataset:

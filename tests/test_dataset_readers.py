@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CRITEO_DIR, REPO_ROOT, clean_env
+from conftest import REPO_ROOT, clean_env, require_shared_data
 
 from psfleet.data import (
     CriteoReader,
@@ -27,7 +27,7 @@ from psfleet.errors import ConfigError, DataError
 
 pytestmark = pytest.mark.job
 
-FILES = [CRITEO_DIR / f"{name}.csv" for name in ("train", "dev", "test")]
+FILES = [require_shared_data() / f"{name}.csv" for name in ("train", "dev", "test")]
 TOTAL = 8000
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import require_shared_data
 from torch import Tensor, nn
 
 from psfleet.data import CriteoReader
@@ -16,7 +16,7 @@ from psfleet.rec.models import DNN, build_model, list_models, register_model
 
 pytestmark = pytest.mark.unit
 
-DATA_DIR = Path("/work/shared/data/criteo_kaggle_sample")
+DATA_DIR = require_shared_data()  # ../shared/data/criteo_kaggle_sample, or fail
 
 
 class HashedEmbedding(nn.Module):

@@ -9,13 +9,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import require_shared_data
 
 from psfleet.data import Batch, CriteoReader, list_data_files, parse_lines
 from psfleet.errors import ConfigError, DataError
 
 pytestmark = pytest.mark.unit
 
-DATA_DIR = Path("/work/shared/data/criteo_kaggle_sample")
+DATA_DIR = require_shared_data()  # ../shared/data/criteo_kaggle_sample, or fail
 TRAIN, DEV, TEST = (DATA_DIR / f"{name}.csv" for name in ("train", "dev", "test"))
 
 
