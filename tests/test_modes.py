@@ -26,7 +26,7 @@ import pytest
 
 from psfleet.errors import ConfigError, RemoteError
 from psfleet.fleet import DistributedStrategy, StrategyFactory
-from psfleet.ps import PsHandler, RemoteClient, RuleConfig, SparseTableConfig, start_server
+from psfleet.ps import RemoteClient, RuleConfig, SparseTableConfig, TableService, start_server
 from psfleet.ps.communicator import (
     AsyncCommunicator,
     AsyncConfig,
@@ -73,7 +73,7 @@ def servers(n: int, barrier_timeout_s: float = 20.0) -> Iterator[list[str]]:
     try:
         for _ in range(n):
             _, server = start_server(HOST, 0, CONFIG,
-                                     PsHandler(barrier_timeout_s=barrier_timeout_s))
+                                     TableService(barrier_timeout_s=barrier_timeout_s))
             started.append(server)
         yield [s.endpoint for s in started]
     finally:
