@@ -130,7 +130,7 @@ class TrainerProgram:
         if model is None or optimizer is None:
             raise ConfigError("TrainerProgram.start(): pass model and optimizer, here or as "
                               "transpile(program=(model, optimizer))")
-        if t.config.mode == "nccl2":
+        if t.strategy is not None and t.strategy.mode == "collective":  # nccl2 at transpile
             t.export_collective_env()
             fleet.init(is_collective=True, strategy=t.strategy)
         else:
@@ -270,8 +270,8 @@ class DistributeTranspiler:
         """
         if self.strategy is None:
             raise FatalError("call DistributeTranspiler.transpile() first")
-        if self.config.mode != "pserver":
-            raise ConfigError(f"config.mode is {self.config.mode!r}: there are no servers; "
+        if self.strategy.mode == "collective":
+            raise ConfigError("config.mode was 'nccl2' at transpile(): there are no servers; "
                               "run get_trainer_program() on every trainer")
         endpoint = endpoint.strip()
         if endpoint not in self.endpoints:
