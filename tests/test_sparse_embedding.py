@@ -28,6 +28,7 @@ from psfleet.ps.communicator import (
     LocalCommunicator,
     merge_sparse,
 )
+from psfleet.ps.routing import RoutedKeys, keys_of
 
 pytestmark = pytest.mark.unit
 
@@ -42,8 +43,9 @@ class RecordingCommunicator(LocalCommunicator):
         super().__init__(client)
         self.sparse_pushes: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
-        self.sparse_pushes.append((keys.copy(), grads.copy()))
+    def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
+                    grads: np.ndarray) -> None:
+        self.sparse_pushes.append((keys_of(keys).copy(), grads.copy()))
         super().push_sparse(table_id, keys, grads)
 
 

@@ -22,6 +22,7 @@ from psfleet.fleet.tables import TableRegistry
 from psfleet.nn import SparseEmbedding
 from psfleet.ps import RuleConfig
 from psfleet.ps.communicator import AsyncCommunicator, AsyncConfig
+from psfleet.ps.routing import RoutedKeys, keys_of
 from psfleet.rpc import RpcConfig
 
 pytestmark = pytest.mark.unit
@@ -78,10 +79,12 @@ def test_the_runtime_pushes_each_tables_gradients_once_per_step() -> None:
     model = Model(("rt_push_a", "rt_push_b"))
     runtime = _runtime(model)
     pushes: list[tuple[int, np.ndarray]] = []
+    routed: list[bool] = []
     real_push = runtime.communicator.push_sparse
 
-    def record(table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
-        pushes.append((table_id, keys.copy()))
+    def record(table_id: int, keys: np.ndarray | RoutedKeys, grads: np.ndarray) -> None:
+        pushes.append((table_id, keys_of(keys).copy()))
+        routed.append(isinstance(keys, RoutedKeys))
         real_push(table_id, keys, grads)
 
     runtime.communicator.push_sparse = record  # type: ignore[method-assign]
@@ -98,6 +101,9 @@ def test_the_runtime_pushes_each_tables_gradients_once_per_step() -> None:
             assert runtime.step.pending_rows == 0
         assert runtime.step.sparse_pushes == 6
         assert all(keys.tolist() == [1, 2, 3, 5] for _, keys in pushes)
+        # A table read by one forward is pushed with that pull's routing (hashed once);
+        # the first table, read twice, is merged and routed anew.
+        assert routed == [False, True] * 3
         runtime.optimizer.step()  # a step with no forward: an empty push per table
         assert [(t, k.size) for t, k in pushes[6:]] == [(0, 0), (1, 0)]
         assert runtime.optimizer.steps == 4

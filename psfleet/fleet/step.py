@@ -22,8 +22,10 @@ import numpy as np
 import torch
 
 from psfleet.errors import FatalError
-from psfleet.ps.communicator import Communicator, SparsePull
+from psfleet.ps.client import PullHandle
+from psfleet.ps.communicator import Communicator
 from psfleet.ps.merge import merge_sparse
+from psfleet.ps.routing import RoutedKeys, keys_of
 
 __all__ = ["StepCollector"]
 
@@ -44,7 +46,7 @@ class StepCollector:
         self.communicator = communicator
         self.dense_table_id = dense_table_id
         self._dims = dict(sparse_dims)
-        self._rows: dict[int, list[tuple[np.ndarray, torch.Tensor]]] = {
+        self._rows: dict[int, list[tuple[np.ndarray | RoutedKeys, torch.Tensor]]] = {
             table_id: [] for table_id in self._dims}
         #: Sparse pushes handed to the communicator so far (one per table per step).
         self.sparse_pushes = 0
@@ -54,14 +56,15 @@ class StepCollector:
     def prefetches(self) -> bool:
         return self.communicator.prefetches
 
-    def start_pull(self, table_id: int, keys: np.ndarray, create: bool) -> SparsePull:
+    def start_pull(self, table_id: int, keys: np.ndarray, create: bool) -> PullHandle:
         """Pull rows of keys uint64[U]; ``result()`` is float32[U, dim] (see
         ``Communicator.start_pull_sparse``)."""
         return self.communicator.start_pull_sparse(table_id, keys, create)
 
-    def record(self, table_id: int, keys: np.ndarray, rows: torch.Tensor) -> None:
-        """Keep a training forward's leaf rows float32[U, dim] of keys uint64[U] until
-        :meth:`end_step` pushes their gradients.
+    def record(self, table_id: int, keys: np.ndarray | RoutedKeys,
+               rows: torch.Tensor) -> None:
+        """Keep a training forward's leaf rows float32[U, dim] of keys uint64[U] (routed,
+        as the pull's handle gave them) until :meth:`end_step` pushes their gradients.
 
         Raises:
             FatalError: ``table_id`` is not a table of this worker.
@@ -76,11 +79,15 @@ class StepCollector:
     @property
     def pending_rows(self) -> int:
         """Rows recorded since the last push (all tables)."""
-        return sum(keys.size for forwards in self._rows.values() for keys, _ in forwards)
+        return sum(keys_of(keys).size for forwards in self._rows.values()
+                   for keys, _ in forwards)
 
     # -- what the optimizer calls ------------------------------------------------------
     def push_sparse_grads(self) -> int:
         """Hand every table's gradients of this step to the communicator, once per table.
+
+        A table read by one forward pushes the keys as that forward's pull routed
+        them; several forwards' keys are merged (equal keys summed) and routed anew.
 
         Returns:
             Rows pushed (equal keys of several forwards summed into one row).
@@ -97,7 +104,7 @@ class StepCollector:
             keys, grads = merge_sparse([k for k, _ in with_grad], [g for _, g in with_grad])
             self.communicator.push_sparse(table_id, keys, grads)
             self.sparse_pushes += 1
-            pushed += int(keys.size)
+            pushed += int(grads.shape[0])
         return pushed
 
     def end_step(self, dense_grads: np.ndarray | None) -> np.ndarray | None:

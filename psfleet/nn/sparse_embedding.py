@@ -197,15 +197,14 @@ class SparseEmbedding(nn.Module):
         if handle is None and self._armed is not None and self._armed.matches(self, ids):
             handle, self._armed = self._armed, None
         if handle is not None and training:
-            inverse, keys, values = handle.inverse, handle.keys, handle.rows.result()
+            inverse, pull = handle.inverse, handle.rows
         else:
             uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
-            keys = uniq.numpy().view(np.uint64)
-            values = access.start_pull(self._table_id, keys, training).result()
-        rows = torch.from_numpy(values)  # [U, dim]
+            pull = access.start_pull(self._table_id, uniq.numpy().view(np.uint64), training)
+        rows = torch.from_numpy(pull.result())  # [U, dim]
         if training:
             rows.requires_grad_(True)
-            access.record(self._table_id, keys, rows)
+            access.record(self._table_id, pull.keys, rows)  # routed once, pushed with it
         return rows[inverse].reshape(*ids.shape, self.dim)
 
     def extra_repr(self) -> str:

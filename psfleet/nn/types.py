@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
-from psfleet.ps.communicator import SparsePull
+from psfleet.ps.client import PullHandle
+from psfleet.ps.routing import RoutedKeys
 
 if TYPE_CHECKING:
     from psfleet.nn.sparse_embedding import SparseEmbedding
@@ -31,13 +32,16 @@ class RowAccess(Protocol):
         """Whether rows may be pulled ahead of the step that uses them (async mode)."""
         ...
 
-    def start_pull(self, table_id: int, keys: np.ndarray, create: bool) -> SparsePull:
-        """Pull the rows of distinct keys uint64[U]; the handle yields float32[U, dim]."""
+    def start_pull(self, table_id: int, keys: np.ndarray, create: bool) -> PullHandle:
+        """Pull the rows of distinct keys uint64[U]; the handle yields float32[U, dim]
+        and carries the keys with their routing (``PullHandle.keys``)."""
         ...
 
-    def record(self, table_id: int, keys: np.ndarray, rows: torch.Tensor) -> None:
+    def record(self, table_id: int, keys: np.ndarray | RoutedKeys,
+               rows: torch.Tensor) -> None:
         """Collect a training forward's leaf ``rows`` (float32[U, dim], requires grad)
-        of keys uint64[U]: the step pushes their gradients after backward."""
+        of keys uint64[U] (as the pull's handle gave them, routed): the step pushes
+        their gradients after backward."""
         ...
 
 
@@ -62,7 +66,7 @@ class Prefetch:
     ids: torch.Tensor
     inverse: torch.Tensor
     keys: np.ndarray
-    rows: SparsePull
+    rows: PullHandle
 
     def matches(self, embedding: SparseEmbedding, ids: torch.Tensor) -> bool:
         """Whether ``embedding``'s forward over ``ids`` may use these rows."""

@@ -39,17 +39,27 @@ logger = logging.getLogger(__name__)
 
 
 class PullHandle:
-    """Rows being pulled (``TableClient.start_pull_sparse``).
+    """Rows being pulled (a future; ``TableClient.start_pull_sparse``).
 
     :meth:`result` blocks until every server answered and returns float32[N, dim]
-    in the order of the keys asked for; later calls return the same array.
-    ``keys`` are the keys with their routing, to push the step's gradients with.
+    in the order of the keys asked for; later calls return the same array. Dropping
+    a handle whose result was never asked for is harmless. ``keys`` are the keys
+    pulled, routed where the client routed them, to push the step's gradients with
+    (so a key is hashed once per step).
     """
 
-    def __init__(self, keys: RoutedKeys, collect: Callable[[], np.ndarray]) -> None:
+    def __init__(self, keys: np.ndarray | RoutedKeys,
+                 collect: Callable[[], np.ndarray]) -> None:
         self.keys = keys
         self._collect = collect
         self._rows: np.ndarray | None = None
+
+    @classmethod
+    def ready(cls, keys: np.ndarray | RoutedKeys, rows: np.ndarray) -> PullHandle:
+        """A handle whose rows float32[N, dim] are already here."""
+        handle = cls(keys, lambda: rows)
+        handle._rows = rows
+        return handle
 
     def result(self) -> np.ndarray:
         """The rows, float32[N, dim]. Raises the pull's RpcError / RemoteError."""

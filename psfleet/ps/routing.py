@@ -21,7 +21,7 @@ import numpy as np
 from psfleet.ps.hashing import mix64
 from psfleet.ps.types import SlicingConfig
 
-__all__ = ["bucket_of", "BucketRouter", "RoutedKeys", "DenseBlock", "DenseLayout"]
+__all__ = ["bucket_of", "keys_of", "BucketRouter", "RoutedKeys", "DenseBlock", "DenseLayout"]
 
 
 def bucket_of(keys: np.ndarray, num_buckets: int) -> np.ndarray:
@@ -46,6 +46,11 @@ class RoutedKeys:
     keys: np.ndarray
     positions: list[np.ndarray]
     router: BucketRouter
+
+
+def keys_of(keys: np.ndarray | RoutedKeys) -> np.ndarray:
+    """The uint64[N] keys of plain or routed keys."""
+    return keys.keys if isinstance(keys, RoutedKeys) else keys
 
 
 class BucketRouter:

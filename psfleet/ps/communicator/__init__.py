@@ -6,7 +6,7 @@ from psfleet.ps.communicator.geo_mode import GeoCommunicator
 from psfleet.ps.communicator.local_mode import LocalCommunicator
 from psfleet.ps.communicator.registry import MODES, CommunicatorSettings, make_communicator
 from psfleet.ps.communicator.sync_mode import SyncCommunicator
-from psfleet.ps.communicator.types import AsyncConfig, Communicator, SparsePull
+from psfleet.ps.communicator.types import AsyncConfig, Communicator
 from psfleet.ps.merge import merge_sparse
 
 __all__ = [
@@ -18,7 +18,6 @@ __all__ = [
     "CommunicatorSettings",
     "GeoCommunicator",
     "LocalCommunicator",
-    "SparsePull",
     "SyncCommunicator",
     "make_communicator",
     "merge_sparse",

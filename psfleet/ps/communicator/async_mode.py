@@ -25,6 +25,7 @@ from psfleet.errors import FatalError
 from psfleet.ps.client import TableClient
 from psfleet.ps.communicator.types import AsyncConfig, Communicator
 from psfleet.ps.merge import merge_sparse
+from psfleet.ps.routing import RoutedKeys
 
 __all__ = ["AsyncCommunicator"]
 
@@ -35,7 +36,8 @@ logger = logging.getLogger(__name__)
 class _Step:
     """The pushes of one or more training steps, per table."""
 
-    sparse_keys: dict[int, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
+    sparse_keys: dict[int, list[np.ndarray | RoutedKeys]] = field(
+        default_factory=lambda: defaultdict(list))
     sparse_grads: dict[int, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
     dense: dict[int, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
 
@@ -94,7 +96,8 @@ class AsyncCommunicator(Communicator):
         if not self._threads:
             raise FatalError("communicator not started; call fleet.init_worker() first")
 
-    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
+    def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
+                    grads: np.ndarray) -> None:
         self._open.sparse_keys[table_id].append(keys)
         self._open.sparse_grads[table_id].append(grads)
 

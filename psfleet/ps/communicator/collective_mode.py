@@ -33,6 +33,7 @@ from psfleet.errors import ConfigError
 from psfleet.ps.client import TableClient
 from psfleet.ps.communicator.local_mode import LocalCommunicator
 from psfleet.ps.merge import merge_sparse
+from psfleet.ps.routing import RoutedKeys, keys_of
 from psfleet.ps.types import SparseTableConfig
 
 __all__ = ["CollectiveCommunicator"]
@@ -97,9 +98,10 @@ class CollectiveCommunicator(LocalCommunicator, Joinable):
     def on_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
         self._dims[table_id] = config.dim
 
-    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
+    def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
+                    grads: np.ndarray) -> None:
         pending_keys, pending_grads = self._pending[table_id]
-        pending_keys.append(keys)
+        pending_keys.append(keys_of(keys))
         pending_grads.append(grads)
 
     def end_step(self) -> None:

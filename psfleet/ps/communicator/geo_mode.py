@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from psfleet.ps.client import TableClient
+from psfleet.ps.client import PullHandle, TableClient
 from psfleet.ps.communicator.types import Communicator
 from psfleet.ps.dense_table import DenseTable
+from psfleet.ps.routing import RoutedKeys, keys_of
 from psfleet.ps.rules import SgdRule
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.types import DenseTableConfig, PushMode, RuleConfig, SparseTableConfig
@@ -74,9 +75,15 @@ class GeoCommunicator(Communicator):
             base.assign(new_keys, fresh)
         return local.pull(keys)
 
-    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
-        if keys.size:
-            self._local[table_id].push(keys, grads)
+    def start_pull_sparse(self, table_id: int, keys: np.ndarray,
+                          create: bool = True) -> PullHandle:
+        """Rows from the local copy (:meth:`pull_sparse`), served at once."""
+        return PullHandle.ready(keys, self.pull_sparse(table_id, keys, create))
+
+    def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
+                    grads: np.ndarray) -> None:
+        if grads.shape[0]:
+            self._local[table_id].push(keys_of(keys), grads)
 
     def push_dense(self, table_id: int, grads: np.ndarray) -> None:
         self._local_dense[table_id].push(grads)

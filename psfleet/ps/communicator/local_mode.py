@@ -10,6 +10,7 @@ import numpy as np
 
 from psfleet.ps.client import TableClient
 from psfleet.ps.communicator.types import Communicator
+from psfleet.ps.routing import RoutedKeys
 
 __all__ = ["LocalCommunicator"]
 
@@ -21,7 +22,8 @@ class LocalCommunicator(Communicator):
         super().__init__(client)
         self._dirty: set[int] = set()
 
-    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
+    def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
+                    grads: np.ndarray) -> None:
         self.client.push_sparse(table_id, keys, grads)
 
     def push_dense(self, table_id: int, grads: np.ndarray) -> None:

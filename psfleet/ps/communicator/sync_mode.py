@@ -17,6 +17,7 @@ import numpy as np
 from psfleet.ps.client import TableClient
 from psfleet.ps.communicator.types import Communicator
 from psfleet.ps.merge import merge_sparse
+from psfleet.ps.routing import RoutedKeys
 from psfleet.ps.types import PushMode
 
 __all__ = ["SyncCommunicator"]
@@ -34,12 +35,13 @@ class SyncCommunicator(Communicator):
         super().__init__(client)
         self.worker_num = worker_num
         self.step = 0
-        self._sparse: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = defaultdict(
-            lambda: ([], []))
+        self._sparse: dict[int, tuple[list[np.ndarray | RoutedKeys], list[np.ndarray]]] = (
+            defaultdict(lambda: ([], [])))
         self._dense: dict[int, np.ndarray] = {}
         self._fresh: dict[int, np.ndarray] = {}
 
-    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
+    def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
+                    grads: np.ndarray) -> None:
         pending_keys, pending_grads = self._sparse[table_id]
         pending_keys.append(keys)
         pending_grads.append(grads)

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
-from psfleet.ps.client import TableClient
+from psfleet.ps.client import PullHandle, TableClient
+from psfleet.ps.routing import RoutedKeys
 from psfleet.ps.types import RuleConfig, SparseTableConfig
 
-__all__ = ["AsyncConfig", "Communicator", "SparsePull"]
+__all__ = ["AsyncConfig", "Communicator"]
 
 
 _AT_LEAST_ONE = ("k_steps", "send_queue_size", "max_merge_var_num", "thread_pool_size")
@@ -71,38 +72,6 @@ class AsyncConfig(BaseModel):
         return value
 
 
-class SparsePull:
-    """A sparse pull in flight (a future): :meth:`result` waits for the rows.
-
-    Made by :meth:`Communicator.start_pull_sparse`. Dropping one whose result was never
-    asked for is harmless (the rows are discarded when they arrive). Not thread safe:
-    one consumer.
-
-    Args:
-        pending: the client's pull in flight, an object with ``result() -> ndarray``
-            (``TableClient.start_pull_sparse``'s handle); a bare callable returning
-            the rows is accepted too.
-        rows: rows already here (float32[N, dim]); ``pending`` is then ignored.
-    """
-
-    __slots__ = ("pending", "_rows")
-
-    def __init__(self, pending: Any = None, rows: np.ndarray | None = None) -> None:
-        self.pending = pending
-        self._rows = rows
-
-    def result(self) -> np.ndarray:
-        """The rows float32[N, dim], in the order of the keys pulled. Blocks until they
-        arrive; later calls return the same array.
-
-        Raises:
-            RpcError, RemoteError: the pull failed.
-        """
-        if self._rows is None:
-            self._rows = getattr(self.pending, "result", self.pending)()
-        return self._rows
-
-
 class Communicator(ABC):
     """Sends a worker's gradients and brings back fresh parameters.
 
@@ -131,21 +100,21 @@ class Communicator(ABC):
         return self.client.pull_sparse(table_id, keys, create)
 
     def start_pull_sparse(self, table_id: int, keys: np.ndarray,
-                          create: bool = True) -> SparsePull:
+                          create: bool = True) -> PullHandle:
         """Pull the rows of ``keys`` (uint64[N]) as a handle (a future): its
         ``result()`` waits for float32[N, dim]; dropping it unused is harmless.
 
-        Where the mode :attr:`prefetches`, the pull is sent now and overlaps whatever
-        runs until ``result()``; elsewhere it is served at once through
-        :meth:`pull_sparse` (so a mode's own row source, e.g. GEO's local copy, is used).
+        The pull is sent now and overlaps whatever runs until ``result()``; the
+        handle's ``keys`` carry their routing for the step's push. A mode with a row
+        source of its own (GEO's local copy) overrides this.
         """
-        if self.prefetches:
-            return SparsePull(self.client.start_pull_sparse(table_id, keys, create))
-        return SparsePull(rows=self.pull_sparse(table_id, keys, create))
+        return self.client.start_pull_sparse(table_id, keys, create)
 
     @abstractmethod
-    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
-        """Hand over gradients float32[N, dim] of distinct keys uint64[N].
+    def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
+                    grads: np.ndarray) -> None:
+        """Hand over gradients float32[N, dim] of distinct keys uint64[N] (or the keys
+        routed by their pull, ``PullHandle.keys``).
 
         The arrays must not be modified afterwards (they may be sent later).
         """
