@@ -13,7 +13,13 @@ from psfleet.fleet.role_maker import (
     UserDefinedRoleMaker,
 )
 from psfleet.fleet.strategy import AsyncSettings, DistributedStrategy, StrategyFactory
-from psfleet.fleet.transpiler import DistributeTranspiler, Executor, TrainerProgram
+from psfleet.fleet.transpiler import (
+    DistributeTranspiler,
+    Executor,
+    PServerProgram,
+    PServerStartupProgram,
+    TrainerProgram,
+)
 from psfleet.fleet.transpiler_config import DistributeTranspilerConfig
 
 _fleet = Fleet()
@@ -52,6 +58,8 @@ __all__ = [
     "Executor",
     "Fleet",
     "MPIRoleMaker",
+    "PServerProgram",
+    "PServerStartupProgram",
     "PaddleCloudRoleMaker",
     "Role",
     "StrategyFactory",
