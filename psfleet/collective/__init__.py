@@ -11,10 +11,17 @@ from psfleet.collective.process_group import (
     init_process_group,
 )
 from psfleet.collective.rendezvous import rendezvous_from_env
-from psfleet.collective.types import BACKENDS, Backend, CollectiveContext, RendezvousSpec
+from psfleet.collective.types import (
+    BACKENDS,
+    Backend,
+    BackendChoice,
+    CollectiveContext,
+    RendezvousSpec,
+)
 
 __all__ = [
     "BACKENDS",
+    "BackendChoice",
     "Backend",
     "CollectiveContext",
     "CollectiveHooks",

@@ -8,14 +8,15 @@ the process group this rank joined (:func:`psfleet.collective.init_process_group
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
-__all__ = ["BACKENDS", "Backend", "RendezvousSpec", "CollectiveContext"]
+__all__ = ["BACKENDS", "Backend", "BackendChoice", "RendezvousSpec", "CollectiveContext"]
 
 Backend = Literal["gloo", "nccl"]
 
 #: Backends psfleet starts (``auto`` picks one of them by device).
-BACKENDS: tuple[str, ...] = ("auto", "gloo", "nccl")
+BackendChoice = Literal["auto", "gloo", "nccl"]
+BACKENDS: tuple[str, ...] = get_args(BackendChoice)
 
 
 @dataclass(frozen=True)

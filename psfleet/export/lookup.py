@@ -12,6 +12,7 @@ import numpy as np
 
 from psfleet.errors import DataError
 from psfleet.ps.hashing import init_rows
+from psfleet.ps.types import Initializer
 
 __all__ = ["SparseLookup"]
 
@@ -30,7 +31,7 @@ class SparseLookup:
             strictly ascending.
     """
 
-    def __init__(self, keys: np.ndarray, values: np.ndarray, initializer: str,
+    def __init__(self, keys: np.ndarray, values: np.ndarray, initializer: Initializer,
                  initial_range: float, seed: int, name: str = "table") -> None:
         if keys.dtype != np.uint64 or keys.ndim != 1:
             raise DataError(f"table {name!r}: keys must be uint64[n], got {keys.dtype} "

@@ -15,7 +15,7 @@ import torch
 
 from psfleet.errors import ConfigError, FatalError
 from psfleet.fleet.step import StepCollector
-from psfleet.ps.types import RuleConfig
+from psfleet.ps.types import OPTIMIZER_CLASSES, RuleConfig
 
 __all__ = ["DistributedOptimizer", "rule_from_optimizer"]
 
@@ -59,8 +59,9 @@ def rule_from_optimizer(optimizer: torch.optim.Optimizer) -> RuleConfig:
         unsupported("momentum", 0)
         unsupported("nesterov", False)
         return RuleConfig(name="sgd", learning_rate=lr)
-    raise ConfigError(f"optimizer: {type(optimizer).__name__} has no table rule; use "
-                      "torch.optim.Adam, torch.optim.SGD or torch.optim.Adagrad")
+    known = ", ".join(f"torch.optim.{name}" for name in OPTIMIZER_CLASSES)
+    raise ConfigError(f"optimizer: {type(optimizer).__name__} has no table rule; use one of "
+                      f"{known}")
 
 
 class DistributedOptimizer:

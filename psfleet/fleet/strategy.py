@@ -7,10 +7,11 @@ is made; an error names the field and the allowed values.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from psfleet.collective.types import BackendChoice
 from psfleet.errors import ConfigError
 from psfleet.ps.communicator import AsyncConfig, CommunicatorSettings
 from psfleet.ps.types import SlicingConfig, SplitMethod
@@ -68,7 +69,7 @@ class DistributedStrategy(BaseModel):
     dc_asgd: bool = False
     dc_asgd_lambda: float = Field(0.04, gt=0)
     server_wait_timeout_s: float | None = Field(None, gt=0)
-    collective_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    collective_backend: BackendChoice = "auto"
 
     @model_validator(mode="after")
     def _dc_asgd_is_async(self) -> DistributedStrategy:

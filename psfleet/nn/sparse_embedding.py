@@ -28,7 +28,7 @@ from torch import nn
 
 from psfleet.errors import ConfigError, FatalError
 from psfleet.nn.types import Prefetch, RowAccess
-from psfleet.ps.types import RuleConfig, SparseTableConfig
+from psfleet.ps.types import Initializer, RuleConfig, SparseTableConfig
 
 __all__ = ["SparseEmbedding", "live_embeddings", "use_prefetched"]
 
@@ -89,7 +89,7 @@ class SparseEmbedding(nn.Module):
     """
 
     def __init__(self, dim: int, name: str = "embedding", rule: RuleConfig | None = None,
-                 initializer: str = "uniform", initial_range: float = 0.01,
+                 initializer: Initializer = "uniform", initial_range: float = 0.01,
                  num_buckets: int = 4096) -> None:
         super().__init__()
         self.dim = dim
@@ -118,7 +118,7 @@ class SparseEmbedding(nn.Module):
         try:
             return SparseTableConfig(
                 name=self.name, dim=self.dim, rule=self.rule or default_rule,
-                initializer=self.initializer,  # type: ignore[arg-type]
+                initializer=self.initializer,
                 initial_range=self.initial_range, num_buckets=self.num_buckets)
         except ValueError as exc:
             raise ConfigError(f"SparseEmbedding {self.name!r}: {exc}") from None

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from psfleet.ps.types import Initializer
+
 __all__ = ["mix64", "init_rows"]
 
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -47,7 +49,8 @@ def _uniform01(keys: np.ndarray, dim: int, seed: int, stream: int) -> np.ndarray
     return (bits >> _S40).astype(np.float64) * (1.0 / (1 << 24))
 
 
-def init_rows(keys: np.ndarray, dim: int, kind: str, scale: float, seed: int) -> np.ndarray:
+def init_rows(keys: np.ndarray, dim: int, kind: Initializer, scale: float,
+              seed: int) -> np.ndarray:
     """Initial values of the rows of ``keys``, a pure function of each key.
 
     Args:
