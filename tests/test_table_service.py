@@ -222,6 +222,7 @@ def _push_once_through_a_cut(with_ids: bool) -> tuple[np.ndarray, np.ndarray, in
     return rows, dense, proxy.cuts, service.push_calls
 
 
+@pytest.mark.slow  # the client's reconnect after the cut takes about 5 s
 def test_a_retried_push_is_applied_once() -> None:
     rows, dense, cuts, calls = _push_once_through_a_cut(with_ids=True)
     assert cuts == 2 and calls == 4  # two responses lost, two pushes arrived twice
@@ -229,6 +230,7 @@ def test_a_retried_push_is_applied_once() -> None:
     np.testing.assert_allclose(dense, -0.1 * np.ones(3), rtol=0, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_without_push_ids_a_retried_push_is_applied_twice() -> None:
     # The control: the same cut applies a push twice when pushes carry no id.
     rows, dense, cuts, calls = _push_once_through_a_cut(with_ids=False)
