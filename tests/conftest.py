@@ -235,6 +235,35 @@ def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str] | No
     return subprocess.CompletedProcess(list(argv), proc.returncode, stdout, stderr)
 
 
+def start_by_hand(script: Path, roles: Sequence[Mapping[str, str]],
+                  common: Mapping[str, str], args: Sequence[str], tmp_path: Path,
+                  timeout_s: float = 240.0) -> list[str]:
+    """Start ``script`` once per role (no launcher: each process told its role by
+    environment variables, ``common`` plus its own), wait for all, and return their
+    outputs. Fails the test with every output's tail unless all exit 0; a process
+    still running is killed (the leak check fails a test that leaves one)."""
+    procs: list[subprocess.Popen[str]] = []
+    logs = []
+    try:
+        for i, role in enumerate(roles):
+            log = open(tmp_path / f"proc{i}.log", "w")  # noqa: SIM115 - closed below
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [sys.executable, str(script), *args], env=clean_env({**common, **role}),
+                stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        codes = [p.wait(timeout=timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+    outputs = [(tmp_path / f"proc{i}.log").read_text() for i in range(len(roles))]
+    assert codes == [0] * len(roles), "\n\n".join(o[-2000:] for o in outputs)
+    return outputs
+
+
 @pytest.fixture
 def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
     """``run_cli(args, timeout=60, env=None, cwd=None)``: ``python -m psfleet.cli.main

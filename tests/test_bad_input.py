@@ -12,6 +12,7 @@ check fails a test that leaves children behind.
 
 from __future__ import annotations
 
+import gzip
 import socket
 import subprocess
 import time
@@ -145,6 +146,39 @@ def test_use_gpu_exits_2_before_any_process(run_cli: RunCli, config: Path,
     print(f"runner.use_gpu=true: exit 2 after {elapsed:.2f} s")
 
 
+def test_compressed_data_file_exits_2_before_any_process(
+        run_cli: RunCli, config: Path, tmp_path: Path, criteo_dir: Path) -> None:
+    lines = (criteo_dir / "train.csv").read_bytes().splitlines(keepends=True)[:50]
+    packed = tmp_path / "few.csv.gz"
+    packed.write_bytes(gzip.compress(b"".join(lines)))
+    out = tmp_path / "out"
+
+    r = run_cli(_job(config, out, "-o", f"runner.train_data_dir={packed}"), timeout=60)
+
+    assert r.returncode == 2, r.stderr[-3000:]
+    error = r.stderr.strip().splitlines()[-1]
+    assert "runner.train_data_dir" in error and repr(str(packed)) in error
+    assert "gzip-compressed" in error and "pipe_command" in error  # what to do
+    _assert_nothing_started(out)
+    assert_no_processes_mentioning(str(tmp_path))
+
+
+def test_training_on_nothing_fails(run_cli: RunCli, config: Path, tmp_path: Path) -> None:
+    # Every line malformed (comma-separated, not Criteo TSV): no example is trained, so
+    # the run must not report success (it used to print a test AUC and exit 0).
+    data = tmp_path / "commas.csv"
+    data.write_text("".join(f"{i % 2},{i},{i * 3},abc\n" for i in range(40)))
+    out = tmp_path / "out"
+
+    r = run_cli(_local(config, out, data), timeout=60)
+
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert "skipped 40 malformed lines of 40" in r.stderr
+    assert "trained on 0 examples" in r.stderr and "runner.parser" in r.stderr
+    assert not (out / "metrics.json").exists()
+    assert_no_processes_mentioning(str(tmp_path))
+
+
 @pytest.mark.slow
 def test_malformed_lines_are_counted_skipped_and_named(
         run_cli: RunCli, config: Path, tmp_path: Path, criteo_dir: Path) -> None:
@@ -170,7 +204,7 @@ def test_malformed_lines_are_counted_skipped_and_named(
 @pytest.mark.parametrize(("override", "expected"), [
     ("hyper_parameters.optimizer.class=Foo",
      ["hyper_parameters.optimizer.class", "'Foo'", "Adam", "SGD", "Adagrad"]),
-    ("runner.epoch=3", ["runner.epoch", "unknown key"]),
+    ("runner.epoch=3", ["runner.epoch", "unknown key", "did you mean 'epochs'", "batch_size"]),
     ("runner.sync_mode=asyc", ["runner.sync_mode", "'asyc'", "async"]),
     ("runner", ["-o 'runner'", "KEY.PATH=VALUE"]),
     ("cluster.worker_num=2", ["cluster.worker_num", "server_num"]),

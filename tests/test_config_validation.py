@@ -149,7 +149,7 @@ def test_strategy_slicing_fields_are_slicing_configs() -> None:
 
 @pytest.mark.parametrize(("sections", "expected"), [
     ({"runner": {"use_gpu": True}},
-     ["runner.use_gpu", "runner.sync_mode: collective", "use_gpu: false"]),
+     ["runner.use_gpu", "trains on CPU", "use_gpu: false"]),
     ({"runner": {"use_gpu": True, "sync_mode": "collective"}},
      ["runner.use_gpu", "trains on CPU", "use_gpu: false"]),
     ({"runner": {"sync_mode": "collective"}, "cluster": {"server_num": 1}},

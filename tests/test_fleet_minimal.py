@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import assert_no_processes_mentioning, clean_env, run_command
+from conftest import assert_no_processes_mentioning, run_command, start_by_hand
 
 pytestmark = pytest.mark.job
 
@@ -64,25 +63,7 @@ def test_four_processes_started_by_hand_with_environment_only(tmp_path: Path) ->
               "POD_IP": "127.0.0.1", "PSFLEET_SERVER_WAIT_TIMEOUT_S": "120"}
     roles = [{"TRAINING_ROLE": "PSERVER", "PADDLE_PORT": str(p)} for p in ports] + [
         {"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": str(k)} for k in range(2)]
-    procs: list[subprocess.Popen[str]] = []
-    logs = []
-    try:
-        for i, role in enumerate(roles):
-            log = open(tmp_path / f"proc{i}.log", "w")  # noqa: SIM115 - closed below
-            logs.append(log)
-            procs.append(subprocess.Popen(
-                [sys.executable, str(EXAMPLE), "--epochs", "1"], env=clean_env({**common, **role}),
-                stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True))
-        codes = [p.wait(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
-    outputs = [(tmp_path / f"proc{i}.log").read_text() for i in range(4)]
-    assert codes == [0, 0, 0, 0], "\n\n".join(o[-2000:] for o in outputs)
+    outputs = start_by_hand(EXAMPLE, roles, common, ["--epochs", "1"], tmp_path)
     assert _test_auc(outputs[2]) > 0.6  # worker 0
     assert all(f"Server listening on 127.0.0.1:{p}" in outputs[i]
                for i, p in enumerate(ports))

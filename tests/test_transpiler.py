@@ -9,45 +9,15 @@ launcher), each process told its role by the seeds' variables only.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from conftest import start_by_hand
 from test_fleet_minimal import _free_ports, _test_auc
 
 pytestmark = pytest.mark.job
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "transpiler_minimal.py"
-
-
-def _start_by_hand(roles: Sequence[Mapping[str, str]], common: Mapping[str, str],
-                   args: Sequence[str], tmp_path: Path) -> list[str]:
-    """Start one example process per role, wait for all; return their outputs (all
-    exit 0, else the test fails with every output's tail). Any process left is killed
-    (and conftest's leak check fails a test that leaves one)."""
-    procs: list[subprocess.Popen[str]] = []
-    logs = []
-    try:
-        for i, role in enumerate(roles):
-            log = open(tmp_path / f"proc{i}.log", "w")  # noqa: SIM115 - closed below
-            logs.append(log)
-            procs.append(subprocess.Popen(
-                [sys.executable, str(EXAMPLE), *args], env=clean_env({**common, **role}),
-                stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True))
-        codes = [p.wait(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
-    outputs = [(tmp_path / f"proc{i}.log").read_text() for i in range(len(roles))]
-    assert codes == [0] * len(roles), "\n\n".join(o[-2000:] for o in outputs)
-    return outputs
 
 
 @pytest.mark.slow
@@ -59,7 +29,7 @@ def test_two_servers_two_workers_sync_mode(criteo_dir: Path, tmp_path: Path) -> 
     roles = [{"PADDLE_TRAINING_ROLE": "PSERVER", "PADDLE_CURRENT_IP": "127.0.0.1",
               "PADDLE_PORT": str(p)} for p in ports] + [
         {"PADDLE_TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": str(k)} for k in range(2)]
-    outputs = _start_by_hand(roles, common, ["--epochs", "1", "--data", str(criteo_dir)],
+    outputs = start_by_hand(EXAMPLE, roles, common, ["--epochs", "1", "--data", str(criteo_dir)],
                              tmp_path)
     assert _test_auc(outputs[2]) > 0.6, outputs[2][-2000:]  # worker 0
     assert "test auc" not in outputs[3]
@@ -76,7 +46,7 @@ def test_two_trainers_nccl2_mode(criteo_dir: Path, tmp_path: Path) -> None:
     common = {"PADDLE_TRAINER_IPS": "127.0.0.1,127.0.0.1", "PADDLE_PSERVER_PORT": str(port),
               "PADDLE_CURRENT_IP": "127.0.0.1", "PSFLEET_COLLECTIVE_CONNECT_TIMEOUT_S": "60"}
     roles = [{"PADDLE_TRAINER_ID": str(k)} for k in range(2)]
-    outputs = _start_by_hand(roles, common, ["--mode", "nccl2", "--epochs", "1", "--data",
+    outputs = start_by_hand(EXAMPLE, roles, common, ["--mode", "nccl2", "--epochs", "1", "--data",
                                              str(criteo_dir)], tmp_path)
     assert _test_auc(outputs[0]) > 0.6, outputs[0][-2000:]
     assert "test auc" not in outputs[1]

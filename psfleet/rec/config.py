@@ -17,6 +17,7 @@ initializers) are declared once, in ``psfleet.types`` and ``psfleet.ps.types``.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -135,12 +136,10 @@ class RunnerConfig(_Section):
     @model_validator(mode="after")
     def _cross_field_rules(self) -> RunnerConfig:
         if self.use_gpu:
-            if self.sync_mode != "collective":
-                raise ConfigError(f"runner.use_gpu: True needs runner.sync_mode: collective "
-                                  f"(it is {self.sync_mode!r}); the parameter-server modes "
-                                  "train on CPU; set use_gpu: false")
             # The runner's tables and dense-gradient path are host (numpy) code; GPU
             # training through it is not built yet (fleetrun --devices and nccl are).
+            # One message whatever the mode: pointing at collective mode would send the
+            # user to a second error.
             raise ConfigError("runner.use_gpu: True: the YAML runner trains on CPU in this "
                               "release; set use_gpu: false (a fleet-API script can use the "
                               "GPUs that fleetrun --mode collective --devices hands out)")
@@ -245,13 +244,30 @@ class TrainConfig(_Section):
         return self
 
 
+def _unknown_key(loc: tuple[int | str, ...]) -> str:
+    """``section.key: unknown key``, with the closest known key and the known keys of
+    that section (README.md's runner table explains them)."""
+    path = ".".join(str(p) for p in loc)
+    model: Any = TrainConfig
+    for part in loc[:-1]:
+        is_model = isinstance(model, type) and issubclass(model, BaseModel)
+        field = model.model_fields.get(str(part)) if is_model else None
+        model = field.annotation if field is not None else None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return f"{path}: unknown key (check its spelling against README.md)"
+    known = sorted(f.alias or name for name, f in model.model_fields.items())
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"{path}: unknown key; {hint}the keys are {', '.join(known)}"
+
+
 def _format(error: ValidationError) -> str:
     lines = []
     for e in error.errors():
         path = ".".join(str(p) for p in e["loc"])
         value = e.get("input")
         if e["type"] == "extra_forbidden":
-            lines.append(f"{path}: unknown key (check its spelling against README.md)")
+            lines.append(_unknown_key(e["loc"]))
         elif e["type"] == "literal_error":
             allowed = e.get("ctx", {}).get("expected", "")
             lines.append(f"{path}: {value!r} is not one of {allowed}")

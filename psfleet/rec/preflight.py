@@ -7,7 +7,9 @@ cheaply, by each process of the job):
 
 - every ``runner.train_data_dir`` / ``runner.test_data_dir`` path exists, a folder
   holds at least one data file, and no data file is empty (0 bytes or only blank
-  lines: a worker would train on nothing);
+  lines: a worker would train on nothing) or compressed (gzip, bzip2, xz, zstd, zip:
+  every line would be skipped as malformed) unless a ``runner.pipe_command``
+  decompresses it;
 - with ``runner.split_file_list: False`` there are at least ``cluster.worker_num``
   training files (each worker reads whole files);
 - ``runner.model`` is a registered model.
@@ -29,6 +31,17 @@ __all__ = ["check_before_start", "check_data_files"]
 
 _BLOCK_BYTES = 1 << 16
 
+#: Leading bytes of compressed files (no parser reads them; a pipe_command may).
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz",
+               b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
+
+
+def _compression(path: Path) -> str | None:
+    """The compression format ``path`` starts with, or None."""
+    with path.open("rb") as file:
+        head = file.read(8)
+    return next((name for magic, name in _COMPRESSED.items() if head.startswith(magic)), None)
+
 
 def _holds_data(path: Path) -> bool:
     """Whether ``path`` has a byte that is not ASCII whitespace (reads until the first
@@ -40,19 +53,23 @@ def _holds_data(path: Path) -> bool:
     return False
 
 
-def check_data_files(field: str, value: Path | list[Path] | None) -> list[Path]:
+def check_data_files(field: str, value: Path | list[Path] | None,
+                     pipe_command: str | None = None) -> list[Path]:
     """The data files of a ``*_data_dir`` value, each checked to hold data.
 
     Args:
         field: the config field path, for messages (``runner.train_data_dir``).
         value: a file or folder, a list of them, or None (no files).
+        pipe_command: the command the files are piped through, if any (it may
+            decompress them, so compressed files are allowed then).
 
     Returns:
         The files, in order (a folder's sorted by name).
 
     Raises:
         DataError: a path does not exist, a folder holds no data file, or a file is
-            empty or only blank lines (names the field and the file).
+            empty, only blank lines, or compressed with no pipe_command (names the
+            field and the file).
     """
     paths = [] if value is None else [value] if isinstance(value, Path) else value
     files: list[Path] = []
@@ -65,12 +82,18 @@ def check_data_files(field: str, value: Path | list[Path] | None) -> list[Path]:
         try:
             size = file.stat().st_size
             blank = size > 0 and not _holds_data(file)
+            compression = None if pipe_command else _compression(file)
         except OSError as exc:
             raise DataError(f"{field}: data file {str(file)!r} cannot be read: {exc}") from None
         if size == 0 or blank:
             what = "0 bytes" if size == 0 else "only blank lines"
             raise DataError(f"{field}: data file {str(file)!r} is empty ({what}); remove it "
                             f"from {field} (or from its folder), or write the data into it")
+        if compression is not None:
+            raise DataError(f"{field}: data file {str(file)!r} is {compression}-compressed; "
+                            "the parsers read plain text (or Parquet): decompress it, or "
+                            "use runner.reader_type: QueueDataset with a runner.pipe_command "
+                            "that decompresses (e.g. 'zcat')")
     return files
 
 
@@ -85,8 +108,9 @@ def check_before_start(config: TrainConfig) -> None:
     from psfleet.rec.models import list_models
 
     runner = config.runner
-    train_files = check_data_files("runner.train_data_dir", runner.train_data_dir)
-    check_data_files("runner.test_data_dir", runner.test_data_dir)
+    train_files = check_data_files("runner.train_data_dir", runner.train_data_dir,
+                                   runner.pipe_command)
+    check_data_files("runner.test_data_dir", runner.test_data_dir, runner.pipe_command)
     if not runner.split_file_list:
         try:
             plan_share(train_files, 0, config.cluster.worker_num, split_file_list=False)

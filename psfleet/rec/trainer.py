@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,6 +24,7 @@ from tqdm import tqdm
 from psfleet import fleet
 from psfleet.checkpoint import CheckpointConfig, CheckpointStore, Cursor
 from psfleet.data import Batch, Reader
+from psfleet.errors import DataError
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy
 from psfleet.fleet.persistence import restart_num
 from psfleet.metrics import StreamingAuc, auc, log_loss
@@ -117,6 +119,18 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Read
     return {"epoch": epoch + 1, "loss": total_loss / max(examples, 1),
             "auc": running.compute() if show else float("nan"), "examples": examples,
             "examples_per_s": examples / wall, "wall_s": wall}
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None (strict JSON has no
+    NaN: a train AUC of one class is undefined, not a number)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _agreed_share(checkpoint: CheckpointConfig | None) -> int | None:
@@ -227,6 +241,12 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         logger.info("epoch %d/%d: loss %.5f, train auc %.4f, %d examples, %.0f examples/s "
                     "on this worker, %.1f s", stats["epoch"], runner.epochs, stats["loss"],
                     stats["auc"], stats["examples"], stats["examples_per_s"], stats["wall_s"])
+    if epochs and not any(stats["examples"] for stats in epochs):
+        raise DataError(
+            f"worker {index} trained on 0 examples in {len(epochs)} epoch(s): every line of "
+            "its share of runner.train_data_dir was skipped as malformed (see the warnings "
+            "above) or the share is empty (fewer lines than workers). Check the data's "
+            "format against runner.parser, or use fewer workers")
     if checkpoint is not None:  # the end of training (also flushes and meets)
         fleet.save_checkpoint(checkpoint, Cursor(epoch=runner.epochs, batch=0,
                                                  step=optimizer.steps), share)
@@ -247,7 +267,7 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         }
         out = runner.model_save_path
         out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (out / "metrics.json").write_text(json.dumps(_finite(metrics), indent=2) + "\n")
         logger.info("metrics written to %s", out / "metrics.json")
         if runner.inference_model_path is not None:  # after the evaluation: same values
             sample = next(iter(test_reader if test_reader is not None else reader), None)
