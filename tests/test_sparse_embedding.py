@@ -11,6 +11,7 @@ import gc
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from psfleet.fleet import DistributedOptimizer
 from psfleet.fleet.step import StepCollector
 from psfleet.nn import SparseEmbedding, live_embeddings
 from psfleet.ps import LocalClient, RuleConfig
+from psfleet.ps.client import PushHandle
 from psfleet.ps.communicator import (
     AsyncCommunicator,
     AsyncConfig,
@@ -284,10 +286,11 @@ class GatedClient(LocalClient):
         self.gate = threading.Event()
         self.sparse_pushes = 0
 
-    def push_sparse(self, table_id: int, keys: np.ndarray, grads: np.ndarray) -> None:
+    def start_push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
+                          grads: np.ndarray, *args: Any) -> PushHandle:
         self.gate.wait(timeout=20)
         self.sparse_pushes += 1
-        super().push_sparse(table_id, keys, grads)
+        return super().start_push_sparse(table_id, keys, grads, *args)
 
 
 def test_async_communicator_merges_queued_steps() -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from psfleet.errors import RemoteError
 from psfleet.ps import (
     LocalClient,
     RemoteClient,
@@ -305,3 +306,25 @@ def test_keys_are_hashed_once_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls == {"route": 1, "table": 4, "index": 0}  # 2 servers x (pull + push)
     np.testing.assert_allclose(client.pull_sparse(0, handle.keys), rows - 0.1, atol=1e-7)
     assert calls["route"] == 1
+
+
+def test_pushes_return_handles_that_wait_for_every_server() -> None:
+    with _server() as first, _server() as second:
+        client = RemoteClient([first.endpoint, second.endpoint], CONFIG)
+        try:
+            client.create_sparse_table(0, SparseTableConfig(name="emb", dim=DIM, rule=SGD,
+                                                            initializer="zeros"))
+            client.create_dense_table(1, "dense", [(4, 3)], SGD, np.zeros(12, np.float32),
+                                      SlicingConfig(min_block_size=4))
+            keys = np.arange(64, dtype=np.uint64)  # spread over both servers
+            pushes = [client.start_push_sparse(0, keys, np.ones((64, DIM), np.float32)),
+                      client.start_push_dense(1, np.ones(12, np.float32))]
+            assert all(push.result() is None for push in pushes)
+            np.testing.assert_allclose(client.pull_sparse(0, keys), -0.1, atol=1e-7)
+            np.testing.assert_allclose(client.pull_dense(1), -0.1, atol=1e-7)
+            reserved = np.array([2**64 - 1], np.uint64)  # refused by the server it goes to
+            failing = client.start_push_sparse(0, reserved, np.ones((1, DIM), np.float32))
+            with pytest.raises(RemoteError, match="reserved"):
+                failing.result()
+        finally:
+            client.close()

@@ -15,6 +15,7 @@ import itertools
 import logging
 import secrets
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from psfleet.checkpoint.storage import FileDigest
 from psfleet.errors import ConfigError, FatalError
 from psfleet.ps.routing import BucketRouter, DenseLayout, RoutedKeys
 from psfleet.ps.service import TableService
-from psfleet.ps.transport import InProcessTransport, Transport
+from psfleet.ps.transport import InProcessTransport, Pending, Transport
 from psfleet.ps.types import (
     DenseTableConfig,
     PushMode,
@@ -33,7 +34,7 @@ from psfleet.ps.types import (
 from psfleet.rpc import RpcClient, RpcConfig, codec, wait_servers_ready
 from psfleet.rpc import messages as msg
 
-__all__ = ["TableClient", "RemoteClient", "LocalClient", "PullHandle"]
+__all__ = ["TableClient", "RemoteClient", "LocalClient", "PullHandle", "PushHandle"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,37 @@ class PullHandle:
         return self._rows
 
 
+def _wait_all(pending: Sequence[Pending]) -> list[Any]:
+    """Every reply of ``pending``, in order. Every call has ended when this returns or
+    raises (the first error, after the others finished), so a caller cleaning up after
+    a failure (e.g. removing a half-written checkpoint) races no server."""
+    replies: list[Any] = []
+    first_error: BaseException | None = None
+    for call in pending:
+        try:
+            replies.append(call.result())
+        except Exception as exc:  # noqa: BLE001 - re-raised below
+            first_error = first_error or exc
+    if first_error is not None:
+        raise first_error
+    return replies
+
+
+class PushHandle:
+    """A push in flight (``TableClient.start_push_sparse`` / ``start_push_dense``).
+
+    :meth:`result` blocks until every server the push went to has applied it, and
+    raises the first server's error after all of them answered.
+    """
+
+    def __init__(self, pending: Sequence[Pending]) -> None:
+        self._pending = list(pending)
+
+    def result(self) -> None:
+        """Wait for the push. Raises RpcError / RemoteError / ConfigError as a server did."""
+        _wait_all(self._pending)
+
+
 class TableClient:
     """Tables as a worker sees them, on the servers behind ``transports``. Thread safe.
 
@@ -92,19 +124,9 @@ class TableClient:
 
     def _all(self, method: str, requests: Sequence[object]) -> list[object]:
         """One call per server, in parallel; every call has ended when this returns or
-        raises (the first error, after the others finished), so a caller cleaning up
-        after a failure (e.g. removing a half-written checkpoint) races no server."""
-        pending = [c.start(method, r) for c, r in zip(self._servers, requests, strict=True)]
-        replies: list[object] = []
-        first_error: BaseException | None = None
-        for call in pending:
-            try:
-                replies.append(call.result())
-            except Exception as exc:  # noqa: BLE001 - re-raised below
-                first_error = first_error or exc
-        if first_error is not None:
-            raise first_error
-        return replies
+        raises (see :func:`_wait_all`)."""
+        return _wait_all([c.start(method, r)
+                          for c, r in zip(self._servers, requests, strict=True)])
 
     def create_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
         """Create the table on every server (no-op where it exists with this config).
@@ -206,7 +228,14 @@ class TableClient:
 
     def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys, grads: np.ndarray,
                     mode: PushMode = PushMode.APPLY, step: int = 0, worker_num: int = 1) -> None:
-        """Send float32[N, dim] gradients (or deltas) of distinct keys uint64[N]. Blocks.
+        """:meth:`start_push_sparse` and wait for it. Blocks."""
+        self.start_push_sparse(table_id, keys, grads, mode, step, worker_num).result()
+
+    def start_push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
+                          grads: np.ndarray, mode: PushMode = PushMode.APPLY, step: int = 0,
+                          worker_num: int = 1) -> PushHandle:
+        """Send float32[N, dim] gradients (or deltas) of distinct keys uint64[N] to
+        their servers at once; the handle's ``result()`` waits until they applied them.
 
         Args:
             keys: the keys, or the keys routed by :meth:`route` (a pull's
@@ -231,8 +260,7 @@ class TableClient:
                 step=step, mode=mode.name, worker_num=worker_num, push_id=push_id))
             for c, pos in zip(self._servers, positions, strict=True) if pos.size or every_server
         ]
-        for call in pending:
-            call.result()
+        return PushHandle(pending)
 
     def pull_dense(self, table_id: int) -> np.ndarray:
         """The whole dense vector, float32[total]. Blocks."""
@@ -243,16 +271,23 @@ class TableClient:
 
     def push_dense(self, table_id: int, grads: np.ndarray, mode: PushMode = PushMode.APPLY,
                    step: int = 0, worker_num: int = 1) -> None:
-        """Send the gradient (or delta) float32[total] of the dense vector. Blocks.
+        """:meth:`start_push_dense` and wait for it. Blocks."""
+        self.start_push_dense(table_id, grads, mode, step, worker_num).result()
 
-        ``mode``, ``step`` and ``worker_num`` as for :meth:`push_sparse`.
+    def start_push_dense(self, table_id: int, grads: np.ndarray,
+                         mode: PushMode = PushMode.APPLY, step: int = 0,
+                         worker_num: int = 1) -> PushHandle:
+        """Send the gradient (or delta) float32[total] of the dense vector, each block to
+        its server, at once; the handle's ``result()`` waits until they applied it.
+
+        ``mode``, ``step`` and ``worker_num`` as for :meth:`start_push_sparse`.
         """
         parts = self._layout(table_id).scatter(grads)
         push_id = self._push_id()
-        self._all("PushDense", [msg.PushDenseRequest(
+        return PushHandle([c.start("PushDense", msg.PushDenseRequest(
             table_id=table_id, grads=codec.floats_to_bytes(p), worker_index=self.worker_index,
-            step=step, mode=mode.name, worker_num=worker_num, push_id=push_id)
-            for p in parts])
+            step=step, mode=mode.name, worker_num=worker_num, push_id=push_id))
+            for c, p in zip(self._servers, parts, strict=True)])
 
     def _dense_index(self, server: int) -> list[msg.DenseIndex]:
         return [msg.DenseIndex(table_id=tid, index=layout.server_index(server).astype(

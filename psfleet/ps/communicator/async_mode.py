@@ -175,11 +175,15 @@ class AsyncCommunicator(Communicator):
                 return
 
     def _send(self, step: _Step, steps: int) -> None:
-        for table_id, keys in step.sparse_keys.items():
-            self.client.push_sparse(table_id, *merge_sparse(keys, step.sparse_grads[table_id]))
+        # Every table's push goes out at once; then wait for all of them.
+        pushes = [self.client.start_push_sparse(
+            table_id, *merge_sparse(keys, step.sparse_grads[table_id]))
+            for table_id, keys in step.sparse_keys.items()]
         for table_id, grads in step.dense.items():
             total = grads[0] if len(grads) == 1 else np.add.reduce(grads, dtype=np.float32)
-            self.client.push_dense(table_id, total)
+            pushes.append(self.client.start_push_dense(table_id, total))
+        for push in pushes:
+            push.result()
         with self._count_lock:
             self._sends += 1
             self.merged_steps += steps - 1
