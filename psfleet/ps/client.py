@@ -22,10 +22,12 @@ import numpy as np
 from psfleet.checkpoint.storage import FileDigest
 from psfleet.errors import ConfigError, FatalError
 from psfleet.ps.routing import BucketRouter, DenseLayout, RoutedKeys
+from psfleet.ps.rpc_transport import RpcTransport
 from psfleet.ps.service import TableService
 from psfleet.ps.transport import InProcessTransport, Pending, Transport
 from psfleet.ps.types import (
     DenseTableConfig,
+    PushMeta,
     PushMode,
     RuleConfig,
     SlicingConfig,
@@ -118,9 +120,12 @@ class TableClient:
         self._dims: dict[int, int] = {}
         self._layouts: dict[int, DenseLayout] = {}
 
-    def _push_id(self) -> msg.PushId:
-        """A new id for one push (the same id on every server it is sent to)."""
-        return msg.PushId(client_id=self._client_id, seq=next(self._seq))
+    def _push(self, table_id: int, mode: PushMode, step: int, worker_num: int) -> PushMeta:
+        """One push's description, with a new push id (the same on every server the
+        push goes to)."""
+        return PushMeta(table_id=table_id, mode=mode, worker_index=self.worker_index,
+                        step=step, worker_num=worker_num,
+                        push_id=(self._client_id, next(self._seq)))
 
     def _all(self, method: str, requests: Sequence[object]) -> list[object]:
         """One call per server, in parallel; every call has ended when this returns or
@@ -210,18 +215,16 @@ class TableClient:
         routed = self.route(table_id, keys)
         keys, positions = routed.keys, routed.positions
         dim = self._dims[table_id]
-        pending = [
-            (pos, c.start("PullSparse", msg.PullSparseRequest(
-                table_id=table_id, keys=codec.keys_to_bytes(keys[pos]), create=create)))
-            for c, pos in zip(self._servers, positions, strict=True) if pos.size
-        ]
+        pending = [(pos, c.start_pull_sparse(table_id, keys[pos], create, dim))
+                   for c, pos in zip(self._servers, positions, strict=True) if pos.size]
 
         def collect() -> np.ndarray:
             if len(pending) == 1 and pending[0][0].size == keys.size:
-                return codec.floats_from_bytes(pending[0][1].result().values, dim).copy()
+                rows: np.ndarray = pending[0][1].result()
+                return rows if rows.flags.writeable else rows.copy()  # a decoded buffer
             out = np.empty((keys.size, dim), dtype=np.float32)
             for pos, call in pending:
-                out[pos] = codec.floats_from_bytes(call.result().values, dim)
+                out[pos] = call.result()
             return out
 
         return PullHandle(routed, collect)
@@ -252,22 +255,20 @@ class TableClient:
             raise ConfigError(f"push to sparse table {table_id}: values of shape "
                               f"{grads.shape}, expected {expected} (one row per key)")
         every_server = mode == PushMode.SYNC  # a sync round counts every worker's push
-        push_id = self._push_id()
-        pending = [
-            c.start("PushSparse", msg.PushSparseRequest(
-                table_id=table_id, keys=codec.keys_to_bytes(keys[pos]),
-                grads=codec.floats_to_bytes(grads[pos]), worker_index=self.worker_index,
-                step=step, mode=mode.name, worker_num=worker_num, push_id=push_id))
+        push = self._push(table_id, mode, step, worker_num)
+        whole = len(positions) == 1  # one server: the arrays as they are
+        return PushHandle([
+            c.start_push_sparse(push, keys if whole else keys[pos],
+                                grads if whole else grads[pos])
             for c, pos in zip(self._servers, positions, strict=True) if pos.size or every_server
-        ]
-        return PushHandle(pending)
+        ])
 
     def pull_dense(self, table_id: int) -> np.ndarray:
         """The whole dense vector, float32[total]. Blocks."""
-        request = msg.PullDenseRequest(table_id=table_id, worker_index=self.worker_index)
-        replies = self._all("PullDense", [request] * len(self._servers))
-        parts = [codec.floats_from_bytes(r.values) for r in replies]  # type: ignore[attr-defined]
-        return self._layout(table_id).gather(parts)
+        layout = self._layout(table_id)
+        parts = _wait_all([c.start_pull_dense(table_id, self.worker_index)
+                           for c in self._servers])
+        return layout.gather(parts)
 
     def push_dense(self, table_id: int, grads: np.ndarray, mode: PushMode = PushMode.APPLY,
                    step: int = 0, worker_num: int = 1) -> None:
@@ -283,11 +284,9 @@ class TableClient:
         ``mode``, ``step`` and ``worker_num`` as for :meth:`start_push_sparse`.
         """
         parts = self._layout(table_id).scatter(grads)
-        push_id = self._push_id()
-        return PushHandle([c.start("PushDense", msg.PushDenseRequest(
-            table_id=table_id, grads=codec.floats_to_bytes(p), worker_index=self.worker_index,
-            step=step, mode=mode.name, worker_num=worker_num, push_id=push_id))
-            for c, p in zip(self._servers, parts, strict=True)])
+        push = self._push(table_id, mode, step, worker_num)
+        return PushHandle([c.start_push_dense(push, p)
+                           for c, p in zip(self._servers, parts, strict=True)])
 
     def _dense_index(self, server: int) -> list[msg.DenseIndex]:
         return [msg.DenseIndex(table_id=tid, index=layout.server_index(server).astype(
@@ -353,7 +352,7 @@ class RemoteClient(TableClient):
     def __init__(self, endpoints: Sequence[str], config: RpcConfig,
                  worker_index: int = 0) -> None:
         self._rpc = [RpcClient(e, config) for e in endpoints]
-        super().__init__(self._rpc, worker_index)
+        super().__init__([RpcTransport(c) for c in self._rpc], worker_index)
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until every server is serving (see ``rpc.wait_servers_ready``).

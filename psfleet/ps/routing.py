@@ -143,6 +143,10 @@ class DenseLayout:
                             if b.server == s] or [np.zeros(0, dtype=np.int64)]).astype(np.int64)
             for s in range(num_servers)
         ]
+        # One server holding every element in order: scatter and gather are the vector.
+        self._identity = num_servers == 1 and bool(
+            np.array_equal(self._index[0], np.arange(self.total)))
+
     def server_index(self, server: int) -> np.ndarray:
         """Flat indices (int64[n]) of the elements ``server`` holds, in its order."""
         return self._index[server]
@@ -152,11 +156,16 @@ class DenseLayout:
         return int(self._index[server].size)
 
     def scatter(self, flat: np.ndarray) -> list[np.ndarray]:
-        """Split a flat float32[total] vector into each server's part."""
+        """Split a flat float32[total] vector into each server's part (the vector
+        itself, not a copy, when one server holds it all in order)."""
+        if self._identity:
+            return [flat]
         return [flat[idx] for idx in self._index]
 
     def gather(self, parts: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
         """Assemble each server's part back into a flat float32[total] vector."""
+        if self._identity and out is None and parts[0].flags.writeable:
+            return parts[0]
         flat = np.empty(self.total, dtype=np.float32) if out is None else out
         for idx, part in zip(self._index, parts, strict=True):
             flat[idx] = part

@@ -30,7 +30,7 @@ from psfleet.ps.persist import (
 from psfleet.ps.push_ledger import PushLedger
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.sync_rounds import SyncRounds
-from psfleet.ps.types import SparseTableConfig, table_config_from_json
+from psfleet.ps.types import PushMeta, PushMode, SparseTableConfig, table_config_from_json
 from psfleet.rpc import codec
 from psfleet.rpc import messages as msg
 
@@ -72,10 +72,12 @@ class TableService:
         self._sparse_rounds: SyncRounds[tuple[np.ndarray, np.ndarray]] = SyncRounds(
             barrier_timeout_s)
         self._dense_rounds: SyncRounds[np.ndarray] = SyncRounds(barrier_timeout_s)
-        self._sparse_push_modes = {msg.APPLY: self._sparse_apply, msg.SYNC: self._sparse_sync,
-                                   msg.DELTA: self._sparse_delta}
-        self._dense_push_modes = {msg.APPLY: self._dense_apply, msg.SYNC: self._dense_sync,
-                                  msg.DELTA: self._dense_delta}
+        self._sparse_push_modes = {PushMode.APPLY: self._sparse_apply,
+                                   PushMode.SYNC: self._sparse_sync,
+                                   PushMode.DELTA: self._sparse_delta}
+        self._dense_push_modes = {PushMode.APPLY: self._dense_apply,
+                                  PushMode.SYNC: self._dense_sync,
+                                  PushMode.DELTA: self._dense_delta}
         self.stop_requested = threading.Event()
 
     def _table(self, table_id: int, kind: type[_T]) -> _T:
@@ -114,73 +116,97 @@ class TableService:
         logger.info("created table %d: %r", request.table_id, config)
         return msg.CreateTableResponse(created=True)
 
-    def PullSparse(self, request: msg.PullSparseRequest) -> msg.PullSparseResponse:  # noqa: N802
-        table = self._table(request.table_id, SparseTable)
-        values = table.pull(codec.keys_from_bytes(request.keys), create=request.create)
-        return msg.PullSparseResponse(values=codec.floats_to_bytes(values), dim=table.dim)
+    # -- the hot path: typed methods (the in-process transport calls these directly;
+    # the rpc methods below decode a message and call them) ----------------------------
+    def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool) -> np.ndarray:
+        """Rows of ``keys`` (uint64[N]) of sparse table ``table_id``: float32[N, dim].
 
-    # -- pushes: one method per push mode (APPLY async, SYNC rounds, DELTA geo) ---------
-    def PushSparse(self, request: msg.PushSparseRequest) -> msg.Empty:  # noqa: N802
-        table = self._table(request.table_id, SparseTable)
-        keys = codec.keys_from_bytes(request.keys)
-        values = codec.floats_from_bytes(request.grads, table.dim)
-        apply = self._sparse_push_modes[request.mode]
-        self._ledger.run_once(request.push_id.client_id, request.push_id.seq,
-                              lambda: apply(request, table, keys, values))
-        return msg.Empty()
+        Raises:
+            RemoteError: no such sparse table, or a reserved key.
+        """
+        return self._table(table_id, SparseTable).pull(keys, create=create)
 
-    def _sparse_apply(self, request: msg.PushSparseRequest, table: SparseTable,
+    def push_sparse(self, push: PushMeta, keys: np.ndarray, values: np.ndarray) -> None:
+        """Apply a push of float32[N, dim] gradients (or GEO deltas) of distinct keys
+        uint64[N] as ``push.mode`` says, once per ``push.push_id``. SYNC blocks until
+        every worker's push of ``push.step`` arrived.
+
+        Raises:
+            RemoteError: no such table, a shape mismatch, or a sync round failed.
+        """
+        table = self._table(push.table_id, SparseTable)
+        apply = self._sparse_push_modes[push.mode]
+        self._ledger.run_once(*push.push_id, lambda: apply(push, table, keys, values))
+
+    def pull_dense(self, table_id: int, worker_index: int) -> np.ndarray:
+        """This server's blocks of dense table ``table_id``: float32[n] (a copy)."""
+        return self._table(table_id, DenseTable).pull(worker_index)
+
+    def push_dense(self, push: PushMeta, values: np.ndarray) -> None:
+        """Apply a push of float32[n] gradients (or deltas) to dense table
+        ``push.table_id`` as ``push.mode`` says, once per ``push.push_id``."""
+        table = self._table(push.table_id, DenseTable)
+        apply = self._dense_push_modes[push.mode]
+        self._ledger.run_once(*push.push_id, lambda: apply(push, table, values))
+
+    # -- push modes: one method each (APPLY async, SYNC rounds, DELTA geo) --------------
+    def _sparse_apply(self, push: PushMeta, table: SparseTable,
                       keys: np.ndarray, grads: np.ndarray) -> None:
         with self._gate.write():
             table.push(keys, grads)
 
-    def _sparse_delta(self, request: msg.PushSparseRequest, table: SparseTable,
+    def _sparse_delta(self, push: PushMeta, table: SparseTable,
                       keys: np.ndarray, deltas: np.ndarray) -> None:
         with self._gate.write():
             table.add(keys, deltas)
 
-    def _sparse_sync(self, request: msg.PushSparseRequest, table: SparseTable,
+    def _sparse_sync(self, push: PushMeta, table: SparseTable,
                      keys: np.ndarray, grads: np.ndarray) -> None:
         def apply_mean(pushes: list[tuple[np.ndarray, np.ndarray]]) -> None:
             merged_keys, summed = merge_sparse([k for k, _ in pushes], [g for _, g in pushes])
             with self._gate.write():
                 table.push(merged_keys, summed / np.float32(len(pushes)))
 
-        self._sparse_rounds.contribute(request.table_id, request.step, request.worker_index,
-                                       request.worker_num, (keys, grads), apply_mean)
+        self._sparse_rounds.contribute(push.table_id, push.step, push.worker_index,
+                                       push.worker_num, (keys, grads), apply_mean)
 
-    def PullDense(self, request: msg.PullDenseRequest) -> msg.PullDenseResponse:  # noqa: N802
-        table = self._table(request.table_id, DenseTable)
-        values = table.pull(request.worker_index)
-        return msg.PullDenseResponse(values=codec.floats_to_bytes(values))
-
-    def PushDense(self, request: msg.PushDenseRequest) -> msg.Empty:  # noqa: N802
-        table = self._table(request.table_id, DenseTable)
-        grads = codec.floats_from_bytes(request.grads)
-        apply = self._dense_push_modes[request.mode]
-        self._ledger.run_once(request.push_id.client_id, request.push_id.seq,
-                              lambda: apply(request, table, grads))
-        return msg.Empty()
-
-    def _dense_apply(self, request: msg.PushDenseRequest, table: DenseTable,
-                     grads: np.ndarray) -> None:
+    def _dense_apply(self, push: PushMeta, table: DenseTable, grads: np.ndarray) -> None:
         with self._gate.write():
-            table.push(grads, request.worker_index)
+            table.push(grads, push.worker_index)
 
-    def _dense_delta(self, request: msg.PushDenseRequest, table: DenseTable,
-                     deltas: np.ndarray) -> None:
+    def _dense_delta(self, push: PushMeta, table: DenseTable, deltas: np.ndarray) -> None:
         with self._gate.write():
             table.add(deltas)
 
-    def _dense_sync(self, request: msg.PushDenseRequest, table: DenseTable,
-                    grads: np.ndarray) -> None:
+    def _dense_sync(self, push: PushMeta, table: DenseTable, grads: np.ndarray) -> None:
         def apply_mean(pushes: list[np.ndarray]) -> None:
             mean = np.add.reduce(pushes, dtype=np.float32) / np.float32(len(pushes))
             with self._gate.write():
                 table.push(mean)
 
-        self._dense_rounds.contribute(request.table_id, request.step, request.worker_index,
-                                      request.worker_num, grads, apply_mean)
+        self._dense_rounds.contribute(push.table_id, push.step, push.worker_index,
+                                      push.worker_num, grads, apply_mean)
+
+    # -- the rpc methods of psfleet.proto -------------------------------------------------
+    def PullSparse(self, request: msg.PullSparseRequest) -> msg.PullSparseResponse:  # noqa: N802
+        values = self.pull_sparse(request.table_id, codec.keys_from_bytes(request.keys),
+                                  request.create)
+        return msg.PullSparseResponse(values=codec.floats_to_bytes(values),
+                                      dim=values.shape[1])
+
+    def PushSparse(self, request: msg.PushSparseRequest) -> msg.Empty:  # noqa: N802
+        table = self._table(request.table_id, SparseTable)
+        self.push_sparse(_push_meta(request), codec.keys_from_bytes(request.keys),
+                         codec.floats_from_bytes(request.grads, table.dim))
+        return msg.Empty()
+
+    def PullDense(self, request: msg.PullDenseRequest) -> msg.PullDenseResponse:  # noqa: N802
+        values = self.pull_dense(request.table_id, request.worker_index)
+        return msg.PullDenseResponse(values=codec.floats_to_bytes(values))
+
+    def PushDense(self, request: msg.PushDenseRequest) -> msg.Empty:  # noqa: N802
+        self.push_dense(_push_meta(request), codec.floats_from_bytes(request.grads))
+        return msg.Empty()
 
     def Barrier(self, request: msg.BarrierRequest) -> msg.Empty:  # noqa: N802
         if request.worker_index >= request.worker_num:
@@ -267,3 +293,19 @@ class TableService:
         logger.info("stop requested by worker %d", request.worker_index)
         self.stop_requested.set()
         return msg.Empty()
+
+
+def _push_meta(request: msg.PushSparseRequest | msg.PushDenseRequest) -> PushMeta:
+    """What a push message says besides its payload.
+
+    Raises:
+        ConfigError: an unknown push mode.
+    """
+    try:
+        mode = PushMode(request.mode)
+    except ValueError:
+        raise ConfigError(f"push to table {request.table_id}: unknown push mode "
+                          f"{request.mode!r}; one of {[m.name for m in PushMode]}") from None
+    return PushMeta(table_id=request.table_id, mode=mode, worker_index=request.worker_index,
+                    step=request.step, worker_num=request.worker_num,
+                    push_id=(request.push_id.client_id, request.push_id.seq))

@@ -1,18 +1,25 @@
 """How a worker's requests reach a table service: over gRPC, or by a direct call.
 
-A :class:`Transport` issues one request message to one server and returns a pending
-reply (``result()`` waits, and raises what the server raised). ``psfleet.rpc.RpcClient``
-is the gRPC transport; :class:`InProcessTransport` calls a
+A :class:`Transport` issues requests to one server and returns pending replies
+(``result()`` waits, and raises what the server raised). The hot path (sparse and
+dense pulls and pushes) is typed, arrays in and out, so that only a transport that
+crosses a process boundary encodes them: ``psfleet.ps.rpc_transport.RpcTransport``
+over gRPC, or :class:`InProcessTransport`, which calls a
 :class:`~psfleet.ps.service.TableService` in this process (single-machine training,
-``server_num: 0``). Everything above the transport (routing, dense blocks, push ids,
-the service's rules) is the same for both.
+``server_num: 0``) without copying a byte. The other calls (create, save, load,
+barrier, stats, stop) take the request messages of ``psfleet.proto``. Everything
+above the transport (routing, dense blocks, push ids, the service's rules) is the
+same for both.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+import numpy as np
+
 from psfleet.ps.service import TableService
+from psfleet.ps.types import PushMeta
 
 __all__ = ["Pending", "Transport", "InProcessTransport"]
 
@@ -21,7 +28,7 @@ class Pending(Protocol):
     """A request in flight."""
 
     def result(self) -> Any:
-        """Block for the response message; raise the request's error."""
+        """Block for the reply; raise the request's error."""
 
 
 class Transport(Protocol):
@@ -30,7 +37,22 @@ class Transport(Protocol):
     endpoint: str
 
     def start(self, method: str, request: Any) -> Pending:
-        """Issue rpc ``method`` (a name of ``psfleet.proto``) without waiting."""
+        """Issue rpc ``method`` (a name of ``psfleet.proto``) without waiting; the
+        reply is the response message."""
+
+    def start_pull_sparse(self, table_id: int, keys: np.ndarray, create: bool,
+                          dim: int) -> Pending:
+        """Pull rows of ``keys`` (uint64[N]); the reply is float32[N, dim]."""
+
+    def start_push_sparse(self, push: PushMeta, keys: np.ndarray,
+                          values: np.ndarray) -> Pending:
+        """Push float32[N, dim] values of distinct keys uint64[N]; the reply is None."""
+
+    def start_pull_dense(self, table_id: int, worker_index: int) -> Pending:
+        """Pull this server's dense blocks; the reply is float32[n]."""
+
+    def start_push_dense(self, push: PushMeta, values: np.ndarray) -> Pending:
+        """Push float32[n] values for this server's dense blocks; the reply is None."""
 
     def close(self) -> None:
         """Release the connection."""
@@ -49,8 +71,18 @@ class _Done:
         return self._value
 
 
+def _call(method: Any, *args: Any) -> _Done:
+    try:
+        return _Done(method(*args))
+    except Exception as exc:  # noqa: BLE001 - raised by result(), as a remote error is
+        return _Done(error=exc)
+
+
 class InProcessTransport:
-    """Calls ``service`` directly: the request is handled before :meth:`start` returns.
+    """Calls ``service`` directly: a request is handled before its ``start_*`` returns.
+
+    Arrays are passed as they are (the service copies what it keeps), so the
+    single-process path pays no encoding.
 
     Args:
         service: the tables of this process.
@@ -62,10 +94,21 @@ class InProcessTransport:
         self.service = service
 
     def start(self, method: str, request: Any) -> _Done:
-        try:
-            return _Done(getattr(self.service, method)(request))
-        except Exception as exc:  # noqa: BLE001 - raised by result(), as a remote error is
-            return _Done(error=exc)
+        return _call(getattr(self.service, method), request)
+
+    def start_pull_sparse(self, table_id: int, keys: np.ndarray, create: bool,
+                          dim: int) -> _Done:
+        return _call(self.service.pull_sparse, table_id, keys, create)
+
+    def start_push_sparse(self, push: PushMeta, keys: np.ndarray,
+                          values: np.ndarray) -> _Done:
+        return _call(self.service.push_sparse, push, keys, values)
+
+    def start_pull_dense(self, table_id: int, worker_index: int) -> _Done:
+        return _call(self.service.pull_dense, table_id, worker_index)
+
+    def start_push_dense(self, push: PushMeta, values: np.ndarray) -> _Done:
+        return _call(self.service.push_dense, push, values)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -8,6 +8,7 @@ error. Field names follow Paddle's table/accessor protos where they exist.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -20,6 +21,7 @@ __all__ = [
     "table_config_from_json",
     "RESERVED_KEY",
     "PushMode",
+    "PushMeta",
     "SlicingConfig",
     "RuleName",
     "RULE_NAMES",
@@ -62,6 +64,28 @@ class PushMode(enum.IntEnum):
     APPLY = 0
     SYNC = 1
     DELTA = 2
+
+
+@dataclass(frozen=True)
+class PushMeta:
+    """What a push says besides its payload (a ``PushSparse`` / ``PushDense`` without
+    keys and values).
+
+    Attributes:
+        table_id: the table pushed to.
+        mode: how the table applies it (:class:`PushMode`).
+        worker_index: the pushing worker (DC-ASGD; a SYNC round's contributor).
+        step: SYNC: the step every worker's push of a round carries.
+        worker_num: SYNC: pushes that make a round.
+        push_id: ``(client id, sequence)``: applied once per id (client id 0: always).
+    """
+
+    table_id: int
+    mode: PushMode = PushMode.APPLY
+    worker_index: int = 0
+    step: int = 0
+    worker_num: int = 1
+    push_id: tuple[int, int] = (0, 0)
 
 
 class _Frozen(BaseModel):
