@@ -3,3 +3,8 @@
 __version__ = "0.1.0"
 
 __all__ = ["__version__"]
+
+# A process fleetrun started dies with it, also when fleetrun is SIGKILLed.
+from psfleet.launcher_guard import watch_launcher_from_env as _watch_launcher  # noqa: E402
+
+_watch_launcher()

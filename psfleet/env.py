@@ -176,6 +176,13 @@ VARIABLES: tuple[EnvVar, ...] = (
         "restarted worker rejoins the running job from its cursor in that checkpoint.",
     ),
     EnvVar(
+        "PSFLEET_LAUNCHER_PID",
+        None,
+        "Pid of the fleetrun process that started this one (set by fleetrun). The process "
+        "exits, logging 'launcher <pid> died; exiting', when that launcher dies, also on "
+        "SIGKILL (psfleet.launcher_guard).",
+    ),
+    EnvVar(
         "PSFLEET_CHECKPOINT_DIR",
         None,
         "Checkpoint folder (path or fsspec URL) a restarted server recovers its tables from "

@@ -153,6 +153,10 @@ Exit codes and failure modes:
     128+N  fleetrun received signal N (SIGINT: 130, SIGTERM: 143). The signal is
          forwarded to every child's group, which gets ``--stop_grace_s`` before
          SIGKILL; a second signal skips the wait.
+    (none) fleetrun itself SIGKILLed (or crashed): every child gets SIGHUP from the
+         kernel (parent-death signal) or notices within 0.25 s that its parent changed,
+         writes ``launcher <pid> died; exiting`` to its log and SIGKILLs its process
+         group (:mod:`psfleet.launcher_guard`; ``PSFLEET_LAUNCHER_PID``).
 
 Restarts (--max_restarts N > 0):
     A child that exits non-zero or is killed is restarted with the environment it

@@ -3,9 +3,14 @@
 Each child starts in its own session (``start_new_session=True``), so its process group
 id equals its pid and holds the child's whole subtree (data loader workers, pipe
 commands) unless a descendant starts a session of its own. The launcher signals only
-these groups, never anything else. A child's stdout and stderr go to its log file; a
-*teed* child (worker 0) writes into a pipe that a reader thread copies, chunk by chunk
-so progress bars drawn with ``\\r`` show at once, to the log file and to a stream.
+these groups, never anything else. A child's stdout and stderr go to its log file; for
+a *teed* child (worker 0) a reader thread also copies what the log file gains, chunk by
+chunk so progress bars drawn with ``\\r`` show at once, to a stream. The child writes
+its log itself, so the log keeps everything also when the launcher dies.
+
+Every child dies with the launcher, also when the launcher is SIGKILLed: it is started
+with the parent-death signal set and ``PSFLEET_LAUNCHER_PID`` in its environment
+(:mod:`psfleet.launcher_guard`).
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import BinaryIO, cast
 
 from psfleet.launch.types import ProcessSpec
+from psfleet.launcher_guard import LAUNCHER_PID_VARIABLE, child_preexec
 
 __all__ = ["ChildProcess", "describe_exit", "group_alive", "read_tail"]
 
@@ -28,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 _CHUNK_BYTES = 65536
 _TAIL_BYTES = 65536
+_TEE_POLL_S = 0.05
 
 
 def describe_exit(returncode: int) -> str:
@@ -107,25 +115,28 @@ class ChildProcess:
         self.spec = spec
         self._log = spec.log_path.open("wb")
         self._tee_thread: threading.Thread | None = None
+        self._tee_stop = threading.Event()
+        env = dict(spec.env)
+        env[LAUNCHER_PID_VARIABLE] = str(os.getpid())
         try:
             self._popen = subprocess.Popen(
                 list(spec.argv),
-                env=dict(spec.env),
+                env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE if spec.tee else self._log,
+                stdout=self._log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                preexec_fn=child_preexec(os.getpid()),
             )
         except BaseException:
             self._log.close()
             raise
         if spec.tee:
-            assert self._popen.stdout is not None  # set by stdout=PIPE
             stream = tee_stream if tee_stream is not None else _stdout_buffer()
             self._tee_thread = threading.Thread(
                 target=_copy,
-                args=(self._popen.stdout, self._log, stream),
+                args=(spec.log_path, stream, self._tee_stop),
                 name=f"tee-{spec.role.word}-{spec.index}",
                 daemon=True,
             )
@@ -162,21 +173,20 @@ class ChildProcess:
         return group_alive(self.pid)
 
     def flush_log(self, timeout_s: float = 2.0) -> None:
-        """Wait (bounded) for the tee thread to copy what the child wrote."""
+        """Wait (bounded) for the tee thread to copy the rest of the log, then stop it.
+
+        Call once the child exited (the tee stops at the end of what was written).
+        """
         if self._tee_thread is not None:
+            self._tee_stop.set()
             self._tee_thread.join(timeout_s)
         if not self._log.closed:
             self._log.flush()
 
     def close(self, timeout_s: float = 2.0) -> None:
-        """Flush and close the log file and pipe. Call after the group is gone."""
+        """Flush and close the log file. Call after the group is gone."""
         self.flush_log(timeout_s)
-        if self._popen.stdout is not None and (
-            self._tee_thread is None or not self._tee_thread.is_alive()
-        ):
-            self._popen.stdout.close()
-        if self._tee_thread is None or not self._tee_thread.is_alive():
-            self._log.close()
+        self._log.close()
 
 
 def _stdout_buffer() -> BinaryIO | None:
@@ -187,26 +197,29 @@ def _stdout_buffer() -> BinaryIO | None:
     return None
 
 
-def _copy(src: BinaryIO, log: BinaryIO, stream: BinaryIO | None) -> None:
-    """Copy ``src`` to ``log`` and ``stream`` until EOF; a broken stream stops only the tee."""
-    fd = src.fileno()
-    tee_ok = stream is not None
-    while True:
-        try:
-            chunk = os.read(fd, _CHUNK_BYTES)
-        except OSError:
-            break
-        if not chunk:
-            break
-        try:
-            log.write(chunk)
-            log.flush()
-        except (OSError, ValueError):
-            pass
-        if tee_ok and stream is not None:
+def _copy(log_path: Path, stream: BinaryIO | None, stop: threading.Event) -> None:
+    """Copy what ``log_path`` gains to ``stream`` until ``stop`` is set and the end is
+    reached; a broken stream stops only the tee (the log file is the child's own)."""
+    if stream is None:
+        return
+    try:
+        src = log_path.open("rb")
+    except OSError:
+        return
+    with src:
+        while True:
+            try:
+                chunk = src.read(_CHUNK_BYTES)
+            except OSError:
+                return
+            if not chunk:
+                if stop.is_set():
+                    return
+                time.sleep(_TEE_POLL_S)
+                continue
             try:
                 stream.write(chunk)
                 stream.flush()
             except (OSError, ValueError):
-                tee_ok = False
                 logger.warning("cannot copy worker output to stdout any more; see its log")
+                return
