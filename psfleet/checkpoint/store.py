@@ -71,6 +71,10 @@ class CheckpointStore:
         self.storage = Storage(url)
         self.max_num_checkpoints = max(1, max_num_checkpoints)
 
+    def names(self) -> list[str]:
+        """Final-named checkpoint folders, newest first (complete or not, not verified)."""
+        return [name for _, name in self._entries()]
+
     def _entries(self) -> list[tuple[int, str]]:
         """(sequence, name) of every final-named folder, newest first."""
         found = []
@@ -108,7 +112,11 @@ class CheckpointStore:
         pending.storage.write_bytes(MANIFEST_NAME,
                                     (manifest.model_dump_json(indent=1) + "\n").encode())
         self.storage.rename(pending.name, pending.final_name)
-        self.prune()
+        try:
+            self.prune()
+        except OSError as exc:  # published; old ones stay until the next prune
+            logger.warning("checkpoint %s published, but removing older checkpoints "
+                           "failed: %s", pending.final_name, exc)
         return self.storage.child(pending.final_name).url
 
     def abort(self, pending: PendingCheckpoint) -> None:

@@ -26,6 +26,8 @@ from psfleet.checkpoint import (
 )
 from psfleet.checkpoint.compat import check_compatible
 from psfleet.checkpoint.cursors import (
+    clear_cursors,
+    clear_resume_name,
     read_cursors,
     read_resume_name,
     write_cursor,
@@ -50,6 +52,36 @@ def restart_num() -> int:
         return max(int(raw), 0)
     except ValueError:
         raise ConfigError(f"PSFLEET_RESTART_NUM: {raw!r} is not an integer") from None
+
+
+def _warn_if_none_usable(store: CheckpointStore, none_usable: bool) -> None:
+    """Warn when ``checkpoint_dir`` holds checkpoints but none verified (all damaged)."""
+    found = store.names() if none_usable else []
+    if found:
+        logger.warning("no usable checkpoint in %s: all %d are damaged (see the warnings "
+                       "above); training starts from scratch", store.storage.url, len(found))
+
+
+def _record_resume_name(store: CheckpointStore, name: str | None) -> None:
+    """Worker 0 records the checkpoint resumed from; a failed write is logged and the
+    other workers then pick the newest good checkpoint themselves."""
+    clear_resume_name(store.storage)  # a stale record must not outlive a failed write
+    try:
+        write_resume_name(store.storage, name)
+    except OSError as exc:
+        logger.error("cannot record the checkpoint resumed from in %s (%s); the other "
+                     "workers verify the checkpoints themselves", store.storage.url, exc)
+
+
+def _resume_name(store: CheckpointStore) -> str | None:
+    """The checkpoint worker 0 resumed from, or the newest good one when it could not
+    record it."""
+    try:
+        return read_resume_name(store.storage)
+    except CheckpointError as exc:
+        logger.warning("%s; using the newest good checkpoint, as worker 0 did", exc)
+    latest = store.latest()
+    return latest.name if latest is not None else None
 
 
 def _digests(storage: Storage) -> list[FileDigest]:
@@ -170,9 +202,12 @@ class Persistence:
         mode every worker is at the same step, so the checkpoint is globally
         consistent; in async mode each server's copy is consistent.
 
-        A failed write (full or read-only storage) is logged as an error naming the
-        cause, its temporary folder is removed and training continues: the previous
-        checkpoints stay intact and loadable.
+        A failed write (full or read-only storage), a worker's cursor file included, is
+        logged as an error naming the cause, the checkpoint's temporary folder is
+        removed and training continues: the previous checkpoints stay intact and
+        loadable. A worker whose cursor could not be written makes that checkpoint fail
+        (worker 0 finds the cursor missing; cursors are cleared after each checkpoint,
+        so none is stale).
 
         Args:
             config: where and how many to keep.
@@ -189,11 +224,20 @@ class Persistence:
         rt = self.runtime
         store = CheckpointStore(config.checkpoint_dir, config.max_num_checkpoints)
         rt.flush()
-        write_cursor(store.storage, rt.role.worker_index, cursor)
+        try:
+            write_cursor(store.storage, rt.role.worker_index, cursor)
+        except OSError as exc:
+            logger.error("checkpoint at step %d: worker %d cannot write its cursor to %s, "
+                         "so this checkpoint FAILS; training goes on and the previous "
+                         "checkpoints stay intact: %s", cursor.step, rt.role.worker_index,
+                         store.storage.url, exc)
         rt.barrier("checkpoint.begin")
         url = None
         if rt.role.worker_index == 0:
-            url = self._write_checkpoint(store, cursor, extra or {})
+            try:
+                url = self._write_checkpoint(store, cursor, extra or {})
+            finally:
+                clear_cursors(store.storage, rt.role.worker_num)
         rt.barrier("checkpoint.end")
         return url
 
@@ -261,6 +305,7 @@ class Persistence:
                         latest.storage.url)
             return self._cursor_of(latest.manifest, latest.storage.url)
         # Collective: every rank holds all tables in process, so every rank loads them.
+        chosen: tuple[str | None] | None = None  # the folder this worker picked itself
         if role.worker_index == 0 or rt.hooks.every_rank_loads:
             latest = store.latest()
             if latest is not None:
@@ -271,10 +316,12 @@ class Persistence:
                 logger.info("resumed tables from checkpoint %s (step %d, %d server(s) then, "
                             "%d now)", latest.storage.url, latest.manifest.step,
                             latest.manifest.server_num, max(rt.server_num(), 1))
+            chosen = (latest.name if latest else None,)
             if role.worker_index == 0:
-                write_resume_name(store.storage, latest.name if latest else None)
+                _warn_if_none_usable(store, latest is None)
+                _record_resume_name(store, chosen[0])
         rt.barrier("load_checkpoint")
-        name = read_resume_name(store.storage)
+        name = chosen[0] if chosen is not None else _resume_name(store)
         if name is None:
             return None
         rt.reload_dense()

@@ -148,8 +148,45 @@ def _agreed_share(checkpoint: CheckpointConfig | None) -> int | None:
     return int(agreed)
 
 
+class _CheckpointTally:
+    """What the job's checkpoints came to, for the last lines of worker 0's log."""
+
+    def __init__(self, checkpoint: CheckpointConfig | None) -> None:
+        self.checkpoint = checkpoint
+        self.attempted = 0
+        self.written = 0
+        self.damaged_at_resume = 0  # checkpoints found at resume, none usable
+
+    def save(self, cursor: Cursor, extra: dict[str, object]) -> None:
+        """Take a checkpoint (every worker); worker 0 counts the published ones."""
+        if self.checkpoint is None:
+            return
+        self.attempted += 1
+        if fleet.save_checkpoint(self.checkpoint, cursor, extra) is not None:
+            self.written += 1
+
+    def summarize(self) -> None:
+        """Log (worker 0) how many checkpoints were written; warn when none were, or
+        when the resume found no usable checkpoint."""
+        if self.checkpoint is None:
+            return
+        where = self.checkpoint.checkpoint_dir
+        if self.damaged_at_resume:
+            logger.warning("resumed from no checkpoint: the %d checkpoint(s) in %s were all "
+                           "damaged, so this run trained from scratch", self.damaged_at_resume,
+                           where)
+        if self.attempted and not self.written:
+            logger.warning("no checkpoint was written: all %d failed (see the errors above); "
+                           "%s holds nothing of this run to resume from", self.attempted, where)
+        elif self.written < self.attempted:
+            logger.warning("checkpoints: %d written, %d FAILED (see the errors above), in %s",
+                           self.written, self.attempted - self.written, where)
+        elif self.attempted:
+            logger.info("checkpoints: %d written to %s", self.written, where)
+
+
 def _resume(checkpoint: CheckpointConfig | None, reader: Reader,
-            extra: dict[str, object]) -> Cursor:
+            extra: dict[str, object], tally: _CheckpointTally) -> Cursor:
     """Where this worker starts: the cursor of the newest complete checkpoint (tables
     loaded into the servers by :meth:`Fleet.load_checkpoint`), or the beginning.
 
@@ -163,7 +200,8 @@ def _resume(checkpoint: CheckpointConfig | None, reader: Reader,
     resumed = fleet.load_checkpoint(checkpoint)
     if resumed is None:
         if restart_num() == 0:
-            fleet.save_checkpoint(checkpoint, start, extra)
+            tally.damaged_at_resume = len(CheckpointStore(checkpoint.checkpoint_dir).names())
+            tally.save(start, extra)
         return start
     if reader.num_batches is not None and resumed.batch >= reader.num_batches:  # epoch done
         resumed = Cursor(epoch=resumed.epoch + 1, batch=0, step=resumed.step)
@@ -219,7 +257,8 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         {"examples_per_worker": reader.num_examples} if equal_steps else {})
     test_reader = build_test_reader(config) if first else None
     fleet.init_worker()
-    resume = _resume(checkpoint, reader, share)
+    tally = _CheckpointTally(checkpoint)
+    resume = _resume(checkpoint, reader, share, tally)
     job_start = time.perf_counter()
     epochs = []
     for epoch in range(resume.epoch, runner.epochs):
@@ -227,8 +266,7 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         if checkpoint is not None:
             def after_batch(done: int, epoch: int = epoch) -> None:
                 if checkpoint.due_after_batch(done, reader.num_batches):
-                    fleet.save_checkpoint(checkpoint, Cursor(epoch=epoch, batch=done,
-                                                             step=optimizer.steps), share)
+                    tally.save(Cursor(epoch=epoch, batch=done, step=optimizer.steps), share)
         start_batch = resume.batch if epoch == resume.epoch else 0
         with fleet.join():  # collective: ranks with fewer batches wait for the others
             stats = _train_epoch(train_model, optimizer, reader, epoch, config, show=first,
@@ -236,8 +274,7 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         epochs.append(stats)
         if (checkpoint is not None and epoch + 1 < runner.epochs
                 and checkpoint.due_after_epoch(epoch + 1)):
-            fleet.save_checkpoint(checkpoint, Cursor(epoch=epoch + 1, batch=0,
-                                                     step=optimizer.steps), share)
+            tally.save(Cursor(epoch=epoch + 1, batch=0, step=optimizer.steps), share)
         logger.info("epoch %d/%d: loss %.5f, train auc %.4f, %d examples, %.0f examples/s "
                     "on this worker, %.1f s", stats["epoch"], runner.epochs, stats["loss"],
                     stats["auc"], stats["examples"], stats["examples_per_s"], stats["wall_s"])
@@ -248,8 +285,7 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
             "above) or the share is empty (fewer lines than workers). Check the data's "
             "format against runner.parser, or use fewer workers")
     if checkpoint is not None:  # the end of training (also flushes and meets)
-        fleet.save_checkpoint(checkpoint, Cursor(epoch=runner.epochs, batch=0,
-                                                 step=optimizer.steps), share)
+        tally.save(Cursor(epoch=runner.epochs, batch=0, step=optimizer.steps), share)
     fleet.flush()
     fleet.barrier_worker()  # every worker's pushes are applied past this point
     train_wall = time.perf_counter() - job_start
@@ -273,4 +309,6 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
             sample = next(iter(test_reader if test_reader is not None else reader), None)
             export_trained_model(config, model, metrics, sample)
     fleet.stop_worker()
+    if first:
+        tally.summarize()
     return metrics
