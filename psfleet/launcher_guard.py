@@ -52,7 +52,8 @@ DEATH_SIGNAL = signal.SIGHUP
 POLL_INTERVAL_S = 0.25
 
 _PR_SET_PDEATHSIG = 1
-_EXIT_CODE_RACE = 125  # the launcher was gone before the child could run
+_EXIT_CODE_RACE = 125
+_REPARENT_WAIT_S = 0.5  # the launcher was gone before the child could run
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -122,9 +123,14 @@ class _Watch:
         os.kill(os.getpid(), signal.SIGKILL)
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # The kernel sends the parent-death signal while the launcher exits, possibly
+        # before this process is re-parented: give getppid() a moment to change.
+        deadline = time.monotonic() + _REPARENT_WAIT_S
+        while not self.launcher_gone() and time.monotonic() < deadline:
+            time.sleep(0.01)
         if self.launcher_gone():
             self.die(f"launcher {self.launcher_pid} died")
-        else:
+        else:  # a SIGHUP from elsewhere: exit as its default action would
             self.die(f"received {signal.Signals(signum).name}")
 
     def poll(self) -> None:
