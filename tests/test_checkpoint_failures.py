@@ -3,7 +3,8 @@ finding 7).
 
 - A full checkpoint disk: ``checkpoint_dir`` on a real 1 MiB tmpfs (``mount -t tmpfs``,
   needs root; the test skips saying so when mounting is not permitted) filled to the
-  last byte. Every write fails, the workers' cursor files included; the 1-server,
+  last byte (or but 32 KiB, where the cursors fit and the tables do not). Every
+  write fails, the workers' cursor files included; the 1-server,
   2-worker job still trains, exits 0, and its last lines warn that no checkpoint was
   written. Before the fix the cursor write raised ``No space left on device`` and the
   job failed.
@@ -51,8 +52,9 @@ def _train(config: Path) -> subprocess.CompletedProcess[str]:
 
 
 @contextlib.contextmanager
-def _full_tmpfs(where: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs at ``where``, filled until ENOSPC; unmounted on exit."""
+def _full_tmpfs(where: Path, free_bytes: int = 0) -> Iterator[Path]:
+    """A 1 MiB tmpfs at ``where``, filled until ENOSPC, then ``free_bytes`` given back;
+    unmounted on exit."""
     where.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
                              capture_output=True, text=True)
@@ -67,16 +69,24 @@ def _full_tmpfs(where: Path) -> Iterator[Path]:
                     f.flush()
             except OSError as exc:
                 assert exc.errno == errno.ENOSPC
-        with pytest.raises(OSError):
-            (where / "probe").write_bytes(b"x" * 4096)
+        if free_bytes:
+            filler = where / "filler"
+            with filler.open("r+b") as f:
+                f.truncate(filler.stat().st_size - free_bytes)
+        else:
+            with pytest.raises(OSError):
+                (where / "probe").write_bytes(b"x" * 4096)
         yield where
     finally:
         subprocess.run(["umount", str(where)], check=True)
 
 
-def test_full_checkpoint_disk_does_not_end_the_job(tmp_path: Path,
+@pytest.mark.parametrize("free_bytes", [0, 32768], ids=["no-byte-free", "cursors-fit"])
+def test_full_checkpoint_disk_does_not_end_the_job(tmp_path: Path, free_bytes: int,
                                                    data_slice: Callable[..., Path]) -> None:
-    with _full_tmpfs(tmp_path / "disk") as disk:
+    """With 0 bytes free every write fails, the cursors first; with 32 KiB free the
+    cursors fit and the servers' table files do not."""
+    with _full_tmpfs(tmp_path / "disk", free_bytes) as disk:
         config = _config(tmp_path, data_slice(600), disk / "ck", servers=1, workers=2)
         r = _train(config)
     output = r.stdout + r.stderr
