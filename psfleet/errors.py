@@ -23,6 +23,8 @@ __all__ = [
     "FatalError",
     "RemoteError",
     "LaunchError",
+    "InvalidRequestError",
+    "ResourceExhaustedError",
 ]
 
 
@@ -64,3 +66,20 @@ class RemoteError(FatalError):
 
 class LaunchError(FatalError):
     """A process started by the launcher failed (names the role, index and log)."""
+
+
+class InvalidRequestError(ConfigError, RemoteError):
+    """A server rejected a request as malformed or outside its limits (a buffer of the
+    wrong length, an unknown push mode, a dim above the server's cap, non-finite
+    gradients). Sent as gRPC INVALID_ARGUMENT; fix the caller, do not retry.
+
+    Both a :class:`ConfigError` (the input is wrong) and a :class:`RemoteError` (the
+    server said no), so callers catching either see it.
+    """
+
+
+class ResourceExhaustedError(FatalError):
+    """A server ran out of memory on a request, or a message exceeded the size limit
+    (gRPC RESOURCE_EXHAUSTED). The message names the table and its size; the table is
+    left as it was before the request. Give the server more memory, or send smaller
+    requests."""

@@ -8,12 +8,30 @@ snapshot is copied, so a save holds every table as of one moment.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
 from psfleet.errors import RemoteError
 
-__all__ = ["Barrier", "PushGate"]
+__all__ = ["Barrier", "PushGate", "describe_missing"]
+
+
+def describe_missing(arrived: Collection[int], worker_num: int, limit: int = 16) -> str:
+    """The workers of ``0 .. worker_num-1`` not in ``arrived``, as text: ``[1, 2]``, or
+    the first ``limit`` of them and how many more.
+
+    Works in O(len(arrived) + limit) time and memory, whatever ``worker_num`` is (never
+    builds ``range(worker_num)``).
+    """
+    count = worker_num - len(arrived)
+    first: list[int] = []
+    index = 0
+    while len(first) < min(limit, count) and index < worker_num:
+        if index not in arrived:
+            first.append(index)
+        index += 1
+    more = f" and {count - len(first)} more" if count > len(first) else ""
+    return f"{first}{more}"
 
 
 class Barrier:
@@ -47,7 +65,7 @@ class Barrier:
             if self._closed and self._generation.get(name, 0) == generation:
                 raise RemoteError(f"barrier {name!r}: the server is stopping")
             if not done:
-                missing = sorted(set(range(worker_num)) - self._arrived.get(name, set()))
+                missing = describe_missing(self._arrived.get(name, set()), worker_num)
                 raise RemoteError(
                     f"barrier {name!r}: workers {missing} did not arrive within "
                     f"{timeout_s:.0f} s; check their logs (workerlog.N)"

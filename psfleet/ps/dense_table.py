@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 
-from psfleet.errors import RemoteError
+from psfleet.errors import InvalidRequestError, RemoteError
 from psfleet.ps.rules import make_rule
 from psfleet.ps.types import DenseTableConfig
 
@@ -48,12 +48,12 @@ class DenseTable:
         init_values (float32[size]): initial values (copied).
 
     Raises:
-        RemoteError: ``init_values`` does not have ``config.size`` elements.
+        InvalidRequestError: ``init_values`` does not have ``config.size`` elements.
     """
 
     def __init__(self, config: DenseTableConfig, init_values: np.ndarray) -> None:
         if init_values.size != config.size:
-            raise RemoteError(
+            raise InvalidRequestError(
                 f"dense table {config.name!r}: {init_values.size} initial values sent, "
                 f"expected {config.size}"
             )
@@ -85,7 +85,7 @@ class DenseTable:
 
     def _check(self, values: np.ndarray, what: str) -> None:
         if values.size != self.config.size:
-            raise RemoteError(f"dense table {self.config.name!r}: {values.size} {what} "
+            raise InvalidRequestError(f"dense table {self.config.name!r}: {values.size} {what} "
                               f"pushed, expected {self.config.size}")
 
     def push(self, grads: np.ndarray, worker_index: int | None = None) -> None:
@@ -95,7 +95,7 @@ class DenseTable:
         gradient is first compensated for the worker's delay (:func:`dc_asgd_compensate`).
 
         Raises:
-            RemoteError: wrong number of gradients.
+            InvalidRequestError: wrong number of gradients.
         """
         self._check(grads, "gradients")
         with self._lock:

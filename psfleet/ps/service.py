@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -16,7 +17,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from psfleet.checkpoint import CheckpointStore
-from psfleet.errors import ConfigError, RemoteError
+from psfleet.errors import ConfigError, InvalidRequestError, RemoteError, ResourceExhaustedError
 from psfleet.ps.coordination import Barrier, PushGate
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.merge import merge_sparse
@@ -28,9 +29,21 @@ from psfleet.ps.persist import (
     write_snapshot,
 )
 from psfleet.ps.push_ledger import PushLedger
+from psfleet.ps.request_checks import (
+    JobWorkers,
+    check_pull_size,
+    check_table_config,
+    count_non_finite,
+)
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.sync_rounds import SyncRounds
-from psfleet.ps.types import PushMeta, PushMode, SparseTableConfig, table_config_from_json
+from psfleet.ps.types import (
+    PushMeta,
+    PushMode,
+    ServerLimits,
+    SparseTableConfig,
+    table_config_from_json,
+)
 from psfleet.rpc import codec
 from psfleet.rpc import messages as msg
 
@@ -58,12 +71,27 @@ class TableService:
             the other workers.
         preload_dir: a save (``fleet.save_persistables``) each table is loaded from
             when the workers create it (``fleet.init_server(dirname)``).
+        limits: what one request may ask for (dims, bucket counts, worker counts,
+            pull sizes); checked before anything is allocated
+            (``psfleet.ps.request_checks`` documents the policies, NaN/Inf included).
+        job_worker_num: the job's worker count; None: fixed by the first Barrier or
+            SYNC push.
+
+    A request outside the limits, undecodable or carrying NaN/Inf raises
+    ``InvalidRequestError`` and changes nothing; out of memory raises
+    ``ResourceExhaustedError`` naming the table, left as it was.
     """
 
     def __init__(self, barrier_timeout_s: float = 180.0,
-                 preload_dir: Path | str | None = None) -> None:
+                 preload_dir: Path | str | None = None,
+                 limits: ServerLimits | None = None,
+                 job_worker_num: int | None = None) -> None:
         self.tables: dict[int, Table] = {}
         self.preload_dir = preload_dir
+        self.limits = limits or ServerLimits()
+        self._workers = JobWorkers(self.limits, job_worker_num)
+        self._non_finite: dict[int, int] = {}  # table id -> pushes rejected for NaN/Inf
+        self._non_finite_lock = threading.Lock()
         self._tables_lock = threading.Lock()
         self._gate = PushGate()
         self._barrier = Barrier()
@@ -89,12 +117,44 @@ class TableService:
             raise RemoteError(f"table {table_id} is not a {kind.__name__}")
         return table
 
+    @contextmanager
+    def _memory_guard(self, what: str, table_id: int) -> Iterator[None]:
+        """Turn a MemoryError into a ResourceExhaustedError naming the table and size."""
+        try:
+            yield
+        except MemoryError as exc:
+            table = self.tables.get(table_id)
+            size = ("not created" if table is None else
+                    f"{table.config.name!r}, {len(table)} rows, {table.memory_bytes} bytes")
+            logger.error("%s on table %d (%s): out of memory: %s", what, table_id, size, exc)
+            raise ResourceExhaustedError(
+                f"{what} on table {table_id} ({size}): the server ran out of memory "
+                f"({exc}); the table is unchanged. Give the server more memory, add "
+                "servers, or send fewer keys per call") from None
+
+    def _reject_non_finite(self, what: str, table_id: int, values: np.ndarray) -> None:
+        """Reject ``values`` holding NaN/Inf (counted in Stats); see request_checks."""
+        bad = count_non_finite(values)
+        if bad:
+            with self._non_finite_lock:
+                self._non_finite[table_id] = self._non_finite.get(table_id, 0) + 1
+            name = getattr(self.tables.get(table_id), "config", None)
+            raise InvalidRequestError(
+                f"{what} to table {table_id}{f' ({name.name!r})' if name else ''}: {bad} of "
+                f"{values.size} values are NaN or Inf; the push is rejected whole. Check "
+                "the model's loss and learning rate (a diverging model), or clip gradients")
+
     def CreateTable(self, request: msg.CreateTableRequest) -> msg.CreateTableResponse:  # noqa: N802
         try:
             config = table_config_from_json(request.config_json)
         except ValidationError as exc:
-            raise ConfigError(f"table {request.table_id}: invalid config: {exc}") from None
-        with self._tables_lock:
+            raise InvalidRequestError(
+                f"table {request.table_id}: invalid config: {exc}") from None
+        check_table_config(request.table_id, config, self.limits)
+        init_values = codec.floats_from_bytes(request.init_values)
+        self._reject_non_finite("CreateTable initial values", request.table_id, init_values)
+        dense_index = codec.int64s_from_bytes(request.dense_index)
+        with self._tables_lock, self._memory_guard("CreateTable", request.table_id):
             existing = self.tables.get(request.table_id)
             if existing is not None:
                 if existing.config != config:
@@ -105,9 +165,9 @@ class TableService:
                 return msg.CreateTableResponse(created=False)
             table: Table = (
                 SparseTable(config) if isinstance(config, SparseTableConfig)
-                else DenseTable(config, codec.floats_from_bytes(request.init_values)))
+                else DenseTable(config, init_values))
             if self.preload_dir is not None:
-                index = {request.table_id: np.frombuffer(request.dense_index, dtype="<i8")}
+                index = {request.table_id: dense_index}
                 loaded = load_server({request.table_id: table}, self.preload_dir,
                                      request.server_index, max(request.server_num, 1), index)
                 logger.info("table %d: loaded %s from %s", request.table_id, loaded,
@@ -122,32 +182,57 @@ class TableService:
         """Rows of ``keys`` (uint64[N]) of sparse table ``table_id``: float32[N, dim].
 
         Raises:
-            RemoteError: no such sparse table, or a reserved key.
+            RemoteError: no such sparse table.
+            InvalidRequestError: a reserved key, or the response would be larger
+                than ``limits.max_pull_bytes``.
+            ResourceExhaustedError: out of memory (names the table).
         """
-        return self._table(table_id, SparseTable).pull(keys, create=create)
+        table = self._table(table_id, SparseTable)
+        check_pull_size(table_id, keys.size, table.dim, self.limits)
+        with self._memory_guard("pull", table_id):
+            return table.pull(keys, create=create)
 
     def push_sparse(self, push: PushMeta, keys: np.ndarray, values: np.ndarray) -> None:
-        """Apply a push of float32[N, dim] gradients (or GEO deltas) of distinct keys
-        uint64[N] as ``push.mode`` says, once per ``push.push_id``. SYNC blocks until
-        every worker's push of ``push.step`` arrived.
+        """Apply a push of float32[N, dim] gradients (or GEO deltas) of keys uint64[N]
+        (a repeated key's values are summed) as ``push.mode`` says, once per
+        ``push.push_id``. SYNC blocks until every worker's push of ``push.step`` arrived.
 
         Raises:
-            RemoteError: no such table, a shape mismatch, or a sync round failed.
+            RemoteError: no such table, or a sync round failed.
+            InvalidRequestError: a shape mismatch, NaN/Inf values, or worker counts
+                outside the job's.
+            ResourceExhaustedError: out of memory (names the table).
         """
         table = self._table(push.table_id, SparseTable)
+        self._check_push(push, values)
         apply = self._sparse_push_modes[push.mode]
-        self._ledger.run_once(*push.push_id, lambda: apply(push, table, keys, values))
+        with self._memory_guard("push", push.table_id):
+            self._ledger.run_once(*push.push_id, lambda: apply(push, table, keys, values))
+
+    def _check_push(self, push: PushMeta, values: np.ndarray) -> None:
+        what = f"push to table {push.table_id}"
+        if push.mode == PushMode.SYNC:
+            self._workers.check(what, push.worker_index, push.worker_num)
+        else:
+            self._workers.check_index(what, push.worker_index)
+        self._reject_non_finite("push", push.table_id, values)
 
     def pull_dense(self, table_id: int, worker_index: int) -> np.ndarray:
-        """This server's blocks of dense table ``table_id``: float32[n] (a copy)."""
-        return self._table(table_id, DenseTable).pull(worker_index)
+        """This server's blocks of dense table ``table_id``: float32[n] (a copy).
+        Raises InvalidRequestError when ``worker_index`` is outside the job's."""
+        table = self._table(table_id, DenseTable)
+        self._workers.check_index(f"dense pull of table {table_id}", worker_index)
+        return table.pull(worker_index)
 
     def push_dense(self, push: PushMeta, values: np.ndarray) -> None:
         """Apply a push of float32[n] gradients (or deltas) to dense table
-        ``push.table_id`` as ``push.mode`` says, once per ``push.push_id``."""
+        ``push.table_id`` as ``push.mode`` says, once per ``push.push_id``. Raises as
+        :meth:`push_sparse`."""
         table = self._table(push.table_id, DenseTable)
+        self._check_push(push, values)
         apply = self._dense_push_modes[push.mode]
-        self._ledger.run_once(*push.push_id, lambda: apply(push, table, values))
+        with self._memory_guard("push", push.table_id):
+            self._ledger.run_once(*push.push_id, lambda: apply(push, table, values))
 
     # -- push modes: one method each (APPLY async, SYNC rounds, DELTA geo) --------------
     def _sparse_apply(self, push: PushMeta, table: SparseTable,
@@ -209,16 +294,15 @@ class TableService:
         return msg.Empty()
 
     def Barrier(self, request: msg.BarrierRequest) -> msg.Empty:  # noqa: N802
-        if request.worker_index >= request.worker_num:
-            raise ConfigError(f"barrier {request.name!r}: worker_index {request.worker_index}"
-                              f" >= worker_num {request.worker_num}")
+        self._workers.check(f"barrier {request.name!r}", request.worker_index,
+                            request.worker_num)
         self._barrier.wait(request.name, request.worker_index, request.worker_num,
                            self._barrier_timeout_s)
         return msg.Empty()
 
     @staticmethod
     def _dense_index(entries: Iterable[msg.DenseIndex]) -> dict[int, np.ndarray]:
-        return {e.table_id: np.frombuffer(e.index, dtype="<i8") for e in entries}
+        return {e.table_id: codec.int64s_from_bytes(e.index) for e in entries}
 
     def Save(self, request: msg.SaveRequest) -> msg.SaveResponse:  # noqa: N802
         """Copy every table at one moment (pushes held back), then write the copy."""
@@ -281,7 +365,9 @@ class TableService:
             items = list(self.tables.items())
         return msg.StatsResponse(tables=[
             msg.TableStats(table_id=tid, name=t.config.name, rows=len(t),
-                           memory_bytes=t.memory_bytes) for tid, t in items])
+                           memory_bytes=t.memory_bytes,
+                           rejected_non_finite=self._non_finite.get(tid, 0))
+            for tid, t in items])
 
     def close(self) -> None:
         """Fail the calls blocked in a Barrier or a sync round (the server is stopping)."""
@@ -299,12 +385,12 @@ def _push_meta(request: msg.PushSparseRequest | msg.PushDenseRequest) -> PushMet
     """What a push message says besides its payload.
 
     Raises:
-        ConfigError: an unknown push mode.
+        InvalidRequestError: an unknown push mode.
     """
     try:
         mode = PushMode(request.mode)
     except ValueError:
-        raise ConfigError(f"push to table {request.table_id}: unknown push mode "
+        raise InvalidRequestError(f"push to table {request.table_id}: unknown push mode "
                           f"{request.mode!r}; one of {[m.name for m in PushMode]}") from None
     return PushMeta(table_id=request.table_id, mode=mode, worker_index=request.worker_index,
                     step=request.step, worker_num=request.worker_num,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from psfleet.errors import RemoteError
+from psfleet.ps.coordination import describe_missing
 
 __all__ = ["SyncRounds"]
 
@@ -80,7 +81,7 @@ class SyncRounds(Generic[P]):
                 return
             if not self._cond.wait_for(lambda: round_.done or self._closed,
                                        timeout=self._timeout_s):
-                missing = sorted(set(range(worker_num)) - set(round_.payloads))
+                missing = describe_missing(round_.payloads.keys(), worker_num)
                 raise RemoteError(
                     f"sync step {step} of table {table_id}: workers {missing} did not push "
                     f"within {self._timeout_s:.0f} s; check their logs (workerlog.N). In sync "

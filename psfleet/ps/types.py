@@ -30,6 +30,7 @@ __all__ = [
     "Initializer",
     "INITIALIZERS",
     "SplitMethod",
+    "ServerLimits",
 ]
 
 #: uint64 key that cannot be stored (the hash index marks empty slots with it).
@@ -86,6 +87,34 @@ class PushMeta:
     step: int = 0
     worker_num: int = 1
     push_id: tuple[int, int] = (0, 0)
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one server accepts; every request is checked against these before the
+    server allocates anything for it (``TableService``).
+
+    The defaults fit the built-in CTR models with room to spare. A model that needs
+    more (a wider embedding, say) raises the limit where the server is built:
+    ``TableService(limits=ServerLimits(max_dim=8192))``.
+
+    Attributes:
+        max_dim: floats per sparse row (a row of dim 4096 with Adam state is 48 KiB).
+        max_num_buckets: virtual buckets of a sparse table (2^20; a save writes
+            per bucket).
+        max_num_shards: internal shards of a sparse table on one server.
+        max_worker_num: workers a job may have (barriers, sync rounds).
+        max_dense_size: floats of a dense table on one server (2^28: 1 GiB).
+        max_pull_bytes: bytes of one PullSparse response (rows x dim x 4); a larger
+            pull is rejected before its rows are gathered.
+    """
+
+    max_dim: int = 4096
+    max_num_buckets: int = 1 << 20
+    max_num_shards: int = 1024
+    max_worker_num: int = 4096
+    max_dense_size: int = 1 << 28
+    max_pull_bytes: int = 1 << 30
 
 
 class _Frozen(BaseModel):

@@ -14,7 +14,14 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from psfleet.errors import ConfigError, RemoteError, RpcError, ServerNotReadyError
+from psfleet.errors import (
+    ConfigError,
+    InvalidRequestError,
+    RemoteError,
+    ResourceExhaustedError,
+    RpcError,
+    ServerNotReadyError,
+)
 from psfleet.rpc import psfleet_pb2_grpc as pb_grpc
 from psfleet.rpc.server import AUTH_METADATA_KEY
 from psfleet.rpc.types import RpcConfig
@@ -55,7 +62,11 @@ class RpcClient:
         Raises:
             RpcError: the server stayed UNAVAILABLE through every retry, or the
                 deadline passed (names endpoint and method).
-            ConfigError: the server rejected the request's content or the auth token.
+            InvalidRequestError: the server rejected the request's content
+                (INVALID_ARGUMENT; also a ConfigError and a RemoteError).
+            ConfigError: the server rejected the auth token.
+            ResourceExhaustedError: the server ran out of memory on the request, or
+                a message exceeded the size limit (RESOURCE_EXHAUSTED).
             RemoteError: the server failed the request for another reason.
         """
         return self.start(method, request, deadline_s).result()
@@ -123,8 +134,15 @@ def _translate(exc: grpc.RpcError, endpoint: str, method: str) -> Exception:
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return RpcError(f"{where}: deadline exceeded ({details}); raise PSFLEET_RPC_DEADLINE_S "
                         "if the server is slow rather than dead")
-    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED):
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRequestError(f"{where} rejected: {details}")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
         return ConfigError(f"{where} rejected: {details}")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ResourceExhaustedError(
+            f"{where}: resource exhausted: {details}. The server ran out of memory or a "
+            "message exceeded the size limit: give the server more memory, or pull and "
+            "push fewer keys per call (smaller batches)")
     return RemoteError(f"{where} failed ({code.name}): {details}")
 
 

@@ -187,16 +187,18 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableStats(_message.Message):
-    __slots__ = ("table_id", "name", "rows", "memory_bytes")
+    __slots__ = ("table_id", "name", "rows", "memory_bytes", "rejected_non_finite")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_NON_FINITE_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     name: str
     rows: int
     memory_bytes: int
-    def __init__(self, table_id: _Optional[int] = ..., name: _Optional[str] = ..., rows: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    rejected_non_finite: int
+    def __init__(self, table_id: _Optional[int] = ..., name: _Optional[str] = ..., rows: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., rejected_non_finite: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("tables",)

@@ -7,6 +7,7 @@ checks the auth token, and binds the port (0: a free port chosen by the OS).
 
 from __future__ import annotations
 
+import hmac
 import logging
 import threading
 from concurrent import futures
@@ -15,7 +16,7 @@ from typing import Any, Protocol
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from psfleet.errors import ConfigError, PsfleetError, RemoteError
+from psfleet.errors import ConfigError, PsfleetError, RemoteError, ResourceExhaustedError
 from psfleet.rpc import psfleet_pb2 as pb
 from psfleet.rpc import psfleet_pb2_grpc as pb_grpc
 from psfleet.rpc.types import RpcConfig
@@ -31,9 +32,11 @@ SERVICE_NAME = "psfleet.ParameterServer"
 class ServiceHandler(Protocol):
     """One method per rpc; each takes the request message and returns the response.
 
-    Methods may raise :class:`~psfleet.errors.ConfigError` or
-    :class:`~psfleet.errors.RemoteError` (sent as INVALID_ARGUMENT /
-    FAILED_PRECONDITION with the message); anything else becomes INTERNAL.
+    Methods may raise :class:`~psfleet.errors.ConfigError` (its subclass
+    ``InvalidRequestError`` included) or :class:`~psfleet.errors.RemoteError` (sent as
+    INVALID_ARGUMENT / FAILED_PRECONDITION with the message), or
+    :class:`~psfleet.errors.ResourceExhaustedError` (RESOURCE_EXHAUSTED); a
+    MemoryError is sent as RESOURCE_EXHAUSTED too, anything else as INTERNAL.
     They are called from many threads at once and must be thread safe.
     """
 
@@ -62,12 +65,20 @@ def _make_servicer(handler: ServiceHandler, auth_token: str | None) -> Any:
         def call(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
             if auth_token is not None:
                 sent = dict(context.invocation_metadata()).get(AUTH_METADATA_KEY)
-                if sent != auth_token:
+                # Constant time: the comparison must not tell how much of a guess is right.
+                if not isinstance(sent, str) or not hmac.compare_digest(
+                        sent.encode(), auth_token.encode()):
                     context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                   "missing or wrong auth token (set PSFLEET_AUTH_TOKEN "
                                   "to the same value on every server and worker)")
             try:
                 return method(request)
+            except ResourceExhaustedError as exc:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            except MemoryError as exc:  # the service names the table where it can
+                logger.error("%s: out of memory: %s", name, exc)
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"{name}: the server ran out of memory ({exc})")
             except ConfigError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             except RemoteError as exc:

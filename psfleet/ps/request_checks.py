@@ -1,0 +1,137 @@
+"""Checks of a request against one server's limits, done before anything is allocated.
+
+Used by :class:`~psfleet.ps.service.TableService` on every call, so that no single
+request (a fuzzer's, a bug's, an attacker's) can make a server allocate without bound,
+poison a table with NaN, or fail with an INTERNAL error. Every check raises
+:class:`~psfleet.errors.InvalidRequestError` (gRPC INVALID_ARGUMENT) naming the field,
+the value, the limit and how to change it.
+
+Policies (documented here, applied by the service):
+
+- **Worker counts.** A job has one ``worker_num``. The server fixes it from its
+  ``job_worker_num`` setting, or else from the first call that carries one (a Barrier
+  or a SYNC push); a later call with another worker_num is rejected naming both. It
+  is capped by ``ServerLimits.max_worker_num``. A ``worker_index`` must be below it.
+- **Table sizes.** A sparse table's dim, num_buckets and num_shards, and a dense
+  table's size, must not exceed :class:`~psfleet.ps.types.ServerLimits`.
+- **Non-finite values.** A push (gradients or GEO deltas, sparse or dense) or a dense
+  table's initial values containing NaN or +-Inf is rejected whole, nothing applied;
+  the table's ``rejected_non_finite`` count in Stats grows by one. One NaN would
+  otherwise poison its rows (and with Adam, their optimizer state) for good.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from psfleet.errors import InvalidRequestError
+from psfleet.ps.types import DenseTableConfig, ServerLimits, SparseTableConfig
+
+__all__ = ["JobWorkers", "check_table_config", "count_non_finite", "check_pull_size"]
+
+_HOW_TO_RAISE = ("this server's limit (psfleet.ps.types.ServerLimits.{field}); a model that "
+                 "needs more starts its servers with TableService(limits=ServerLimits("
+                 "{field}=...))")
+
+
+def _over(what: str, value: int, field: str, limit: int) -> InvalidRequestError:
+    return InvalidRequestError(f"{what} {value} is above {limit}, "
+                               + _HOW_TO_RAISE.format(field=field))
+
+
+def check_table_config(table_id: int, config: SparseTableConfig | DenseTableConfig,
+                       limits: ServerLimits) -> None:
+    """Reject a table whose size is above the server's limits.
+
+    Raises:
+        InvalidRequestError: names the field, its value and the limit.
+    """
+    what = f"table {table_id} ({config.name!r}):"
+    if isinstance(config, SparseTableConfig):
+        for field, value, limit in (("max_dim", config.dim, limits.max_dim),
+                                    ("max_num_buckets", config.num_buckets,
+                                     limits.max_num_buckets),
+                                    ("max_num_shards", config.num_shards,
+                                     limits.max_num_shards)):
+            if value > limit:
+                raise _over(f"{what} {field.removeprefix('max_')}", value, field, limit)
+    elif config.size > limits.max_dense_size:
+        raise _over(f"{what} size", config.size, "max_dense_size", limits.max_dense_size)
+
+
+def check_pull_size(table_id: int, keys: int, dim: int, limits: ServerLimits) -> None:
+    """Reject a pull whose response (keys x dim float32) would exceed the limit.
+
+    Raises:
+        InvalidRequestError: names the table, the sizes and what to do.
+    """
+    nbytes = keys * dim * 4
+    if nbytes > limits.max_pull_bytes:
+        raise InvalidRequestError(
+            f"table {table_id}: a pull of {keys} keys x dim {dim} is {nbytes} bytes, above "
+            f"{limits.max_pull_bytes} ({_HOW_TO_RAISE.format(field='max_pull_bytes')}); "
+            "pull fewer keys per call")
+
+
+def count_non_finite(values: np.ndarray) -> int:
+    """How many of ``values`` (float32, any shape) are NaN or +-Inf.
+
+    Vectorised: one ``np.isfinite`` pass (about 0.1 ms for 10^5 x 9); the count is
+    only computed when some value is not finite.
+    """
+    finite = np.isfinite(values)
+    return 0 if finite.all() else int(values.size - np.count_nonzero(finite))
+
+
+class JobWorkers:
+    """The job's worker count as this server knows it. Thread safe.
+
+    Args:
+        limits: the server's limits (``max_worker_num``).
+        worker_num: the job's worker count when the server is told it; None: fixed
+            by the first call that carries one.
+    """
+
+    def __init__(self, limits: ServerLimits, worker_num: int | None = None) -> None:
+        self._limits = limits
+        self._lock = threading.Lock()
+        self.worker_num = worker_num
+
+    def check(self, what: str, worker_index: int, worker_num: int) -> None:
+        """Check a call carrying the job's worker count (a Barrier, a SYNC push);
+        the first such call fixes it.
+
+        Raises:
+            InvalidRequestError: worker_num is 0, above the limit or differs from the
+                job's (names both), or worker_index >= worker_num.
+        """
+        if not 1 <= worker_num <= self._limits.max_worker_num:
+            raise InvalidRequestError(
+                f"{what}: worker_num {worker_num} is not in 1..{self._limits.max_worker_num}"
+                f" ({_HOW_TO_RAISE.format(field='max_worker_num')})")
+        with self._lock:
+            if self.worker_num is None:
+                self.worker_num = worker_num
+            job = self.worker_num
+        if worker_num != job:
+            raise InvalidRequestError(
+                f"{what}: worker_num {worker_num} differs from this job's worker_num {job} "
+                "(fixed by the server's setting or the first barrier or sync push); every "
+                "worker must be started with the same worker count")
+        if worker_index >= worker_num:
+            raise InvalidRequestError(
+                f"{what}: worker_index {worker_index} >= worker_num {worker_num}")
+
+    def check_index(self, what: str, worker_index: int) -> None:
+        """Check the worker_index of a call without a worker count (an async push, a
+        dense pull): below the job's worker_num once known, else below the limit.
+
+        Raises:
+            InvalidRequestError: worker_index is out of range (names the bound).
+        """
+        bound = self.worker_num or self._limits.max_worker_num
+        if worker_index >= bound:
+            raise InvalidRequestError(
+                f"{what}: worker_index {worker_index} >= worker_num {bound}")
