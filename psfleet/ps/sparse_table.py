@@ -51,10 +51,11 @@ def _sum_duplicates(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, n
     ordered = np.sort(keys)
     if not (ordered[1:] == ordered[:-1]).any():
         return keys, values
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    summed = np.zeros((uniq.size, values.shape[1]), dtype=np.float32)
-    np.add.at(summed, inverse.reshape(-1), values)  # [U, D]
-    return uniq, summed
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    summed = np.add.reduceat(values[order], starts, axis=0)  # [U, D], float32
+    return ordered[starts], summed
 
 
 class SparseTable:
