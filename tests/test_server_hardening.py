@@ -249,6 +249,21 @@ def test_out_of_memory_is_resource_exhausted_naming_the_table() -> None:
         assert np.array_equal(client.pull_sparse(2, KNOWN, create=False), wide)
         assert {t.table_id: t.rows for t in client.stats()[0].tables}[2] == KNOWN.size
         _still_serving(client, known)
+    # Creating rows runs out of memory: the shard's rows and index are as before.
+    with _server() as (_, client, rpc):
+        client.create_sparse_table(3, SparseTableConfig(
+            name="adam", dim=1024, rule=RuleConfig(name="adam"), num_shards=1))
+        client.pull_sparse(3, KNOWN)
+        adam = client.pull_sparse(3, KNOWN, create=False)
+        fresh = np.arange(10**6, 10**6 + 10**5, dtype=np.uint64)  # 400 MB values, 1.2 GB rows
+        with _address_space_limit(1 << 30), pytest.raises(
+                ResourceExhaustedError, match=r"pull on table 3 \('adam', 10 rows"):
+            rpc.call("PullSparse", msg.PullSparseRequest(
+                table_id=3, create=True, keys=codec.keys_to_bytes(fresh)))
+        assert {t.table_id: t.rows for t in client.stats()[0].tables}[3] == KNOWN.size
+        assert np.array_equal(client.pull_sparse(3, KNOWN, create=False), adam)
+        assert client.pull_sparse(3, fresh[:1000]).shape == (1000, 1024)  # still grows
+        assert {t.table_id: t.rows for t in client.stats()[0].tables}[3] == KNOWN.size + 1000
     # Without the lifted limit the same pull is refused before any allocation.
     with _server() as (_, client, rpc):
         client.create_sparse_table(2, SparseTableConfig(name="wide", dim=4096, rule=SGD))

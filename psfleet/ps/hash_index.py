@@ -131,8 +131,13 @@ class HashIndex:
         bits = self._bits
         while needed > _MAX_LOAD * (1 << bits):
             bits += 1
-        self._alloc(bits)
-        self._place(old_keys, old_rows, mix64(old_keys))
+        saved = (self._bits, self._shift, self._mask, self._keys, self._rows)
+        try:
+            self._alloc(bits)
+            self._place(old_keys, old_rows, mix64(old_keys))
+        except MemoryError:  # the index stays as it was (the request fails whole)
+            self._bits, self._shift, self._mask, self._keys, self._rows = saved
+            raise
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """All (keys uint64[n], rows int64[n]) held, ordered by row."""

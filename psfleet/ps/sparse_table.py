@@ -234,13 +234,19 @@ class SparseTable:
         return init_rows(keys, self.dim, c.initializer, c.initial_range, c.seed)
 
     def _insert(self, shard: _Shard, keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
-        """Create rows for absent keys (possibly repeated); return each key's row."""
+        """Create rows for absent keys (possibly repeated); return each key's row.
+
+        Everything large is allocated before the index changes (initial values, rule
+        state, the grown row matrix; the index's own growth is undone on failure), so
+        a MemoryError leaves the shard as it was.
+        """
         uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        start = len(shard.index)
-        shard.reserve(start + uniq.size)
+        initial = self._initial(uniq)  # [U, dim]
+        state = self.rule.init_state(uniq.size, self.dim)  # [U, state_width]
+        shard.reserve(len(shard.index) + uniq.size)
         rows = shard.index.insert_new(uniq, hashes[first])
-        shard.data[rows, : self.dim] = self._initial(uniq)
-        shard.data[rows, self.dim:] = self.rule.init_state(uniq.size, self.dim)
+        shard.data[rows, : self.dim] = initial
+        shard.data[rows, self.dim:] = state
         return rows[inverse]
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
