@@ -80,6 +80,5 @@ class InvalidRequestError(ConfigError, RemoteError):
 
 class ResourceExhaustedError(FatalError):
     """A server ran out of memory on a request, or a message exceeded the size limit
-    (gRPC RESOURCE_EXHAUSTED). The message names the table and its size; the table is
-    left as it was before the request. Give the server more memory, or send smaller
-    requests."""
+    (gRPC RESOURCE_EXHAUSTED). The message names the table and its size; its rows and
+    index stay whole. Give the server more memory, or send smaller requests."""

@@ -244,7 +244,7 @@ def test_out_of_memory_is_resource_exhausted_naming_the_table() -> None:
         with _address_space_limit(8 << 30), pytest.raises(
                 ResourceExhaustedError,
                 match=r"(?s)pull on table 2 \('wide', 10 rows, \d+ bytes\): the server ran "
-                      r"out of memory.*table is unchanged.*smaller batches"):
+                      r"out of memory.*rows and index are whole.*smaller batches"):
             rpc.call("PullSparse", request)
         assert np.array_equal(client.pull_sparse(2, KNOWN, create=False), wide)
         assert {t.table_id: t.rows for t in client.stats()[0].tables}[2] == KNOWN.size

@@ -79,7 +79,8 @@ class TableService:
 
     A request outside the limits, undecodable or carrying NaN/Inf raises
     ``InvalidRequestError`` and changes nothing; out of memory raises
-    ``ResourceExhaustedError`` naming the table, left as it was.
+    ``ResourceExhaustedError`` naming the table (rows created all or none per shard;
+    a push spanning shards may have reached those before the failing one).
     """
 
     def __init__(self, barrier_timeout_s: float = 180.0,
@@ -129,7 +130,7 @@ class TableService:
             logger.error("%s on table %d (%s): out of memory: %s", what, table_id, size, exc)
             raise ResourceExhaustedError(
                 f"{what} on table {table_id} ({size}): the server ran out of memory "
-                f"({exc}); the table is unchanged. Give the server more memory, add "
+                f"({exc}); its rows and index are whole. Give the server more memory, add "
                 "servers, or send fewer keys per call") from None
 
     def _reject_non_finite(self, what: str, table_id: int, values: np.ndarray) -> None:
