@@ -110,6 +110,13 @@ VARIABLES: tuple[EnvVar, ...] = (
         "How long a worker waits for all servers to become ready, seconds.",
     ),
     EnvVar("PSFLEET_AUTH_TOKEN", None, "Shared secret every remote call must carry, if set."),
+    EnvVar(
+        "PSFLEET_SERVER_LIMITS",
+        None,
+        "Raise (or lower) a server's request limits, comma-separated NAME=INTEGER of "
+        "psfleet.ps.types.ServerLimits: max_dim, max_num_buckets, max_num_shards, "
+        "max_worker_num, max_dense_size, max_pull_bytes (e.g. max_dim=8192).",
+    ),
     EnvVar("RANK", None, "Collective mode (torchrun): this process's rank, 0 .. WORLD_SIZE-1."),
     EnvVar("WORLD_SIZE", None, "Collective mode (torchrun): number of ranks (world size)."),
     EnvVar("LOCAL_RANK", None, "Collective mode (torchrun): this process's rank on its node."),

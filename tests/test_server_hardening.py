@@ -269,3 +269,23 @@ def test_out_of_memory_is_resource_exhausted_naming_the_table() -> None:
         client.create_sparse_table(2, SparseTableConfig(name="wide", dim=4096, rule=SGD))
         with pytest.raises(InvalidRequestError, match=r"max_pull_bytes.*pull fewer keys"):
             rpc.call("PullSparse", request)
+
+
+def test_server_limits_are_raised_from_the_environment() -> None:
+    # A model wider than the default max_dim has a way through: PSFLEET_SERVER_LIMITS,
+    # read by run_server; its errors name the entry and the known limits.
+    limits = ServerLimits.parse("max_dim=8192, max_pull_bytes=4294967296")
+    assert limits.max_dim == 8192 and limits.max_pull_bytes == 1 << 32
+    assert limits.max_num_buckets == ServerLimits().max_num_buckets
+    assert ServerLimits.parse("") == ServerLimits()
+    with pytest.raises(ConfigError, match="unknown limit 'max_dims'.*max_dim, max_num_buckets"):
+        ServerLimits.parse("max_dims=8192")
+    with pytest.raises(ConfigError, match="integer >= 1"):
+        ServerLimits.parse("max_dim=wide")
+    service = TableService(limits=limits)
+    wide = SparseTableConfig(name="wide", dim=6000)
+    service.CreateTable(msg.CreateTableRequest(table_id=0, config_json=wide.model_dump_json()))
+    assert service.tables[0].config.dim == 6000
+    with pytest.raises(ConfigError, match="PSFLEET_SERVER_LIMITS=max_dim"):
+        TableService().CreateTable(msg.CreateTableRequest(
+            table_id=0, config_json=wide.model_dump_json()))

@@ -195,6 +195,8 @@ class Fleet:
                                "no tables; workers' calls to it will fail")
             else:
                 recover = (self._checkpoint_dir, role.server_index)
+        # The worker count is not passed: a server's environment may not give it (the
+        # seeds' variables default to 1); the first Barrier or sync push fixes it.
         run_server(host, port, self.rpc_config, role.endpoint_file, self._preload_dir,
                    recover)
 

@@ -32,8 +32,8 @@ from psfleet.ps.types import DenseTableConfig, ServerLimits, SparseTableConfig
 __all__ = ["JobWorkers", "check_table_config", "count_non_finite", "check_pull_size"]
 
 _HOW_TO_RAISE = ("this server's limit (psfleet.ps.types.ServerLimits.{field}); a model that "
-                 "needs more starts its servers with TableService(limits=ServerLimits("
-                 "{field}=...))")
+                 "needs more starts its servers with PSFLEET_SERVER_LIMITS={field}=... in "
+                 "their environment (or TableService(limits=ServerLimits({field}=...)))")
 
 
 def _over(what: str, value: int, field: str, limit: int) -> InvalidRequestError:

@@ -12,7 +12,9 @@ import signal
 import threading
 from pathlib import Path
 
+from psfleet import env
 from psfleet.ps.service import TableService
+from psfleet.ps.types import ServerLimits
 from psfleet.rpc import RpcConfig, RunningServer, serve
 from psfleet.rpc.endpoint_file import write_endpoint_file
 
@@ -34,7 +36,8 @@ def start_server(host: str, port: int, config: RpcConfig,
 
 def run_server(host: str, port: int, config: RpcConfig,
                endpoint_file: Path | None = None, preload_dir: Path | str | None = None,
-               recover: tuple[str, int] | None = None) -> None:
+               recover: tuple[str, int] | None = None,
+               job_worker_num: int | None = None) -> None:
     """Serve until a worker sends Stop or the process gets SIGTERM/SIGINT. Blocks.
 
     Args:
@@ -46,12 +49,18 @@ def run_server(host: str, port: int, config: RpcConfig,
         recover: ``(checkpoint_dir, server_index)``: a restarted server first
             re-creates its tables from the newest complete checkpoint there
             (:meth:`TableService.recover`), then listens.
+        job_worker_num: the job's worker count, when known (requests naming another
+            are refused); None: fixed by the first Barrier or sync push.
+
+    The request limits are :class:`~psfleet.ps.types.ServerLimits`, raised through
+    ``PSFLEET_SERVER_LIMITS``.
 
     Raises:
-        ConfigError: the port cannot be bound.
+        ConfigError: the port cannot be bound, or PSFLEET_SERVER_LIMITS is malformed.
         DataError: ``recover`` names a checkpoint without this server's tables.
     """
-    service = TableService(config.deadline_s, preload_dir)
+    limits = ServerLimits.parse(env.read("PSFLEET_SERVER_LIMITS") or "")
+    service = TableService(config.deadline_s, preload_dir, limits, job_worker_num)
     if recover is not None:
         service.recover(*recover)
     service, server = start_server(host, port, config, service)

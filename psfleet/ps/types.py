@@ -8,10 +8,12 @@ error. Field names follow Paddle's table/accessor protos where they exist.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from psfleet.errors import ConfigError
 
 __all__ = [
     "RuleConfig",
@@ -115,6 +117,31 @@ class ServerLimits:
     max_worker_num: int = 4096
     max_dense_size: int = 1 << 28
     max_pull_bytes: int = 1 << 30
+
+    @classmethod
+    def parse(cls, text: str, source: str = "PSFLEET_SERVER_LIMITS") -> ServerLimits:
+        """Limits from ``NAME=INTEGER,...`` (the defaults for names not given).
+
+        Raises:
+            ConfigError: an unknown name, or a value that is not an integer >= 1
+                (names ``source``, the entry and the allowed names).
+        """
+        values: dict[str, int] = {}
+        names = [f.name for f in fields(cls)]
+        for entry in filter(None, (part.strip() for part in text.split(","))):
+            name, _, raw = entry.partition("=")
+            name = name.strip()
+            if name not in names:
+                raise ConfigError(f"{source}: {entry!r}: unknown limit {name!r}; the limits "
+                                  f"are {', '.join(names)}")
+            try:
+                values[name] = int(raw)
+            except ValueError:
+                values[name] = 0
+            if values[name] < 1:
+                raise ConfigError(f"{source}: {entry!r}: the value must be an integer >= 1 "
+                                  f"(e.g. {name}={getattr(cls, name)})")
+        return cls(**values)
 
 
 class _Frozen(BaseModel):
