@@ -10,7 +10,7 @@ import torch
 
 from psfleet.ps.routing import RoutedKeys, keys_of
 
-__all__ = ["merge_sparse"]
+__all__ = ["merge_sparse", "sum_equal_keys"]
 
 
 @overload
@@ -34,11 +34,16 @@ def merge_sparse(keys: Sequence[np.ndarray | RoutedKeys], grads: Sequence[np.nda
     """
     if len(keys) == 1:
         return keys[0], grads[0]
-    all_keys = np.concatenate([keys_of(k) for k in keys])
-    all_grads = np.concatenate(grads)
-    uniq, inverse = np.unique(all_keys, return_inverse=True)
-    summed = np.zeros((uniq.size, all_grads.shape[1]), dtype=np.float32)
-    # summed[inverse[i]] += all_grads[i], vectorised (numpy's add.at is far slower).
+    return sum_equal_keys(np.concatenate([keys_of(k) for k in keys]), np.concatenate(grads))
+
+
+def sum_equal_keys(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct ``keys`` (uint64[N], sorted on return) with the ``values``
+    (float32[N, dim]) of equal keys summed: (uint64[U], float32[U, dim])."""
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    summed = np.zeros((uniq.size, values.shape[1]), dtype=np.float32)
+    source = values if values.flags.writeable else values.copy()  # torch wants writable
+    # summed[inverse[i]] += values[i], vectorised (numpy's add.at is far slower).
     torch.from_numpy(summed).index_add_(0, torch.from_numpy(inverse.astype(np.int64)),
-                                        torch.from_numpy(all_grads))
+                                        torch.from_numpy(np.ascontiguousarray(source)))
     return uniq, summed
