@@ -1,0 +1,308 @@
+"""One job's children on this host and the single thread that drives them.
+
+:class:`Job` starts the servers (waiting for their endpoints), then the workers,
+supervises them (restarts per :class:`~psfleet.launch.restarts.RestartPolicy`,
+the first failure reported with its log tail), and stops every child at the end.
+``psfleet.launch.local`` builds one and runs it; the lifecycle and exit codes are
+described in the manual, :mod:`psfleet.launch.main`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import BinaryIO
+
+from psfleet.launch._signals import SignalCatcher
+from psfleet.launch.cluster import JobLayout
+from psfleet.launch.endpoints import read_endpoint
+from psfleet.launch.hosts import bind_error
+from psfleet.launch.process import ChildProcess, describe_exit, read_tail
+from psfleet.launch.restarts import RestartPolicy
+from psfleet.launch.specs import server_spec, worker_spec
+from psfleet.launch.types import LaunchConfig, ProcessSpec
+
+__all__ = ["Job", "EXIT_FAILURE"]
+
+logger = logging.getLogger(__name__)
+
+#: Exit code of a job in which a child failed or the servers never came up.
+EXIT_FAILURE = 1
+
+_POLL_INTERVAL_S = 0.05
+_REPORT_INTERVAL_S = 3.0
+_KILL_WAIT_S = 3.0
+_TAIL_LINES = 20
+
+
+class Job:
+    """The children of one job and the steps that drive them (one thread)."""
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        layout: JobLayout,
+        tee_stream: BinaryIO | None,
+        make_spec: Callable[[int, bool], ProcessSpec] | None = None,
+        *,
+        restart_policy: RestartPolicy | None = None,
+    ) -> None:
+        self.config = config
+        self._restarts = restart_policy or RestartPolicy(0)
+        self._endpoints: dict[int, str] = {}
+        self._make_spec = make_spec
+        self.layout = layout
+        self.tee_stream = tee_stream
+        self.servers: list[ChildProcess] = []
+        self.workers: list[ChildProcess] = []
+        self._seen_exit: set[int] = set()
+        self._stop_signal = signal.SIGTERM
+
+    @property
+    def children(self) -> list[ChildProcess]:
+        return self.servers + self.workers
+
+    # -- the steps --------------------------------------------------------------------
+
+    def run(self, signals: SignalCatcher) -> int:
+        """Start servers, wait for their endpoints, start workers, supervise; exit code."""
+        config, layout = self.config, self.layout
+        started = time.monotonic()
+        if layout.endpoints_known and not self._ports_free():
+            return EXIT_FAILURE
+        for i in layout.local_servers:
+            if signals.signum is not None:
+                return self._interrupted(signals.signum)
+            self.servers.append(self._start(server_spec(config, i, layout=layout)))
+        endpoints: list[str] | int
+        if layout.endpoints_known:
+            # Fixed ports, possibly on other nodes: the workers wait for the servers.
+            endpoints = list(layout.server_endpoints)
+            if endpoints:
+                logger.info("server endpoints: %s", ",".join(endpoints))
+        else:
+            endpoints = self._wait_for_endpoints(signals)
+            if isinstance(endpoints, int):
+                return endpoints
+            if endpoints:
+                logger.info("all %d server(s) ready: %s", len(endpoints), ",".join(endpoints))
+        self._endpoints = dict(enumerate(endpoints))
+        for k in layout.local_workers:
+            if signals.signum is not None:
+                return self._interrupted(signals.signum)
+            tee = config.tee_worker_0 and k == layout.local_workers[0]
+            spec = (self._make_spec(k, tee) if self._make_spec is not None
+                    else worker_spec(config, k, endpoints, layout=layout, tee=tee))
+            self.workers.append(self._start(spec))
+        if not self.workers:
+            logger.info(
+                "no worker on this node: the server(s) run until the job's workers stop them "
+                "(or a signal)"
+            )
+        code = self._supervise(signals)
+        if code == 0:
+            logger.info("job succeeded in %.1f s", time.monotonic() - started)
+        return code
+
+    def _ports_free(self) -> bool:
+        """Check that this node's servers can bind their fixed endpoints; log the first
+        that cannot (before anything starts) and return False."""
+        for i in self.layout.local_servers:
+            slot = self.layout.servers[i]
+            error = bind_error(slot.host, slot.port)
+            if error is not None:
+                logger.error(
+                    "fleetrun: server %d cannot bind %s on this node (%s): the port is taken "
+                    "or the address is not this node's. Free the port or choose another one "
+                    "in %s. Nothing was started.",
+                    i,
+                    slot.endpoint,
+                    error,
+                    "--servers" if self.config.is_multi_node else "--start_port",
+                )
+                return False
+        return True
+
+    def _wait_for_endpoints(self, signals: SignalCatcher) -> list[str] | int:
+        """Endpoints of all servers in index order, or the exit code if the job must end."""
+        config = self.config
+        started = time.monotonic()
+        deadline = started + config.server_wait_timeout_s
+        next_report = started + _REPORT_INTERVAL_S
+        endpoints: dict[int, str] = {}
+        while True:
+            if signals.signum is not None:
+                return self._interrupted(signals.signum)
+            for server in self.servers:
+                index = server.spec.index
+                if index not in endpoints:
+                    endpoint = read_endpoint(config.endpoint_file(index))
+                    if endpoint is not None:
+                        endpoints[index] = endpoint
+                        logger.info("%s listens on %s", server.name, endpoint)
+                    elif server.poll() is not None:
+                        return self._report_failure(
+                            server, f"before writing its endpoint to {config.endpoint_file(index)}"
+                        )
+            if len(endpoints) == len(self.servers):
+                return [endpoints[i] for i in range(len(self.servers))]
+            missing = [s for s in self.servers if s.spec.index not in endpoints]
+            now = time.monotonic()
+            if now >= deadline:
+                logger.error(
+                    "fleetrun: %d of %d server(s) did not report an endpoint within "
+                    "--server_wait_timeout_s=%s: %s. A server started with PADDLE_PORT=0 must "
+                    "write 'host:port' to $PSFLEET_ENDPOINT_FILE once it listens; check its "
+                    "log, or raise --server_wait_timeout_s if it is just slow to start.",
+                    len(missing),
+                    len(self.servers),
+                    config.server_wait_timeout_s,
+                    "; ".join(f"{s.name} (log {s.spec.log_path})" for s in missing),
+                )
+                return EXIT_FAILURE
+            if now >= next_report:
+                next_report = now + _REPORT_INTERVAL_S
+                logger.info(
+                    "waiting for servers, %.0f s of %s s: not ready: %s",
+                    now - started,
+                    config.server_wait_timeout_s,
+                    ", ".join(s.name for s in missing),
+                )
+            time.sleep(_POLL_INTERVAL_S)
+
+    def _supervise(self, signals: SignalCatcher) -> int:
+        """Watch every child until the workers are done (0), one fails (1) or a signal.
+
+        On a node without workers: until every server exited 0 by itself (the job's
+        workers stopped them over RPC), one fails, or a signal.
+        """
+        config = self.config
+        grace_deadline: float | None = None
+        while True:
+            if signals.signum is not None:
+                return self._interrupted(signals.signum)
+            for child in self.children:
+                code = child.poll()
+                if code is None or child.pid in self._seen_exit:
+                    continue
+                self._seen_exit.add(child.pid)
+                if code != 0 and grace_deadline is None and self._restarts.can_restart(
+                        child.spec):
+                    self._replace(child)
+                    continue
+                if code != 0:
+                    return self._report_failure(child, "")
+                logger.info("%s exited 0", child.name)
+            if not self.workers:
+                if all(s.returncode is not None for s in self.servers):
+                    return 0
+            elif grace_deadline is None and all(w.returncode == 0 for w in self.workers):
+                if not self.servers:
+                    return 0
+                logger.info(
+                    "all %d worker(s) exited 0; giving the servers up to %s s to exit",
+                    len(self.workers),
+                    config.stop_grace_s,
+                )
+                grace_deadline = time.monotonic() + config.stop_grace_s
+            if grace_deadline is not None and (
+                all(s.returncode is not None for s in self.servers)
+                or time.monotonic() >= grace_deadline
+            ):
+                return 0
+            time.sleep(_POLL_INTERVAL_S)
+
+    def stop_all(self, signals: SignalCatcher) -> None:
+        """Signal every child group still alive, wait up to the grace, SIGKILL the rest.
+
+        Safe to call more than once; closes all log files.
+        """
+        alive = [c for c in self.children if c.group_alive()]
+        if alive:
+            logger.info(
+                "sending %s to the process groups of %s",
+                signal.Signals(self._stop_signal).name,
+                ", ".join(c.name for c in alive),
+            )
+            for child in alive:
+                child.signal_group(self._stop_signal)
+            alive = self._wait_gone(alive, self.config.stop_grace_s, signals)
+        if alive:
+            logger.warning(
+                "%s still running %s s after %s; sending SIGKILL",
+                ", ".join(c.name for c in alive),
+                self.config.stop_grace_s,
+                signal.Signals(self._stop_signal).name,
+            )
+            for child in alive:
+                child.signal_group(signal.SIGKILL)
+            alive = self._wait_gone(alive, _KILL_WAIT_S, None)
+        if alive:
+            logger.error(
+                "process groups of %s survived SIGKILL; pids to check: %s",
+                ", ".join(c.name for c in alive),
+                ", ".join(str(c.pid) for c in alive),
+            )
+        for child in self.children:
+            child.close()
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _wait_gone(
+        self, children: list[ChildProcess], timeout_s: float, signals: SignalCatcher | None
+    ) -> list[ChildProcess]:
+        deadline = time.monotonic() + timeout_s
+        while children:
+            children = [c for c in children if c.group_alive()]
+            if not children or time.monotonic() >= deadline:
+                break
+            if signals is not None and signals.repeated:
+                logger.warning("second signal received; not waiting any longer")
+                break
+            time.sleep(_POLL_INTERVAL_S)
+        return children
+
+    def _interrupted(self, signum: int) -> int:
+        self._stop_signal = signal.Signals(signum)
+        logger.warning(
+            "fleetrun received %s; forwarding it to all processes and stopping the job",
+            self._stop_signal.name,
+        )
+        return 128 + signum
+
+    def _report_failure(self, child: ChildProcess, when: str) -> int:
+        """Log the root-cause summary of ``child``'s failure; return the job's exit code."""
+        code = child.returncode
+        assert code is not None  # only called once the child was reaped
+        child.flush_log()
+        tail = read_tail(child.spec.log_path, _TAIL_LINES)
+        others = [c.name for c in self.children if c is not child and c.returncode is None]
+        lines = [
+            f"fleetrun: {child.name} (pid {child.pid}) failed with {describe_exit(code)}"
+            + (f" {when}" if when else "")
+            + "; this is the first failure (the root cause).",
+            f"  log: {child.spec.log_path}",
+        ]
+        if tail:
+            lines.append(f"  last {len(tail)} line(s) of its log:")
+            lines.extend(f"    | {line}" for line in tail)
+        else:
+            lines.append("  its log is empty")
+        if others:
+            lines.append(f"  stopping the other processes: {', '.join(others)}")
+        logger.error("%s", "\n".join(lines))
+        return EXIT_FAILURE
+
+    def _replace(self, child: ChildProcess) -> None:
+        """Restart a failed child in its place (``--max_restarts``)."""
+        spec = self._restarts.restart(child, self._endpoints)
+        group = self.servers if child in self.servers else self.workers
+        group[group.index(child)] = self._start(spec)
+
+    def _start(self, spec: ProcessSpec) -> ChildProcess:
+        spec = self._restarts.prepare(spec)
+        child = ChildProcess(spec, self.tee_stream)
+        logger.info("started %s (pid %d), log %s", spec.name, child.pid, spec.log_path)
+        return child
