@@ -8,24 +8,15 @@ and stop after ``limit`` examples (sync mode: every worker the same count).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
-from psfleet.data.criteo import ParsedChunk
-from psfleet.data.types import Batch
+from psfleet.data.types import Batch, ParsedChunk
 from psfleet.errors import DataError
 
 __all__ = ["batches_per_epoch", "memory_batches", "stream_batches"]
-
-
-def _batch(labels: npt.NDArray[np.float32], dense: npt.NDArray[np.float32],
-           sparse: npt.NDArray[np.uint64]) -> Batch:
-    return Batch(torch.from_numpy(np.ascontiguousarray(labels)),
-                 torch.from_numpy(np.ascontiguousarray(dense)),
-                 torch.from_numpy(np.ascontiguousarray(sparse).view(np.int64)))
 
 
 def batches_per_epoch(examples: int, batch_size: int, drop_last: bool) -> int:
@@ -37,7 +28,7 @@ def batches_per_epoch(examples: int, batch_size: int, drop_last: bool) -> int:
 
 def stream_batches(chunks: Iterable[ParsedChunk], batch_size: int, *, drop_last: bool = False,
                    start_batch: int = 0, limit: int | None = None,
-                   what: str = "the stream") -> Iterator[Batch]:
+                   what: str = "the stream", multi: Sequence[str] = ()) -> Iterator[Batch]:
     """Batches of ``batch_size`` examples (the last may be smaller unless ``drop_last``).
 
     Args:
@@ -47,19 +38,19 @@ def stream_batches(chunks: Iterable[ParsedChunk], batch_size: int, *, drop_last:
         start_batch: skip (do not yield) the first ``start_batch`` batches.
         limit: yield exactly ``limit`` examples (then stop reading ``chunks``).
         what: names the data in the error below.
+        multi: the names of the multi-valued features (the parser's schema).
 
     Raises:
         DataError: ``limit`` is set and the chunks hold fewer examples.
     """
-    arrays = tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.uint64]]
-    carry: arrays | None = None  # fewer than batch_size examples waiting for more
+    carry: ParsedChunk | None = None  # fewer than batch_size examples waiting for more
     seen = 0  # examples taken from chunks so far
     index = 0  # batches cut so far (skipped ones included)
 
-    def emit(part: arrays) -> Batch | None:
+    def emit(part: ParsedChunk) -> Batch | None:
         nonlocal index
         index += 1
-        return _batch(*part) if index > start_batch else None
+        return part.to_batch(multi) if index > start_batch else None
 
     for chunk in chunks:
         size = len(chunk)
@@ -70,27 +61,23 @@ def stream_batches(chunks: Iterable[ParsedChunk], batch_size: int, *, drop_last:
                 break
             continue
         seen += size
-        part: arrays = (chunk.labels[:size], chunk.dense[:size], chunk.sparse[:size])
         pos = 0
         if carry is not None:
-            take = min(batch_size - len(carry[0]), size)
-            carry = (np.concatenate([carry[0], part[0][:take]]),
-                     np.concatenate([carry[1], part[1][:take]]),
-                     np.concatenate([carry[2], part[2][:take]]))
+            take = min(batch_size - len(carry), size)
+            carry = ParsedChunk.concat([carry, chunk.slice(0, take)])
             pos = take
-            if len(carry[0]) == batch_size:
+            if len(carry) == batch_size:
                 batch = emit(carry)
                 carry = None
                 if batch is not None:
                     yield batch
         while size - pos >= batch_size:
-            batch = emit((part[0][pos:pos + batch_size], part[1][pos:pos + batch_size],
-                          part[2][pos:pos + batch_size]))
+            batch = emit(chunk.slice(pos, pos + batch_size))
             pos += batch_size
             if batch is not None:
                 yield batch
         if pos < size:
-            carry = (part[0][pos:], part[1][pos:], part[2][pos:])
+            carry = chunk.slice(pos, size)
         if limit is not None and seen >= limit:
             break
     if limit is not None and seen < limit:
@@ -104,17 +91,16 @@ def stream_batches(chunks: Iterable[ParsedChunk], batch_size: int, *, drop_last:
             yield batch
 
 
-def memory_batches(labels: torch.Tensor, dense: torch.Tensor, sparse: torch.Tensor,
-                   batch_size: int, order: torch.Tensor | None = None, *,
-                   drop_last: bool = False, start_batch: int = 0) -> Iterator[Batch]:
-    """Batches of in-memory tensors (labels [N] f32, dense [N, D] f32, sparse [N, S] i64),
-    in ``order`` (a permutation [N] int64) or as stored (views, no copy)."""
-    size = int(labels.shape[0])
+def memory_batches(examples: ParsedChunk, batch_size: int,
+                   order: npt.NDArray[np.int64] | None = None, *, drop_last: bool = False,
+                   start_batch: int = 0, multi: Sequence[str] = ()) -> Iterator[Batch]:
+    """Batches of in-memory examples, in ``order`` (a permutation int64 [N]) or as
+    stored (views, no copy); ``multi`` names the multi-valued features."""
+    size = len(examples)
     count = batches_per_epoch(size, batch_size, drop_last)
     for begin in range(start_batch * batch_size, count * batch_size, batch_size):
         end = min(begin + batch_size, size)
         if order is None:
-            yield Batch(labels[begin:end], dense[begin:end], sparse[begin:end])
+            yield examples.slice(begin, end).to_batch(multi)
         else:
-            index = order[begin:end]
-            yield Batch(labels[index], dense[index], sparse[index])
+            yield examples.take(order[begin:end]).to_batch(multi)

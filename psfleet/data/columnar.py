@@ -33,10 +33,10 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from psfleet.data.criteo import ParsedChunk, binary_keys, hash_features, slot_prefixes
+from psfleet.data.criteo import binary_keys, hash_features, slot_prefixes
 from psfleet.data.malformed import RateLimitedWarner
 from psfleet.data.parsers import Parser, register_parser
-from psfleet.data.types import RawChunk
+from psfleet.data.types import FeatureSchema, ParsedChunk, RawChunk
 from psfleet.errors import ConfigError, DataError
 
 __all__ = ["ColumnsConfig", "ColumnarParser"]
@@ -90,6 +90,8 @@ class ColumnarParser:
         self.config = config
         self.kind: Literal["text", "parquet"] = kind
         self.header = config.header and kind == "text"
+        self.schema = FeatureSchema(dense=tuple(map(str, config.dense)),
+                                    sparse=tuple(map(str, config.sparse)))
         self.num_dense = len(config.dense)
         self.num_slots = len(config.sparse)
         self._prefixes = slot_prefixes(self.num_slots)
@@ -134,8 +136,7 @@ class ColumnarParser:
         return self._parse_slow(chunk, width, label, dense, sparse, strict)
 
     def _empty(self) -> ParsedChunk:
-        return ParsedChunk(np.zeros(0, np.float32), np.zeros((0, self.num_dense), np.float32),
-                           np.zeros((0, self.num_slots), np.uint64), 0, 0)
+        return ParsedChunk.empty(self.schema)
 
     def _read_text(self, data: bytes, width: int) -> pa.Table | None:
         names = [f"f{i}" for i in range(width)]

@@ -42,7 +42,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -64,6 +63,7 @@ from psfleet.data._fields import (
     word_chars,
 )
 from psfleet.data.malformed import WARN_INTERVAL_S, RateLimitedWarner
+from psfleet.data.types import ParsedChunk
 from psfleet.errors import ConfigError, DataError
 
 __all__ = [
@@ -87,30 +87,6 @@ NUM_SLOTS = 26
 NUM_FIELDS = 1 + NUM_DENSE + NUM_SLOTS
 
 _MAX_SLOT = (1 << (64 - SLOT_SHIFT)) - 2  # (slot + 1) << 33 must fit in 64 bits
-
-
-@dataclass(frozen=True)
-class ParsedChunk:
-    """The well-formed examples of a run of lines (any parser's output).
-
-    Attributes:
-        labels (ndarray[N], float32): 0.0 / 1.0.
-        dense (ndarray[N, num_dense], float32): dense features (Criteo:
-            ``log1p(max(x, 0))``, missing -> 0).
-        sparse (ndarray[N, num_slots], uint64): feature keys (see the module docstring).
-        malformed (int): lines skipped as malformed.
-        lines (int): input lines the chunk was parsed from (well-formed + malformed);
-            -1 when the caller did not say.
-    """
-
-    labels: npt.NDArray[np.float32]
-    dense: npt.NDArray[np.float32]
-    sparse: npt.NDArray[np.uint64]
-    malformed: int
-    lines: int = -1
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
 
 
 def _slot_prefix(slot: int) -> int:

@@ -8,10 +8,10 @@ import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from psfleet.data.criteo import ParsedChunk
 from psfleet.data.parsers import Parser, make_parser
 from psfleet.data.pipeline import PassStats, parse_share
 from psfleet.data.split import WorkerShare, count_lines, plan_share, share_lines
+from psfleet.data.types import ParsedChunk
 from psfleet.errors import ConfigError
 
 __all__ = ["DatasetBase"]

@@ -25,14 +25,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
-import torch
 
 from psfleet.data.batching import batches_per_epoch, memory_batches
 from psfleet.data.dataset_base import DatasetBase
 from psfleet.data.exchange import FileExchange
+from psfleet.data.jagged import JaggedRows
 from psfleet.data.parsers import Parser
-from psfleet.data.types import Batch
+from psfleet.data.types import Batch, ParsedChunk
 from psfleet.errors import ConfigError, FatalError
 
 __all__ = ["InMemoryDataset"]
@@ -51,9 +50,7 @@ class InMemoryDataset(DatasetBase):
                  **kwargs: Any) -> None:
         super().__init__(batch_size, parser, parser_options, **kwargs)
         self.shuffle_seed = shuffle_seed
-        self._labels: torch.Tensor | None = None
-        self._dense: torch.Tensor | None = None
-        self._sparse: torch.Tensor | None = None
+        self._examples: ParsedChunk | None = None
         self._preload: threading.Thread | None = None
         self._preload_error: BaseException | None = None
 
@@ -65,26 +62,12 @@ class InMemoryDataset(DatasetBase):
             ConfigError, DataError: bad file list, unreadable file, failing pipe
                 command, or a malformed line with ``strict``.
         """
-        labels, dense, sparse = [], [], []
-        for chunk in self._pass():
-            labels.append(chunk.labels)
-            dense.append(chunk.dense)
-            sparse.append(chunk.sparse)
-        self._install(
-            np.concatenate(labels) if labels else np.zeros(0, np.float32),
-            np.concatenate(dense) if dense else np.zeros((0, self.parser.num_dense),
-                                                         np.float32),
-            np.concatenate(sparse) if sparse else np.zeros((0, self.parser.num_slots),
-                                                           np.uint64))
+        chunks = list(self._pass())
+        self._examples = (ParsedChunk.concat(chunks) if chunks
+                          else ParsedChunk.empty(self.parser.schema))
         logger.info("worker %d of %d: %d examples in memory from %d files",
                     self.worker_index, self.worker_num, self.get_memory_data_size(),
                     len(self.share().files))
-
-    def _install(self, labels: npt.NDArray[np.float32], dense: npt.NDArray[np.float32],
-                 sparse: npt.NDArray[np.uint64]) -> None:
-        self._labels = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32))
-        self._dense = torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32))
-        self._sparse = torch.from_numpy(np.ascontiguousarray(sparse).view(np.int64))
 
     def preload_into_memory(self) -> None:
         """Start :meth:`load_into_memory` in a background thread; returns at once."""
@@ -114,18 +97,18 @@ class InMemoryDataset(DatasetBase):
 
     def release_memory(self) -> None:
         """Drop the examples held in memory."""
-        self._labels = self._dense = self._sparse = None
+        self._examples = None
 
-    def _arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self._labels is None or self._dense is None or self._sparse is None:
+    def _loaded(self) -> ParsedChunk:
+        if self._examples is None:
             raise FatalError("InMemoryDataset: no data in memory; call load_into_memory() "
                              "(or preload_into_memory() + wait_preload_done()) first")
-        return self._labels, self._dense, self._sparse
+        return self._examples
 
     def get_memory_data_size(self, exchange: FileExchange | None = None) -> int:
         """Examples in memory on this worker, or on all workers with ``exchange`` (a
         collective: every worker must call it then)."""
-        local = int(self._arrays()[0].shape[0])
+        local = len(self._loaded())
         if exchange is None:
             return local
         return sum(exchange.all_gather("memory_size", local))
@@ -138,10 +121,9 @@ class InMemoryDataset(DatasetBase):
     # -- shuffling ---------------------------------------------------------------------
     def local_shuffle(self, seed: int = 0) -> None:
         """Permute this worker's examples in place (seeded: deterministic)."""
-        labels, dense, sparse = self._arrays()
-        order = torch.from_numpy(np.random.default_rng([seed, self.worker_index]).permutation(
-            labels.shape[0]))
-        self._labels, self._dense, self._sparse = labels[order], dense[order], sparse[order]
+        examples = self._loaded()
+        order = np.random.default_rng([seed, self.worker_index]).permutation(len(examples))
+        self._examples = examples.take(order)
 
     def global_shuffle(self, exchange: FileExchange, seed: int = 0) -> None:
         """Exchange examples so each worker holds a random 1/W of the union (module
@@ -156,22 +138,17 @@ class InMemoryDataset(DatasetBase):
             raise ConfigError("global_shuffle: the exchange is for worker "
                               f"{exchange.worker_index}/{exchange.worker_num}, the dataset "
                               f"for {self.worker_index}/{self.worker_num}")
-        labels, dense, sparse = (t.numpy() for t in self._arrays())
-        count = labels.shape[0]
+        examples = self._loaded()
+        count = len(examples)
         counts = exchange.all_gather("global_shuffle_counts", count)
         offset = sum(counts[: self.worker_index])
         order = np.random.default_rng([seed, self.worker_index]).permutation(count)
         dest = (offset + np.arange(count)) % self.worker_num
-        parts = []
-        for d in range(self.worker_num):
-            mine = order[dest == d]
-            parts.append({"labels": labels[mine], "dense": dense[mine], "sparse": sparse[mine]})
-        received = exchange.all_to_all("global_shuffle", parts)
-        new_labels = np.concatenate([r["labels"] for r in received])
-        new_dense = np.concatenate([r["dense"] for r in received])
-        new_sparse = np.concatenate([r["sparse"] for r in received])
-        final = np.random.default_rng([seed, self.worker_index, 1]).permutation(len(new_labels))
-        self._install(new_labels[final], new_dense[final], new_sparse[final])
+        parts = [_to_arrays(examples.take(order[dest == d])) for d in range(self.worker_num)]
+        received = ParsedChunk.concat([_from_arrays(r) for r in
+                                       exchange.all_to_all("global_shuffle", parts)])
+        final = np.random.default_rng([seed, self.worker_index, 1]).permutation(len(received))
+        self._examples = received.take(final)
         logger.info("global_shuffle: worker %d of %d now holds %d of %d examples",
                     self.worker_index, self.worker_num, len(final), sum(counts))
 
@@ -179,11 +156,10 @@ class InMemoryDataset(DatasetBase):
     def truncate(self, examples: int) -> int:
         """Keep only the first ``examples`` examples (sync mode: equal steps on every
         worker). Returns how many were dropped."""
-        labels, dense, sparse = self._arrays()
-        dropped = max(int(labels.shape[0]) - examples, 0)
+        loaded = self._loaded()
+        dropped = max(len(loaded) - examples, 0)
         if dropped:
-            self._labels, self._dense, self._sparse = (labels[:examples], dense[:examples],
-                                                       sparse[:examples])
+            self._examples = loaded.slice(0, examples)
         return dropped
 
     # -- Reader protocol ---------------------------------------------------------------
@@ -198,10 +174,30 @@ class InMemoryDataset(DatasetBase):
 
     def __iter__(self) -> Iterator[Batch]:
         """One epoch of batches, shuffled with ``shuffle_seed + epoch`` if a seed is set."""
-        labels, dense, sparse = self._arrays()
+        examples = self._loaded()
         order = None
         if self.shuffle_seed is not None:
-            rng = np.random.default_rng(self.shuffle_seed + self.epoch)
-            order = torch.from_numpy(rng.permutation(int(labels.shape[0])))
-        return memory_batches(labels, dense, sparse, self.batch_size, order,
-                              drop_last=self.drop_last, start_batch=self._take_start_batch())
+            order = np.random.default_rng(self.shuffle_seed + self.epoch).permutation(
+                len(examples))
+        return memory_batches(examples, self.batch_size, order, drop_last=self.drop_last,
+                              start_batch=self._take_start_batch(),
+                              multi=self.parser.schema.multi)
+
+
+def _to_arrays(examples: ParsedChunk) -> dict[str, np.ndarray]:
+    """The arrays of ``examples`` by name, for the exchange's files."""
+    arrays: dict[str, np.ndarray] = {"labels": examples.labels, "dense": examples.dense,
+                                     "sparse": examples.sparse}
+    if examples.jagged is not None:
+        arrays |= {"values": examples.jagged.values, "lengths": examples.jagged.lengths}
+        if examples.jagged.weights is not None:
+            arrays["weights"] = examples.jagged.weights
+    return arrays
+
+
+def _from_arrays(arrays: dict[str, np.ndarray]) -> ParsedChunk:
+    """The inverse of :func:`_to_arrays`."""
+    jagged = (JaggedRows(arrays["values"], arrays["lengths"], arrays.get("weights"))
+              if "values" in arrays else None)
+    return ParsedChunk(arrays["labels"], arrays["dense"], arrays["sparse"], 0,
+                       len(arrays["labels"]), jagged)

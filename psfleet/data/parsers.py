@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from psfleet.data.criteo import NUM_DENSE, NUM_SLOTS, ParsedChunk, parse_criteo_bytes
-from psfleet.data.types import RawChunk
+from psfleet.data.criteo import NUM_DENSE, NUM_SLOTS, parse_criteo_bytes
+from psfleet.data.types import FeatureSchema, ParsedChunk, RawChunk
 from psfleet.errors import ConfigError
 
 __all__ = ["CriteoParser", "Parser", "make_parser", "parser_names", "register_parser"]
@@ -33,14 +33,13 @@ class Parser(Protocol):
         kind: ``text`` (payload is bytes of lines; ``pipe_command`` allowed) or
             ``parquet`` (payload is a ``pyarrow.Table``).
         header: True if the first line of each text file is a header, not data.
-        num_dense: dense features per example.
-        num_slots: sparse keys per example.
+        schema: the features of each example, by name (dense, single-valued sparse,
+            multi-valued sparse).
     """
 
     kind: Literal["text", "parquet"]
     header: bool
-    num_dense: int
-    num_slots: int
+    schema: FeatureSchema
 
     def parse(self, chunk: RawChunk, strict: bool) -> ParsedChunk:
         """Parse ``chunk``; malformed lines are skipped with a rate-limited warning
@@ -53,8 +52,8 @@ class CriteoParser:
 
     kind: Literal["text", "parquet"] = "text"
     header = False
-    num_dense = NUM_DENSE
-    num_slots = NUM_SLOTS
+    schema = FeatureSchema(dense=tuple(f"I{i}" for i in range(1, NUM_DENSE + 1)),
+                           sparse=tuple(f"C{i}" for i in range(1, NUM_SLOTS + 1)))
 
     def parse(self, chunk: RawChunk, strict: bool) -> ParsedChunk:
         if not isinstance(chunk.payload, bytes):

@@ -26,9 +26,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from psfleet.data.criteo import ParsedChunk
 from psfleet.data.parsers import Parser
 from psfleet.data.sources import (
     DEFAULT_CHUNK_BYTES,
@@ -37,7 +34,7 @@ from psfleet.data.sources import (
     iter_text_chunks,
 )
 from psfleet.data.split import WorkerShare
-from psfleet.data.types import RawChunk
+from psfleet.data.types import ParsedChunk, RawChunk
 
 __all__ = ["PassStats", "empty_chunk", "parse_share"]
 
@@ -183,5 +180,4 @@ def parse_share(share: WorkerShare, parser: Parser, *, pipe_command: str | None 
 
 def empty_chunk(parser: Parser) -> ParsedChunk:
     """A chunk of no examples with the parser's shapes."""
-    return ParsedChunk(np.zeros(0, np.float32), np.zeros((0, parser.num_dense), np.float32),
-                       np.zeros((0, parser.num_slots), np.uint64), malformed=0, lines=0)
+    return ParsedChunk.empty(parser.schema)

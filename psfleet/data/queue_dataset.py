@@ -78,4 +78,5 @@ class QueueDataset(DatasetBase):
         """Stream one epoch of batches (skipping a start batch set by set_start_batch)."""
         return stream_batches(self._pass(), self.batch_size, drop_last=self.drop_last,
                               start_batch=self._take_start_batch(), limit=self._limit,
-                              what=f"worker {self.worker_index}'s share of the data")
+                              what=f"worker {self.worker_index}'s share of the data",
+                              multi=self.parser.schema.multi)

@@ -16,12 +16,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
-import torch
 
 from psfleet.data.batching import batches_per_epoch, memory_batches
 from psfleet.data.criteo import parse_lines
-from psfleet.data.types import Batch
+from psfleet.data.types import Batch, ParsedChunk
 from psfleet.errors import ConfigError, DataError
 
 __all__ = ["CriteoReader", "list_data_files"]
@@ -140,12 +138,10 @@ class CriteoReader:
         self._start_batch = 0
         self._malformed = 0
         self._total_lines = 0
-        self._labels, self._dense, self._sparse = self._load(strict)
+        self._examples = self._load(strict)
 
-    def _load(self, strict: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        labels: list[npt.NDArray[np.float32]] = []
-        dense: list[npt.NDArray[np.float32]] = []
-        sparse: list[npt.NDArray[np.uint64]] = []
+    def _load(self, strict: bool) -> ParsedChunk:
+        chunks: list[ParsedChunk] = []
         global_offset = 0
         for path in self.files:
             lines = _read_lines(path)
@@ -163,9 +159,7 @@ class CriteoReader:
                     strict=strict,
                 )
                 malformed += chunk.malformed
-                labels.append(chunk.labels)
-                dense.append(chunk.dense)
-                sparse.append(chunk.sparse)
+                chunks.append(chunk)
             if malformed:
                 logger.warning(
                     "%s: skipped %d malformed lines of %d read by worker %d",
@@ -178,8 +172,8 @@ class CriteoReader:
             global_offset += len(lines)
             del lines, mine
         self._total_lines = global_offset
-        keys = np.concatenate(sparse).view(np.int64)
-        if len(keys) == 0:
+        examples = ParsedChunk.concat(chunks) if chunks else parse_lines([], "")
+        if len(examples) == 0:
             logger.warning(
                 "worker %d of %d has no examples in %d files (%d lines in all)",
                 self.worker_index,
@@ -191,20 +185,16 @@ class CriteoReader:
             "worker %d of %d: %d examples from %d files (%d malformed lines skipped)",
             self.worker_index,
             self.worker_num,
-            len(keys),
+            len(examples),
             len(self.files),
             self._malformed,
         )
-        return (
-            torch.from_numpy(np.concatenate(labels)),
-            torch.from_numpy(np.concatenate(dense)),
-            torch.from_numpy(keys),
-        )
+        return examples
 
     @property
     def num_examples(self) -> int:
         """Well-formed examples in this worker's share."""
-        return int(self._labels.shape[0])
+        return len(self._examples)
 
     @property
     def total_lines(self) -> int:
@@ -259,17 +249,15 @@ class CriteoReader:
         """
         dropped = max(self.num_examples - num_examples, 0)
         if dropped:
-            self._labels = self._labels[:num_examples]
-            self._dense = self._dense[:num_examples]
-            self._sparse = self._sparse[:num_examples]
+            self._examples = self._examples.slice(0, num_examples)
         return dropped
 
     def __iter__(self) -> Iterator[Batch]:
         """Yield one epoch of batches (CPU tensors; unshuffled batches are views)."""
-        order: torch.Tensor | None = None
+        order = None
         if self.shuffle_seed is not None:
             rng = np.random.default_rng(self.shuffle_seed + self._epoch)
-            order = torch.from_numpy(rng.permutation(self.num_examples))
+            order = rng.permutation(self.num_examples)
         start, self._start_batch = self._start_batch, 0
-        return memory_batches(self._labels, self._dense, self._sparse, self.batch_size, order,
+        return memory_batches(self._examples, self.batch_size, order,
                               drop_last=self.drop_last, start_batch=start)

@@ -42,10 +42,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from psfleet.data._fields import NOT_HEX_BIT, generic_low_bits
 from psfleet.data._slot_fast import TokenLayout, parse_layout
-from psfleet.data.criteo import ParsedChunk, slot_prefixes
+from psfleet.data.criteo import slot_prefixes
 from psfleet.data.malformed import RateLimitedWarner
 from psfleet.data.parsers import Parser, register_parser
-from psfleet.data.types import RawChunk
+from psfleet.data.types import FeatureSchema, ParsedChunk, RawChunk
 from psfleet.errors import ConfigError, DataError
 
 __all__ = ["SlotFormatConfig", "SlotParser"]
@@ -114,6 +114,8 @@ class SlotParser:
             raise ConfigError(f"slots: a slot name is declared twice in {names}")
         self.num_dense = sum(self._dense.values())
         self.num_slots = sum(self._sparse.values())
+        self.schema = FeatureSchema(dense=_column_names(self._dense),
+                                    sparse=_column_names(self._sparse))
         self._prefixes = slot_prefixes(self.num_slots)
         self._dense_start = dict(zip(self._dense, np.cumsum([0, *self._dense.values()]),
                                      strict=False))
@@ -252,6 +254,12 @@ class SlotParser:
             return f"label {label!r} is not 0 or 1"
         labels[row] = 1.0 if label == "1" else 0.0
         return None
+
+
+def _column_names(widths: dict[str, int]) -> tuple[str, ...]:
+    """One name per column: the slot's name, or ``name[i]`` for a slot of width > 1."""
+    return tuple(name if width == 1 else f"{name}[{i}]"
+                 for name, width in widths.items() for i in range(width))
 
 
 def _split_lines(data: bytes) -> list[str]:

@@ -6,24 +6,121 @@ A batch holds one mini-batch of CTR examples as CPU tensors:
 
 - ``labels``  (Tensor[B], float32): click labels, 0.0 or 1.0.
 - ``dense``   (Tensor[B, num_dense], float32): transformed dense features.
-- ``sparse``  (Tensor[B, num_slots], int64): feature keys, one per slot. Keys are
-  uint64 values stored bit for bit in int64 (torch has no uint64 arithmetic);
-  ``batch.sparse.numpy().view(np.uint64)`` gives the keys back.
+- ``sparse``  (Tensor[B, num_slots], int64): feature keys, one per single-valued slot.
+  Keys are uint64 values stored bit for bit in int64 (torch has no uint64
+  arithmetic); ``batch.sparse.numpy().view(np.uint64)`` gives the keys back.
+- ``jagged``  (:class:`~psfleet.data.jagged.KeyedJagged` or None): the multi-valued
+  (variable-length) slots, TorchRec's KeyedJaggedTensor layout; None when the data
+  has none.
+
+Which slot is which is the parser's :class:`FeatureSchema`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import torch
 from torch import Tensor
 
+from psfleet.data.jagged import JaggedRows, KeyedJagged
 from psfleet.errors import ConfigError
 
-__all__ = ["Batch", "RawChunk", "Reader"]
+__all__ = ["Batch", "FeatureSchema", "ParsedChunk", "RawChunk", "Reader"]
+
+
+@dataclass(frozen=True)
+class FeatureSchema:
+    """The features a parser yields, by name, in the order of the arrays.
+
+    Attributes:
+        dense: names of the dense features (the columns of ``dense``).
+        sparse: names of the single-valued sparse slots (the columns of ``sparse``).
+        multi: names of the multi-valued slots (the keys of ``jagged``).
+        weighted: whether multi-valued ids carry a weight each (libSVM values).
+    """
+
+    dense: tuple[str, ...]
+    sparse: tuple[str, ...]
+    multi: tuple[str, ...] = ()
+    weighted: bool = False
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """Every sparse feature: the single-valued slots, then the multi-valued ones."""
+        return self.sparse + self.multi
+
+
+@dataclass(frozen=True)
+class ParsedChunk:
+    """The well-formed examples of a run of lines (any parser's output).
+
+    Attributes:
+        labels (ndarray[N], float32): 0.0 / 1.0.
+        dense (ndarray[N, num_dense], float32): dense features.
+        sparse (ndarray[N, num_slots], uint64): keys of the single-valued slots.
+        malformed (int): lines skipped as malformed.
+        lines (int): input lines the chunk was parsed from (well-formed + malformed);
+            -1 when the caller did not say.
+        jagged: keys of the multi-valued slots (example-major), or None when the
+            parser has none.
+    """
+
+    labels: npt.NDArray[np.float32]
+    dense: npt.NDArray[np.float32]
+    sparse: npt.NDArray[np.uint64]
+    malformed: int
+    lines: int = -1
+    jagged: JaggedRows | None = None
+
+    @classmethod
+    def empty(cls, schema: FeatureSchema, malformed: int = 0, lines: int = 0) -> ParsedChunk:
+        """No examples, with the arrays shaped for ``schema``."""
+        return cls(np.zeros(0, np.float32), np.zeros((0, len(schema.dense)), np.float32),
+                   np.zeros((0, len(schema.sparse)), np.uint64), malformed, lines,
+                   JaggedRows.empty(len(schema.multi), schema.weighted) if schema.multi
+                   else None)
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def slice(self, start: int, stop: int) -> ParsedChunk:
+        """Examples ``start .. stop - 1`` (views; counts dropped)."""
+        return ParsedChunk(self.labels[start:stop], self.dense[start:stop],
+                           self.sparse[start:stop], 0, stop - start,
+                           None if self.jagged is None else self.jagged.slice(start, stop))
+
+    def take(self, index: npt.NDArray[np.int64]) -> ParsedChunk:
+        """Examples ``index`` (int64 [K]) in that order (copies; counts dropped)."""
+        return ParsedChunk(self.labels[index], self.dense[index], self.sparse[index], 0,
+                           len(index), None if self.jagged is None else self.jagged.take(index))
+
+    @staticmethod
+    def concat(parts: Sequence[ParsedChunk]) -> ParsedChunk:
+        """The examples of ``parts`` (at least one) one after the other; counts summed."""
+        if len(parts) == 1:
+            return parts[0]
+        jagged = [p.jagged for p in parts if p.jagged is not None]
+        return ParsedChunk(np.concatenate([p.labels for p in parts]),
+                           np.concatenate([p.dense for p in parts]),
+                           np.concatenate([p.sparse for p in parts]),
+                           sum(p.malformed for p in parts),
+                           sum(max(p.lines, 0) for p in parts),
+                           JaggedRows.concat(jagged) if jagged else None)
+
+    def to_batch(self, multi: Sequence[str] = ()) -> Batch:
+        """These examples as a Batch (tensors share memory where contiguous); ``multi``
+        names the multi-valued features (the schema's)."""
+        return Batch(torch.from_numpy(np.ascontiguousarray(self.labels)),
+                     torch.from_numpy(np.ascontiguousarray(self.dense)),
+                     torch.from_numpy(np.ascontiguousarray(self.sparse).view(np.int64)),
+                     None if self.jagged is None else KeyedJagged.from_rows(multi,
+                                                                             self.jagged))
 
 
 @dataclass(frozen=True)
@@ -33,7 +130,9 @@ class Batch:
     Attributes:
         labels (Tensor[B], float32): click labels, 0.0 or 1.0.
         dense (Tensor[B, num_dense], float32): dense features.
-        sparse (Tensor[B, num_slots], int64): feature keys (uint64 bits in int64).
+        sparse (Tensor[B, num_slots], int64): keys of the single-valued slots (uint64
+            bits in int64).
+        jagged: the multi-valued slots (stride B), or None.
 
     Raises:
         ConfigError: on construction, if the shapes or dtypes do not match the above.
@@ -42,6 +141,7 @@ class Batch:
     labels: Tensor
     dense: Tensor
     sparse: Tensor
+    jagged: KeyedJagged | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -61,6 +161,9 @@ class Batch:
                 f"Batch: labels, dense and sparse must have the same batch size; got "
                 f"{size}, {self.dense.shape[0]} and {self.sparse.shape[0]}"
             )
+        if self.jagged is not None and self.jagged.stride != size:
+            raise ConfigError(f"Batch: jagged has stride {self.jagged.stride}, the batch "
+                              f"{size} examples")
 
     def __len__(self) -> int:
         """The batch size B."""
