@@ -88,7 +88,7 @@ def test_slot_format_sample() -> None:
 def test_slot_format_pads_missing_slots_and_names_bad_lines(tmp_path: Path) -> None:
     path = tmp_path / "slots.txt"
     path.write_text("click:1 dense_feature:0.5 2:7\nclick:x 1:3\nclick:0 1:4 1:5\n")
-    stream = QueueDataset(10, "slot")
+    stream = QueueDataset(10, "slot", max_malformed_fraction=1.0)
     stream.set_filelist([path])
     batches = list(stream)
     assert len(batches) == 1 and len(batches[0]) == 1

@@ -127,7 +127,7 @@ def test_sync_limit_makes_stream_lengths_equal_or_fails_clearly(tmp_path: Path) 
     bad = tmp_path / "bad.tsv"
     lines = FILES[1].read_text().split("\n")[:10]
     bad.write_text("\n".join(lines[:5] + ["1\tnot\ta\tline"] + lines[5:]) + "\n")
-    short = QueueDataset(4, "criteo")
+    short = QueueDataset(4, "criteo", max_malformed_fraction=1.0)
     short.set_filelist([bad])
     short.set_example_limit(11)  # 11 lines, one malformed
     with pytest.raises(DataError, match="ended after 10 examples, but 11"):
@@ -139,7 +139,7 @@ def test_malformed_lines_are_skipped_with_file_and_line_or_raise_when_strict(
     lines = FILES[1].read_text().split("\n")[:20]
     bad = tmp_path / "bad.tsv"
     bad.write_text("\n".join(lines[:7] + ["0\t1\t2"] + lines[7:]) + "\n")
-    stream = QueueDataset(8, "criteo", thread_num=2)
+    stream = QueueDataset(8, "criteo", thread_num=2, max_malformed_fraction=1.0)
     stream.set_filelist([bad])
 
     assert len(rows(stream)) == 20

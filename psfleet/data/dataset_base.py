@@ -12,7 +12,7 @@ from psfleet.data.parsers import Parser, make_parser
 from psfleet.data.pipeline import PassStats, parse_share
 from psfleet.data.split import WorkerShare, count_lines, plan_share, share_lines
 from psfleet.data.types import ParsedChunk
-from psfleet.errors import ConfigError
+from psfleet.errors import ConfigError, DataError
 
 __all__ = ["DatasetBase"]
 
@@ -36,6 +36,11 @@ class DatasetBase:
         debug: log reader timing after each pass (``dataset_debug``).
         drop_last: drop the last batch if it is smaller than ``batch_size``.
         pipe_cwd: working directory of the pipe command (None: this process's).
+        max_malformed_fraction: the largest fraction (0..1) of this worker's lines of a
+            pass that may be malformed (skipped); above it the pass ends with a
+            DataError giving the counts and the first bad line (``runner.
+            max_malformed_fraction``). 1.0 never fails; 0.0 fails on any malformed line
+            (after the pass, unlike ``strict``, which stops at the first).
 
     Raises:
         ConfigError: a bad setting (names it).
@@ -45,7 +50,8 @@ class DatasetBase:
                  parser_options: object = None, *, worker_index: int = 0, worker_num: int = 1,
                  split_file_list: bool = True, pipe_command: str | None = None,
                  thread_num: int = 1, strict: bool = False, debug: bool = False,
-                 drop_last: bool = False, pipe_cwd: str | Path | None = None) -> None:
+                 drop_last: bool = False, pipe_cwd: str | Path | None = None,
+                 max_malformed_fraction: float = 0.01) -> None:
         self.parser = make_parser(parser, parser_options) if isinstance(parser, str) else parser
         self.set_batch_size(batch_size)
         self.set_thread_num(thread_num)
@@ -57,6 +63,10 @@ class DatasetBase:
         self.pipe_command = pipe_command
         self.pipe_cwd = None if pipe_cwd is None else Path(pipe_cwd)
         self.strict, self.debug, self.drop_last = strict, debug, drop_last
+        if not 0.0 <= max_malformed_fraction <= 1.0:
+            raise ConfigError(f"max_malformed_fraction: {max_malformed_fraction!r} must be a "
+                              "fraction between 0 and 1 (0.01 = 1% of the lines)")
+        self.max_malformed_fraction = float(max_malformed_fraction)
         self._files: list[Path] = []
         self._epoch = 0
         self._start_batch = 0
@@ -173,13 +183,19 @@ class DatasetBase:
 
     # -- a pass ------------------------------------------------------------------------
     def _pass(self) -> Iterator[ParsedChunk]:
-        """Parsed chunks of one pass over this worker's share; logs timing if debug."""
+        """Parsed chunks of one pass over this worker's share; logs timing if debug.
+
+        Raises:
+            DataError: at the end of a complete pass, if more than
+                ``max_malformed_fraction`` of its lines were malformed.
+        """
         stats = PassStats()
         self.last_pass = stats
         try:
             yield from parse_share(self.share(), self.parser, pipe_command=self.pipe_command,
                                    thread_num=self.thread_num, strict=self.strict,
                                    stats=stats, pipe_cwd=self.pipe_cwd)
+            self._check_malformed(stats)
         finally:
             if stats.malformed:
                 logger.warning("worker %d: skipped %d malformed lines of %d in this pass",
@@ -187,3 +203,14 @@ class DatasetBase:
             if self.debug:
                 logger.info("dataset_debug worker %d (%s, %d threads): %s", self.worker_index,
                             type(self).__name__, self.thread_num, stats.summary())
+
+    def _check_malformed(self, stats: PassStats) -> None:
+        """Raise if the pass's malformed lines exceed ``max_malformed_fraction``."""
+        if not stats.malformed or stats.malformed <= self.max_malformed_fraction * stats.lines:
+            return
+        percent = 100.0 * stats.malformed / max(stats.lines, 1)
+        raise DataError(
+            f"worker {self.worker_index}: {stats.malformed} of {stats.lines} lines "
+            f"({percent:.1f}%) of its share were malformed (first: {stats.first_malformed}); "
+            f"at most {self.max_malformed_fraction:g} may be; fix the data or raise "
+            "runner.max_malformed_fraction")

@@ -3,6 +3,10 @@
 Every parser skips a malformed line with a warning naming ``file:line`` and why; at
 most one warning per :data:`WARN_INTERVAL_S` seconds per file is logged, the next one
 saying how many were suppressed in between.
+
+:func:`first_malformed` lets the caller of a parser learn the first malformed line it
+met (every warning passes through here, logged or not), for the job's malformed-line
+limit (:class:`~psfleet.data.dataset_base.DatasetBase` ``max_malformed_fraction``).
 """
 
 from __future__ import annotations
@@ -11,11 +15,51 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-__all__ = ["WARN_INTERVAL_S", "RateLimitedWarner"]
+__all__ = ["WARN_INTERVAL_S", "MalformedRecord", "RateLimitedWarner", "first_malformed"]
 
 WARN_INTERVAL_S = 5.0
+
+_local = threading.local()
+
+
+class MalformedRecord:
+    """The first malformed line seen inside a :func:`first_malformed` block.
+
+    Attributes:
+        source: file name, or None when no line was malformed.
+        line_no: 1-based line number.
+        reason: why the line was skipped.
+    """
+
+    def __init__(self) -> None:
+        self.source: str | None = None
+        self.line_no = 0
+        self.reason = ""
+
+    def note(self, source: str, line_no: int, reason: str) -> None:
+        """Keep (source, line_no, reason) if it is the first (lowest line) of its file."""
+        if self.source is None or (source == self.source and line_no < self.line_no):
+            self.source, self.line_no, self.reason = source, line_no, reason
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line_no} {self.reason}" if self.source else "none"
+
+
+@contextmanager
+def first_malformed() -> Iterator[MalformedRecord]:
+    """Record the first malformed line warned about in this thread inside the block
+    (parsers warn through :class:`RateLimitedWarner`). Not nestable across threads:
+    each parse thread opens its own block."""
+    record = MalformedRecord()
+    previous = getattr(_local, "record", None)
+    _local.record = record
+    try:
+        yield record
+    finally:
+        _local.record = previous
 
 
 class RateLimitedWarner:
@@ -38,6 +82,9 @@ class RateLimitedWarner:
 
     def warn(self, source: str, line_no: int, reason: str) -> None:
         """Warn that line ``line_no`` (1-based) of ``source`` was skipped (rate limited)."""
+        record = getattr(_local, "record", None)
+        if record is not None:
+            record.note(source, line_no, reason)
         now = self._clock()
         with self._lock:
             last, suppressed = self._state.get(source, (-math.inf, 0))

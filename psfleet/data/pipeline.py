@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from psfleet.data.malformed import MalformedRecord, first_malformed
 from psfleet.data.parsers import Parser
 from psfleet.data.sources import (
     DEFAULT_CHUNK_BYTES,
@@ -55,6 +56,8 @@ class PassStats:
         read_lines: input lines read, other workers' lines included.
         examples: well-formed examples.
         malformed: malformed lines skipped.
+        first_malformed: the first malformed line of the pass (``file:line reason``), in
+            file order, or None.
         complete: the pass reached the end of the data.
         started: ``time.perf_counter()`` at the start.
     """
@@ -65,6 +68,7 @@ class PassStats:
     read_lines: int = 0
     examples: int = 0
     malformed: int = 0
+    first_malformed: str | None = None
     complete: bool = False
     started: float = field(default_factory=time.perf_counter)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -120,13 +124,14 @@ def parse_share(share: WorkerShare, parser: Parser, *, pipe_command: str | None 
     stop = threading.Event()
     pool = ThreadPoolExecutor(max(thread_num, 1), thread_name_prefix="psfleet-parse")
 
-    def parse(raw: RawChunk) -> ParsedChunk:
+    def parse(raw: RawChunk) -> tuple[ParsedChunk, MalformedRecord]:
         start = time.perf_counter()
-        chunk = parser.parse(raw, strict) if raw.lines else empty_chunk(parser)
+        with first_malformed() as first:
+            chunk = parser.parse(raw, strict) if raw.lines else empty_chunk(parser)
         with stats._lock:
             stats.parse_s += time.perf_counter() - start
             stats.read_lines += raw.read_lines
-        return chunk
+        return chunk, first
 
     def put(item: object) -> bool:
         while not stop.is_set():
@@ -156,7 +161,9 @@ def parse_share(share: WorkerShare, parser: Parser, *, pipe_command: str | None 
             start = time.perf_counter()
             item = pending.get()
             if isinstance(item, Future):
-                chunk = item.result()
+                chunk, first = item.result()
+                if first.source is not None and stats.first_malformed is None:
+                    stats.first_malformed = str(first)
             stats.wait_s += time.perf_counter() - start
             if item is _END:
                 stats.complete = True
