@@ -121,7 +121,7 @@ class SparseEmbedding(nn.Module):
                 initializer=self.initializer,
                 initial_range=self.initial_range, num_buckets=self.num_buckets)
         except ValueError as exc:
-            raise ConfigError(f"SparseEmbedding {self.name!r}: {exc}") from None
+            raise ConfigError(f"{type(self).__name__} {self.name!r}: {exc}") from None
 
     def bind(self, access: RowAccess, table_id: int) -> None:
         """Read table ``table_id`` through the worker runtime (``fleet.init_worker``)."""
@@ -130,7 +130,7 @@ class SparseEmbedding(nn.Module):
 
     def _require_access(self) -> RowAccess:
         if self._access is None:
-            raise FatalError(f"SparseEmbedding {self.name!r} is not connected to a table: "
+            raise FatalError(f"{type(self).__name__} {self.name!r} is not connected to a table: "
                              "call fleet.init_worker() before the first forward")
         return self._access
 
@@ -163,7 +163,7 @@ class SparseEmbedding(nn.Module):
         """Within the block, the next forward over ids equal to ``handle.ids`` uses the
         prefetched rows. Raises ConfigError if ``handle`` is another embedding's."""
         if handle.embedding is not self:
-            raise ConfigError(f"SparseEmbedding {self.name!r}: the prefetch handle belongs "
+            raise ConfigError(f"{type(self).__name__} {self.name!r}: the prefetch handle belongs "
                               f"to {handle.embedding.name!r}; hand each embedding its own")
         self._armed = handle
         try:
@@ -183,13 +183,40 @@ class SparseEmbedding(nn.Module):
             ConfigError: ids are not int64, or ``prefetched`` was made for other ids
                 or another embedding.
         """
+        rows, inverse = self.lookup(ids, prefetched)
+        return rows[inverse].reshape(*ids.shape, self.dim)
+
+    def lookup(self, ids: torch.Tensor, prefetched: Prefetch | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The distinct rows of ``ids`` and where each id is among them: the step every
+        forward of a table-backed module shares (dedup, one pull, record).
+
+        In training (``self.training`` and grad enabled) the rows are a leaf recorded
+        with the worker runtime, so the step pushes their gradient (one merged push per
+        table per step, however many forwards read the table). Uses ``prefetched`` (or
+        the handle armed by :meth:`use`) when it was made for ids equal to these.
+
+        Args:
+            ids (Tensor[...], int64): feature keys (uint64 bits in int64).
+            prefetched: as in :meth:`forward`.
+
+        Returns:
+            rows (Tensor[U, dim], float32) of the U distinct ids, and inverse
+            (Tensor[ids.numel()], int64): ``rows[inverse]`` are the rows of
+            ``ids.reshape(-1)``.
+
+        Raises:
+            FatalError: not bound to a table.
+            ConfigError: ids are not int64, or ``prefetched`` was made for other ids
+                or another embedding.
+        """
         access = self._require_access()
+        label = f"{type(self).__name__} {self.name!r}"
         if ids.dtype != torch.int64:
-            raise ConfigError(f"SparseEmbedding {self.name!r}: ids must be int64, "
-                              f"got {ids.dtype}")
+            raise ConfigError(f"{label}: ids must be int64, got {ids.dtype}")
         training = self.training and torch.is_grad_enabled()
         if prefetched is not None and not prefetched.matches(self, ids):
-            raise ConfigError(f"SparseEmbedding {self.name!r}: prefetched= was made by "
+            raise ConfigError(f"{label}: prefetched= was made by "
                               f"{prefetched.embedding.name!r} for ids of shape "
                               f"{tuple(prefetched.ids.shape)}, not for these ids "
                               f"{tuple(ids.shape)}; pass the handle of this batch")
@@ -205,7 +232,7 @@ class SparseEmbedding(nn.Module):
         if training:
             rows.requires_grad_(True)
             access.record(self._table_id, pull.keys, rows)  # routed once, pushed with it
-        return rows[inverse].reshape(*ids.shape, self.dim)
+        return rows, inverse.reshape(-1)
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, dim={self.dim}, table_id={self._table_id}"

@@ -1,5 +1,6 @@
-"""Vocabulary of the nn layer: what an embedding asks of the worker runtime, and the
-handle of a prefetch.
+"""Vocabulary of the nn layer: what an embedding asks of the worker runtime, the handle
+of a prefetch, the poolings of a bag of ids, and the spec of one embedding table of a
+:class:`~psfleet.nn.FeatureEmbeddings`.
 
 A :class:`~psfleet.nn.SparseEmbedding` holds no communicator and keeps no gradients:
 it is bound to a :class:`RowAccess` (the worker runtime's step collector,
@@ -10,18 +11,42 @@ the rows whose gradients the step pushes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
 import numpy as np
 import torch
 
+from psfleet.errors import ConfigError
 from psfleet.ps.client import PullHandle
 from psfleet.ps.routing import RoutedKeys
+from psfleet.ps.types import Initializer, RuleConfig
 
 if TYPE_CHECKING:
     from psfleet.nn.sparse_embedding import SparseEmbedding
 
-__all__ = ["Prefetch", "RowAccess"]
+__all__ = ["POOLINGS", "EmbeddingTableSpec", "Pooling", "Prefetch", "RowAccess"]
+
+#: How a bag of ids (one feature of one example) becomes one vector, with ``w`` the ids'
+#: weights (1 without weights) and ``e`` their rows: ``sum`` = sum(w*e); ``mean`` =
+#: sum(w*e) / sum(w); ``sqrtn`` = sum(w*e) / sqrt(sum(w^2)). An empty bag (or a zero
+#: denominator) pools to zeros. torch.nn.EmbeddingBag's ``sum`` / ``mean``, Paddle's
+#: ``sequence_pool`` SUM / AVERAGE / SQRT, TensorFlow's
+#: ``safe_embedding_lookup_sparse`` combiners ``sum`` / ``mean`` / ``sqrtn``.
+Pooling = Literal["sum", "mean", "sqrtn"]
+POOLINGS: tuple[Pooling, ...] = get_args(Pooling)
+
+
+def check_pooling(pooling: str, where: str) -> Pooling:
+    """``pooling`` if it is one of :data:`POOLINGS`.
+
+    Raises:
+        ConfigError: it is not (names ``where`` and the allowed values).
+    """
+    if pooling not in POOLINGS:
+        raise ConfigError(f"{where}: pooling {pooling!r} is not one of "
+                          f"{', '.join(POOLINGS)}")
+    return pooling  # type: ignore[return-value]
+
 
 
 class RowAccess(Protocol):
@@ -72,3 +97,49 @@ class Prefetch:
         """Whether ``embedding``'s forward over ``ids`` may use these rows."""
         return (embedding is self.embedding and ids.shape == self.ids.shape
                 and bool(torch.equal(ids, self.ids)))
+
+
+@dataclass(frozen=True)
+class EmbeddingTableSpec:
+    """One embedding table of a :class:`~psfleet.nn.FeatureEmbeddings`: which features
+    read it, how wide its rows are and how bags are pooled.
+
+    Attributes:
+        name: the table's name (its sparse table's, in checkpoints and exports);
+            distinct over the model.
+        dim: floats per row.
+        features: names of the schema's features (single- or multi-valued) that look
+            up this table, in the order of the table's output ``[B, F_t, dim]``.
+        pooling: how a multi-valued feature's ids are pooled (:data:`Pooling`); a
+            single-valued feature is a bag of one id, the same under every pooling.
+        rule: the server's optimizer rule; None takes the distributed optimizer's.
+        initializer: ``uniform``, ``normal`` or ``zeros`` (SparseTableConfig).
+        initial_range: range (uniform) or std (normal) of initial values.
+        shared_ids: the same raw id in two of the table's features is one row (the
+            parsers' per-slot key prefix is replaced by one prefix of the table's), e.g.
+            a target item and the items of a history.
+
+    Raises:
+        ConfigError: on construction, if ``features`` is empty or repeats a name, or
+            ``pooling`` is not one of :data:`POOLINGS`.
+    """
+
+    name: str
+    dim: int
+    features: tuple[str, ...]
+    pooling: Pooling = "sum"
+    rule: RuleConfig | None = None
+    initializer: Initializer = "uniform"
+    initial_range: float = 0.01
+    shared_ids: bool = False
+
+    def __post_init__(self) -> None:
+        where = f"EmbeddingTableSpec {self.name!r}"
+        object.__setattr__(self, "features", tuple(self.features))
+        if not self.features:
+            raise ConfigError(f"{where}: features is empty; name at least one feature "
+                              "of the schema")
+        repeated = sorted({f for f in self.features if self.features.count(f) > 1})
+        if repeated:
+            raise ConfigError(f"{where}: features {repeated} are named more than once")
+        check_pooling(self.pooling, where)
