@@ -1,4 +1,4 @@
-"""Registry of CTR models by string name (``dnn``, later ``wide_deep``, ``deepfm``).
+"""Registry of CTR models by string name (``dnn``, ``wide_deep``, ``deepfm``, ``dcn_v2``).
 
 A model class (or factory) registers itself with :func:`register_model`; the YAML
 runner builds it with :func:`build_model` from the config's ``model`` name and
@@ -8,10 +8,16 @@ keyword arguments::
     class DNN(nn.Module): ...
 
     model = build_model("dnn", embedding=embedding, fc_sizes=(512, 256, 128, 32))
+
+The runner's models all take ``build_model(name, embeddings=FeatureEmbeddings,
+num_dense=int, fc_sizes=[...], generator=None, **extra)`` (``extra``: the model's own
+keys, such as dcn_v2's ``cross_layers``) and compute
+``forward(sparse, dense, jagged=None) -> Tensor[B]`` logits.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -63,10 +69,31 @@ def build_model(name: str, **kwargs: Any) -> nn.Module:
     """Build the model registered as ``name`` with ``kwargs``.
 
     Raises:
-        ConfigError: if no model is registered as ``name`` (lists the known names).
+        ConfigError: if no model is registered as ``name`` (lists the known names), a
+            keyword is not one the model takes (names it and lists the known ones), or
+            the model rejects a value.
     """
     with _lock:
         factory = _models.get(name)
     if factory is None:
         raise ConfigError(f"model: {name!r} is not one of {', '.join(list_models()) or '(none)'}")
+    known = _keywords(factory)
+    if known is not None:
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ConfigError(f"model {name!r}: unknown argument(s) {', '.join(unknown)}; it "
+                              f"takes {', '.join(sorted(known))}")
     return factory(**kwargs)
+
+
+def _keywords(factory: Callable[..., nn.Module]) -> set[str] | None:
+    """The keyword arguments ``factory`` takes, or None when it takes any (``**kwargs``)
+    or has no signature to read."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}

@@ -1,0 +1,112 @@
+"""What the schema-sized CTR models share: the embeddings check, the batch checks and
+the dim-1 ``wide`` table (first-order / linear term over every sparse feature)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from psfleet.data.jagged import KeyedJagged
+from psfleet.data.types import FeatureSchema
+from psfleet.errors import ConfigError
+from psfleet.nn.features import FeatureEmbeddings
+from psfleet.nn.types import EmbeddingTableSpec
+from psfleet.rec.models.mlp import paddle_linear
+
+__all__ = ["WIDE_TABLE", "LinearTerm", "check_batch", "check_wide_name", "require_embeddings",
+           "resolve_num_dense"]
+
+WIDE_TABLE = "wide"
+
+
+def require_embeddings(model: str, embeddings: object) -> FeatureEmbeddings:
+    """``embeddings`` if it is a FeatureEmbeddings.
+
+    Raises:
+        ConfigError: it is not (names the model and the type given).
+    """
+    if not isinstance(embeddings, FeatureEmbeddings):
+        raise ConfigError(f"{model}: embeddings must be a psfleet.nn.FeatureEmbeddings, got "
+                          f"{type(embeddings).__name__}")
+    return embeddings
+
+
+def resolve_num_dense(model: str, schema: FeatureSchema, num_dense: int | None) -> int:
+    """The dense width: the schema's, which ``num_dense`` (when given) must equal.
+
+    Raises:
+        ConfigError: ``num_dense`` differs from the schema's dense features.
+    """
+    if num_dense is not None and num_dense != len(schema.dense):
+        raise ConfigError(f"{model}: num_dense {num_dense!r} differs from the schema's "
+                          f"{len(schema.dense)} dense features {list(schema.dense)}")
+    return len(schema.dense)
+
+
+def check_batch(schema: FeatureSchema, sparse: Tensor, dense: Tensor,
+                jagged: KeyedJagged | None) -> int:
+    """The batch size B of a forward's inputs, checked against ``schema``.
+
+    Args:
+        sparse (Tensor[B, len(schema.sparse)], int64): single-valued feature keys.
+        dense (Tensor[B, len(schema.dense)], float32): dense features.
+        jagged: the multi-valued features (stride B); required when the schema has any.
+
+    Raises:
+        ConfigError: a shape differs (names the input, the expected and the actual shape)
+            or the multi-valued features are missing.
+    """
+    width = len(schema.sparse)
+    if sparse.dim() != 2 or sparse.shape[1] != width:
+        raise ConfigError(f"sparse_ids: expected shape [B, {width}], got {tuple(sparse.shape)}")
+    batch_size = int(sparse.shape[0])
+    if dense.shape != (batch_size, len(schema.dense)):
+        raise ConfigError(f"dense: expected shape [{batch_size}, {len(schema.dense)}], got "
+                          f"{tuple(dense.shape)}")
+    if schema.multi:
+        if jagged is None:
+            raise ConfigError(f"jagged: the schema has multi-valued features "
+                              f"{list(schema.multi)}; pass the batch's jagged")
+        if jagged.stride != batch_size:
+            raise ConfigError(f"jagged: stride {jagged.stride} differs from the batch size "
+                              f"{batch_size}")
+    return batch_size
+
+
+class LinearTerm(nn.Module):
+    """The first-order (linear) term: a weight per sparse id plus a linear map of the
+    dense features (Cheng et al. 2016's wide part without crossed columns; the
+    first-order part of Guo et al. 2017's FM component)::
+
+        linear = sum_f w[id_f] + dense @ v + c          # Tensor[B]
+
+    ``w`` is a dim-1 table named ``wide`` over every sparse feature of the schema
+    (multi-valued features sum-pooled, as one-hot / multi-hot inputs times weights),
+    ``v`` a Linear(num_dense, 1) initialised as PaddleRec's (Normal(0, 1/sqrt(num_dense)),
+    zero bias); without dense features, no Linear and no bias.
+
+    Args:
+        schema: the features (the deep embeddings' schema).
+        generator: random generator of the dense weights (None: torch's global one).
+    """
+
+    def __init__(self, schema: FeatureSchema, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.wide = FeatureEmbeddings(schema, [EmbeddingTableSpec(
+            name=WIDE_TABLE, dim=1, features=schema.features, pooling="sum", rule=None)])
+        self.dense = paddle_linear(len(schema.dense), 1, generator) if schema.dense else None
+
+    def forward(self, sparse: Tensor, dense: Tensor, jagged: KeyedJagged | None) -> Tensor:
+        """Tensor[B] float32: the linear term of a checked batch (see :func:`check_batch`)."""
+        (weights,) = self.wide(sparse, jagged)  # [B, F, 1]
+        linear = weights.sum(dim=(1, 2))  # [B]
+        if self.dense is not None:
+            linear = linear + self.dense(dense).squeeze(1)
+        return linear
+
+
+def check_wide_name(model: str, embeddings: FeatureEmbeddings) -> None:
+    """Raises ConfigError if a deep table is named ``wide`` (the model's own table)."""
+    if any(t.name == WIDE_TABLE for t in embeddings.tables):
+        raise ConfigError(f"{model}: the table name {WIDE_TABLE!r} is the model's first-order "
+                          "table; rename the embeddings table")
