@@ -1,0 +1,104 @@
+"""The ``wide_deep`` CTR model: Cheng et al. 2016, "Wide & Deep Learning for
+Recommender Systems" (arXiv:1606.07792), as PaddleRec's ``models/rank/wide_deep``.
+
+Architecture (F features, tables t with F_t features of width D_t)::
+
+    wide  = sum_f w[id_f] + Linear(dense)              # [B]   (LinearTerm)
+    parts = embeddings(sparse, jagged)                 # [B, F_t, D_t] per table
+    x     = concat(flatten(parts), dense)              # [B, sum_t F_t * D_t + num_dense]
+    deep  = MLP(x): relu(Linear) per fc_sizes, Linear  # [B, 1] -> [B]
+    logit = wide + deep                                # [B]   (paper eq. 3, before sigmoid)
+
+The wide part is the paper's generalised linear model ``w_wide^T [x, phi(x)] + b`` on
+the raw features: a dim-1 table named ``wide`` over every sparse feature of the schema
+(sum-pooled: a multi-valued feature adds the weight of each of its ids), which the
+model builds itself, plus a Linear over the dense features. PaddleRec's layer keeps
+only the Linear over the dense features (``self.wide_part``); the dim-1 table is the
+seeds' "wide table". Crossed columns ``phi(x)`` are not built: declare a crossed
+feature in the data to have one. The deep part is PaddleRec's DNN tower.
+
+Every Linear weight starts as Normal(0, 1/sqrt(fan_in)), every bias at 0 (PaddleRec's
+DNN; its wide Linear uses a truncated normal of the same std). The embeddings' and the
+wide table's rows live in sparse tables (rule: the optimizer's, unless a table sets one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from psfleet.data.jagged import KeyedJagged
+from psfleet.data.types import FeatureSchema
+from psfleet.nn.features import FeatureEmbeddings
+from psfleet.rec.models._features import (
+    LinearTerm,
+    check_batch,
+    check_wide_name,
+    require_embeddings,
+    resolve_num_dense,
+)
+from psfleet.rec.models.mlp import check_fc_sizes, mlp_tower
+from psfleet.rec.models.registry import register_model
+
+__all__ = ["WideDeep"]
+
+
+@register_model("wide_deep")
+class WideDeep(nn.Module):
+    """Wide & Deep over a schema (module docstring).
+
+    Args:
+        embeddings: the deep part's embeddings (any tables and dims).
+        num_dense: dense features per example; must equal the schema's (None: the
+            schema's).
+        fc_sizes: the deep tower's hidden widths (PaddleRec's ``fc_sizes``).
+        generator: random generator of the dense weights (None: torch's global one).
+
+    Attributes:
+        schema: the embeddings' schema.
+        wide: the first-order term (its ``wide.wide`` is the dim-1 table).
+        deep: the MLP tower, input ``embeddings.output_dim + num_dense`` wide.
+
+    Raises:
+        ConfigError: ``embeddings`` is not a FeatureEmbeddings, has a table named
+            ``wide``, ``num_dense`` differs from the schema or a width is < 1.
+    """
+
+    def __init__(self, embeddings: FeatureEmbeddings, num_dense: int | None = None,
+                 fc_sizes: Sequence[int] = (512, 256, 128, 32), *,
+                 generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.embeddings = require_embeddings("wide_deep", embeddings)
+        check_wide_name("wide_deep", embeddings)
+        self.num_dense = resolve_num_dense("wide_deep", embeddings.schema, num_dense)
+        self.num_slots = len(embeddings.schema.sparse)
+        sizes = [embeddings.output_dim + self.num_dense, *check_fc_sizes(fc_sizes), 1]
+        self.deep = mlp_tower(sizes, generator)
+        self.wide = LinearTerm(embeddings.schema, generator)
+
+    @property
+    def schema(self) -> FeatureSchema:
+        """The features the model reads, by name."""
+        return self.embeddings.schema
+
+    def forward(self, sparse: Tensor, dense: Tensor, jagged: KeyedJagged | None = None
+                ) -> Tensor:
+        """Click logits.
+
+        Args:
+            sparse (Tensor[B, len(schema.sparse)], int64): single-valued feature keys.
+            dense (Tensor[B, num_dense], float32): dense features.
+            jagged: the multi-valued features (stride B); required when the schema has any.
+
+        Returns:
+            Tensor[B], float32: ``wide + deep`` logits.
+
+        Raises:
+            ConfigError: an input has the wrong shape (names it).
+        """
+        check_batch(self.schema, sparse, dense, jagged)
+        parts = self.embeddings(sparse, jagged)
+        x = torch.cat([self.embeddings.flatten(parts), dense], dim=1)  # [B, out + num_dense]
+        return self.wide(sparse, dense, jagged) + self.deep(x).squeeze(1)  # [B]
