@@ -62,7 +62,9 @@ class Bound:
     pushes: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
 
     def step(self) -> None:
+        """``optimizer.step()`` (the step's pushes), then wait until they are applied."""
         self.runtime.optimizer.step()
+        self.runtime.flush()
 
     def rows(self, table_id: int, keys: np.ndarray, create: bool = False) -> np.ndarray:
         """What table ``table_id`` holds for keys (int64 or uint64 [U]) now."""
