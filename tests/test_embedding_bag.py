@@ -15,6 +15,7 @@ local role (no servers; ``LocalClient``).
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from psfleet.nn import (
     Pooling,
     SparseEmbedding,
     SparseEmbeddingBag,
+    live_embeddings,
     use_prefetched,
 )
 from psfleet.ps import LocalClient, RuleConfig
@@ -271,7 +273,7 @@ def random_batch(rng: np.random.Generator, batch: int, weighted: bool = False,
     raw = rng.integers(0, 12, size=(batch, 4)).astype(np.uint64)
     sparse = raw | np.array([(slot[n] + 1) << 33 for n in SCHEMA.sparse], np.uint64)
     lengths = rng.integers(0, 5, size=(batch, len(keys))).astype(np.int32)
-    lengths[0] = 0  # an example with every bag empty
+    lengths[:1] = 0  # an example with every bag empty
     prefixes = np.repeat(np.tile(np.array([(slot[k] + 1) << 33 for k in keys], np.uint64),
                                  batch), lengths.reshape(-1))
     values = rng.integers(0, 12, size=int(lengths.sum())).astype(np.uint64) | prefixes
@@ -434,6 +436,25 @@ def test_feature_embeddings_prefetch_is_consumed_by_the_forward() -> None:
         assert torch.equal(a, b)
     features.eval()
     assert features.prefetch(sparse, jagged) == [None, None]  # only training prefetches
+
+
+def test_an_empty_batch_gives_empty_outputs(stop_after: list[Bound]) -> None:
+    features = FeatureEmbeddings(SCHEMA, two_tables())
+    stop_after.append(bind([features]))
+    sparse, jagged = random_batch(np.random.default_rng(2), 0)
+    parts = features(sparse, jagged)
+    assert [tuple(p.shape) for p in parts] == [(0, 3, 3), (0, 3, 4)]
+    assert features.flatten(parts).shape == (0, features.output_dim)
+
+
+def test_live_embeddings_see_each_table() -> None:
+    gc.collect()  # modules of earlier tests, whose names repeat
+    features = FeatureEmbeddings(SCHEMA, [
+        EmbeddingTableSpec("live_people", 3, ("user", "age", "item", "city")),
+        EmbeddingTableSpec("live_items", 4, ("history", "tags"))])
+    live = {e.name: e for e in live_embeddings()}
+    assert live["live_people"] is features.embeddings[0]
+    assert live["live_items"] is features.embeddings[1]
 
 
 def test_stack_needs_one_dim() -> None:

@@ -124,7 +124,7 @@ class FeatureEmbeddings(nn.Module):
             if isinstance(module, SparseEmbeddingBag):
                 values, offsets, weights = self._bags(t, sparse, jagged)
                 pooled = module(values, offsets, weights)  # [F_t * B, D]
-                out.append(pooled.view(len(self.tables[t].features), batch, -1)
+                out.append(pooled.view(len(self.tables[t].features), batch, module.dim)
                            .permute(1, 0, 2))
             else:
                 out.append(module(self._single_ids(t, sparse)))  # [B, F_t, D]
@@ -154,9 +154,8 @@ class FeatureEmbeddings(nn.Module):
     def flatten(parts: Sequence[Tensor]) -> Tensor:
         """The tables' outputs (Tensor[B, F_t, D_t] each) side by side:
         Tensor[B, sum F_t * D_t], float32 (a view, no copy, for one contiguous part)."""
-        if len(parts) == 1:
-            return parts[0].reshape(parts[0].shape[0], -1)
-        return torch.cat([p.reshape(p.shape[0], -1) for p in parts], dim=1)
+        flat = [p.reshape(p.shape[0], p.shape[1] * p.shape[2]) for p in parts]
+        return flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
 
     @staticmethod
     def stack(parts: Sequence[Tensor]) -> Tensor:
