@@ -81,6 +81,9 @@ class SparseEmbeddingBag(SparseEmbedding):
         weights (Tensor[N], float32) or None.
         output: Tensor[K, dim], float32.
 
+    ``prefetch(values)`` (inherited) pulls the rows of a coming batch's values; the
+    forward over equal values uses them, whatever its offsets and weights.
+
     Raises:
         ConfigError: on construction, ``pooling`` or a table argument is out of range.
     """
