@@ -359,6 +359,12 @@ def test_shared_ids_make_the_same_raw_id_one_row(stop_after: list[Bound]) -> Non
                          torch.tensor([slot_of["history"] | 5, slot_of["history"] | 6,
                                        slot_of["tags"] | 5]),
                          torch.tensor([2, 1], dtype=torch.int32), None, 1)
+    # What each table reads: the people table its columns in spec order (per-slot
+    # keys); the item table its bags, feature-major, under the table's one prefix.
+    (people_ids, none, _), (values, offsets, weights) = features.table_inputs(sparse, jagged)
+    assert none is None and people_ids.tolist() == [[sparse[0, 3], sparse[0, 0], sparse[0, 1]]]
+    assert values.tolist() == [prefix | 5, prefix | 6, prefix | 5, prefix | 5]
+    assert offsets is not None and offsets.tolist() == [0, 2, 3, 4] and weights is None
     people, items = features(sparse, jagged)
     # history = row(5) + row(6); item = row(5); tags = row(5): one row for raw id 5.
     assert torch.equal(items[0, 1], items[0, 2])

@@ -100,6 +100,7 @@ class FeatureEmbeddings(nn.Module):
                                   if spec.shared_ids else None)
         self.embeddings = nn.ModuleList(modules)
         self._per_table: tuple[SparseEmbedding, ...] = tuple(modules)  # typed view
+        self._columns_only = [not isinstance(m, SparseEmbeddingBag) for m in modules]
 
     def forward(self, sparse: Tensor, jagged: KeyedJagged | None = None) -> list[Tensor]:
         """Each table's rows of the batch.
@@ -118,17 +119,38 @@ class FeatureEmbeddings(nn.Module):
             ConfigError: the inputs do not match the schema (names what differs).
             FatalError: the tables are not bound (``fleet.init_worker``).
         """
-        batch = self._check_inputs(sparse, jagged)
+        batch = int(sparse.shape[0])
         out: list[Tensor] = []
-        for t, module in enumerate(self._per_table):
-            if isinstance(module, SparseEmbeddingBag):
-                values, offsets, weights = self._bags(t, sparse, jagged)
-                pooled = module(values, offsets, weights)  # [F_t * B, D]
-                out.append(pooled.view(len(self.tables[t].features), batch, module.dim)
-                           .permute(1, 0, 2))
+        for spec, module, (ids, offsets, weights) in zip(
+                self.tables, self._per_table, self.table_inputs(sparse, jagged), strict=True):
+            if offsets is None:
+                out.append(module(ids))  # [B, F_t, D]
             else:
-                out.append(module(self._single_ids(t, sparse)))  # [B, F_t, D]
+                pooled = module(ids, offsets, weights)  # [F_t * B, D]
+                out.append(pooled.view(len(spec.features), batch, spec.dim).permute(1, 0, 2))
         return out
+
+    def table_inputs(self, sparse: Tensor, jagged: KeyedJagged | None = None
+                     ) -> list[tuple[Tensor, Tensor | None, Tensor | None]]:
+        """What each table's module reads from the batch (its keys, shared ids applied):
+        for serving and export, which pull or gather the same rows.
+
+        Args:
+            sparse, jagged: as in :meth:`forward`.
+
+        Returns:
+            Per table (spec order), ``(ids, None, None)`` for a single-valued table:
+            ids Tensor[B, F_t] int64; or ``(values, offsets, weights)`` for a pooled one,
+            its bags feature-major (bag ``f * B + b``): values Tensor[N] int64, offsets
+            Tensor[F_t * B + 1] int64, weights Tensor[N] float32 or None.
+
+        Raises:
+            ConfigError: as :meth:`forward`.
+        """
+        self._check_inputs(sparse, jagged)
+        return [(self._single_ids(t, sparse), None, None)
+                if self._columns_only[t] else self._bags(t, sparse, jagged)
+                for t in range(len(self.tables))]
 
     def prefetch(self, sparse: Tensor, jagged: KeyedJagged | None = None
                  ) -> list[Prefetch | None]:
@@ -142,13 +164,8 @@ class FeatureEmbeddings(nn.Module):
         Raises:
             ConfigError: as :meth:`forward`.
         """
-        self._check_inputs(sparse, jagged)
-        handles: list[Prefetch | None] = []
-        for t, module in enumerate(self._per_table):
-            ids = (self._bags(t, sparse, jagged)[0] if isinstance(module, SparseEmbeddingBag)
-                   else self._single_ids(t, sparse))
-            handles.append(module.prefetch(ids))
-        return handles
+        return [module.prefetch(ids) for module, (ids, _, _) in zip(
+            self._per_table, self.table_inputs(sparse, jagged), strict=True)]
 
     @staticmethod
     def flatten(parts: Sequence[Tensor]) -> Tensor:
