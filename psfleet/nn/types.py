@@ -24,7 +24,8 @@ from psfleet.ps.types import Initializer, RuleConfig
 if TYPE_CHECKING:
     from psfleet.nn.sparse_embedding import SparseEmbedding
 
-__all__ = ["POOLINGS", "EmbeddingTableSpec", "Pooling", "Prefetch", "RowAccess"]
+__all__ = ["POOLINGS", "EmbeddingTableSpec", "Pooling", "Prefetch", "RowAccess",
+           "check_pooling"]
 
 #: How a bag of ids (one feature of one example) becomes one vector, with ``w`` the ids'
 #: weights (1 without weights) and ``e`` their rows: ``sum`` = sum(w*e); ``mean`` =
@@ -46,7 +47,6 @@ def check_pooling(pooling: str, where: str) -> Pooling:
         raise ConfigError(f"{where}: pooling {pooling!r} is not one of "
                           f"{', '.join(POOLINGS)}")
     return pooling  # type: ignore[return-value]
-
 
 
 class RowAccess(Protocol):
