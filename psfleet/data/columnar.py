@@ -1,24 +1,35 @@
 """Delimited text (CSV, TSV, space-separated) and Parquet with a declared schema.
 
-The config (:class:`ColumnsConfig`) names the label column, the dense columns and the
-sparse columns, by header name or by 0-based position, so a user brings their own
-schema without writing code::
+The config (:class:`ColumnsConfig`) names the label column, the dense columns, the
+single-valued sparse columns and the multi-valued columns, by header name or by 0-based
+position, so a user brings their own schema without writing code::
 
     parser: csv
-    columns: {delimiter: ",", header: true, label: clicked,
-              dense: [price, age], sparse: [user_id, item_id, city]}
+    columns: {delimiter: ",", header: true, label: income, label_positive: ">50K",
+              label_negative: ["<=50K"], dense: [age, hours], dense_transform: log1p,
+              sparse: [workclass, title], multi: [genres], multi_separator: "|"}
 
-- label: ``0``/``1`` (numbers 0.0 / 1.0 accepted).
-- dense: numbers; empty / null -> 0.0; ``dense_transform: log1p`` applies
-  ``log(1 + max(x, 0))`` (raw counts), ``none`` keeps them.
+- label: numbers ``0`` / ``1`` by default; text labels with ``label_positive`` (and
+  optionally ``label_negative``) or ``label_map`` (:mod:`psfleet.data._labels`). A label
+  that cannot be mapped is a malformed line naming ``file:line`` and the value.
+- dense: numbers; empty / null -> 0.0; ``dense_transform``: ``none``, ``log1p`` or
+  ``standardize`` (with ``dense_mean`` / ``dense_std``), :mod:`psfleet.data._dense`.
 - sparse: any text (or integers in Parquet); keys as :func:`psfleet.data.criteo.hash_feature`
   with slot = the column's position in ``sparse``: values of up to 8 hex digits are
   read as numbers (decimal ids like ``737395`` included), others hashed (crc32).
+- multi: multi-valued columns, slots after the sparse ones (slot = ``len(sparse)`` +
+  position in ``multi``): text split at ``multi_separator`` (``Action|Comedy``; empty
+  items and an empty cell give no id: an empty bag), or Parquet list columns
+  (``list<string>``, ``list<int>``; a null list is empty). Keys as for sparse values.
 
-Text is split by Arrow's CSV reader (no quoting: a delimiter inside a value is not
-supported). A chunk with a malformed line (wrong field count, non-numeric dense or
-label) is re-read line by line to name each bad line (rate-limited warnings, or
-:class:`~psfleet.errors.DataError` with ``strict``).
+Text follows RFC 4180 quoting (``"``): a quoted field may hold the delimiter, the
+separator and doubled quotes (``"say ""hi"", then go"``). Arrow's CSV reader splits the
+fields; a line break inside a quoted field is not supported (files are read in chunks
+split at line ends): such a line is malformed (``a quoted field is not closed``), never
+merged with the next. A chunk with a malformed line (wrong field count, an unclosed
+quote, non-numeric dense, a label that cannot be mapped) is re-read line by line with
+Python's :mod:`csv` module, which gives the same fields, to name each bad line
+(rate-limited warnings, or :class:`~psfleet.errors.DataError` with ``strict``).
 """
 
 from __future__ import annotations
@@ -31,9 +42,14 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from psfleet.data.criteo import binary_keys, hash_features, slot_prefixes
+from psfleet.data._columnar_lines import parse_lines_slowly, split_line
+from psfleet.data._dense import DenseTransform, check_dense_transform, transform_dense
+from psfleet.data._labels import LabelRule
+from psfleet.data._tokens import bags_to_rows
+from psfleet.data.criteo import binary_keys, slot_prefixes
+from psfleet.data.jagged import JaggedRows
 from psfleet.data.malformed import RateLimitedWarner
 from psfleet.data.parsers import Parser, register_parser
 from psfleet.data.types import FeatureSchema, ParsedChunk, RawChunk
@@ -45,33 +61,61 @@ logger = logging.getLogger(__name__)
 _warner = RateLimitedWarner(log=logger)
 
 Column = str | int
+_QUOTE = b'"'
 
 
 class ColumnsConfig(BaseModel):
-    """Which columns hold the label, dense and sparse features (module docstring)."""
+    """Which columns hold the label, dense, sparse and multi-valued features, and how to
+    read them (module docstring)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     label: Column
     dense: list[Column] = []
-    sparse: list[Column]
+    sparse: list[Column] = []
+    multi: list[Column] = []
+    multi_separator: str = "|"
     delimiter: str = ","
     header: bool = True
-    dense_transform: Literal["none", "log1p"] = "none"
+    dense_transform: DenseTransform = "none"
+    dense_mean: list[float] | None = None
+    dense_std: list[float] | None = None
+    label_positive: str | None = None
+    label_negative: list[str] | None = None
+    label_map: dict[str, int] | None = None
 
-    @field_validator("delimiter")
+    @field_validator("delimiter", "multi_separator")
     @classmethod
     def _one_char(cls, value: str) -> str:
-        if len(value) != 1 or value in "\n\r":
-            raise ValueError("must be one character other than a line break")
+        if len(value) != 1 or value in "\n\r\"":
+            raise ValueError("must be one character other than a line break or '\"'")
         return value
 
-    @field_validator("sparse")
+    @field_validator("label_map")
     @classmethod
-    def _some_sparse(cls, value: list[Column]) -> list[Column]:
-        if not value:
-            raise ValueError("name at least one sparse column")
+    def _zero_one(cls, value: dict[str, int] | None) -> dict[str, int] | None:
+        if value is not None and (not value or any(v not in (0, 1) for v in value.values())):
+            raise ValueError("map each label text to 0 or 1 (at least one entry)")
         return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ColumnsConfig:
+        if not self.sparse and not self.multi:
+            raise ValueError("sparse / multi: name at least one sparse or multi-valued column")
+        features = [*self.sparse, *self.multi]
+        repeated = sorted({str(c) for c in features if features.count(c) > 1})
+        if repeated:
+            raise ValueError(f"sparse / multi: columns {repeated} are named twice")
+        if self.multi and self.multi_separator == self.delimiter:
+            raise ValueError(f"multi_separator: {self.multi_separator!r} is also the "
+                             "delimiter; choose another separator")
+        if self.label_map is not None and self.label_positive is not None:
+            raise ValueError("label_map and label_positive: set one of them, not both")
+        if self.label_negative is not None and self.label_positive is None:
+            raise ValueError("label_negative: only used with label_positive")
+        check_dense_transform(self.dense_transform, self.dense_mean, self.dense_std,
+                              len(self.dense))
+        return self
 
 
 class ColumnarParser:
@@ -91,14 +135,17 @@ class ColumnarParser:
         self.kind: Literal["text", "parquet"] = kind
         self.header = config.header and kind == "text"
         self.schema = FeatureSchema(dense=tuple(map(str, config.dense)),
-                                    sparse=tuple(map(str, config.sparse)))
+                                    sparse=tuple(map(str, config.sparse)),
+                                    multi=tuple(map(str, config.multi)))
         self.num_dense = len(config.dense)
         self.num_slots = len(config.sparse)
-        self._prefixes = slot_prefixes(self.num_slots)
+        self.num_multi = len(config.multi)
+        self.prefixes = slot_prefixes(self.num_slots + self.num_multi)  # keys' slot bits
+        self.labels = LabelRule(config.label_positive, config.label_negative, config.label_map)
 
     # -- column resolution ------------------------------------------------------------
     def _positions(self, names: list[str] | None, width: int, source: str
-                   ) -> tuple[int, list[int], list[int]]:
+                   ) -> tuple[int, list[int], list[int], list[int]]:
         def find(column: Column) -> int:
             if isinstance(column, int):
                 if not 0 <= column < width:
@@ -114,29 +161,31 @@ class ColumnarParser:
             return names.index(column)
 
         config = self.config
-        return find(config.label), [find(c) for c in config.dense], [
-            find(c) for c in config.sparse]
+        return (find(config.label), [find(c) for c in config.dense],
+                [find(c) for c in config.sparse], [find(c) for c in config.multi])
 
     # -- parsing ----------------------------------------------------------------------
     def parse(self, chunk: RawChunk, strict: bool) -> ParsedChunk:
         if isinstance(chunk.payload, pa.Table):
             return self._parse_table(chunk.payload, chunk, strict)
-        names = (chunk.header.decode("utf-8", errors="replace").split(self.config.delimiter)
-                 if chunk.header is not None else None)
+        delimiter = self.config.delimiter
+        names = (split_line(chunk.header.decode("utf-8", errors="replace").rstrip("\r"),
+                            delimiter)[0] if chunk.header is not None else None)
         if not chunk.payload:
-            return self._empty()
-        width = len(names) if names is not None else chunk.payload.split(b"\n", 1)[0].count(
-            self.config.delimiter.encode()) + 1
-        label, dense, sparse = self._positions(names, width, chunk.source)
-        table = self._read_text(chunk.payload, width)
-        if table is not None:
-            result = self._convert(table, label, dense, sparse, chunk, strict)
-            if result is not None:
-                return result
-        return self._parse_slow(chunk, width, label, dense, sparse, strict)
-
-    def _empty(self) -> ParsedChunk:
-        return ParsedChunk.empty(self.schema)
+            return ParsedChunk.empty(self.schema)
+        if names is not None:
+            width = len(names)
+        else:
+            first = chunk.payload.split(b"\n", 1)[0].decode("utf-8", errors="replace")
+            width = len(split_line(first.rstrip("\r"), delimiter)[0])
+        positions = self._positions(names, width, chunk.source)
+        if _quotes_balanced(chunk.payload):
+            table = self._read_text(chunk.payload, width)
+            if table is not None and table.num_rows == _count_lines(chunk.payload):
+                result = self._convert(table, *positions)
+                if result is not None:
+                    return result
+        return parse_lines_slowly(self, chunk, width, positions, strict, _warner)
 
     def _read_text(self, data: bytes, width: int) -> pa.Table | None:
         names = [f"f{i}" for i in range(width)]
@@ -146,36 +195,57 @@ class ColumnarParser:
                 read_options=pa_csv.ReadOptions(column_names=names, use_threads=False,
                                                  block_size=max(1 << 20, len(data) + 1)),
                 parse_options=pa_csv.ParseOptions(delimiter=self.config.delimiter,
-                                                  quote_char=False, ignore_empty_lines=False),
+                                                  quote_char='"', double_quote=True,
+                                                  escape_char=False,
+                                                  ignore_empty_lines=False),
                 convert_options=pa_csv.ConvertOptions(
                     column_types={n: pa.binary() for n in names}, strings_can_be_null=False))
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             return None
 
-    def _numbers(self, array: pa.ChunkedArray | pa.Array) -> npt.NDArray[np.float64] | None:
+    @staticmethod
+    def _numbers(array: pa.ChunkedArray | pa.Array) -> npt.NDArray[np.float64] | None:
         """Float values of a column (empty / null -> 0); None if one is not a number."""
         if pa.types.is_binary(array.type) or pa.types.is_string(array.type):
-            array = pc.cast(array, pa.string())
+            try:
+                array = pc.cast(array, pa.string())
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                return None
             array = pc.if_else(pc.equal(pc.utf8_trim_whitespace(array), ""), None, array)
         try:
             values = pc.cast(array, pa.float64())
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             return None
         return np.asarray(pc.fill_null(values, 0.0).to_numpy(zero_copy_only=False),
                           dtype=np.float64)
 
-    def _finish(self, labels: npt.NDArray[np.float64], dense: npt.NDArray[np.float64],
-                sparse: npt.NDArray[np.uint64], lines: int) -> ParsedChunk:
-        if self.config.dense_transform == "log1p":
-            dense = np.log1p(np.maximum(dense, 0.0))
-        return ParsedChunk(labels.astype(np.float32), dense.astype(np.float32), sparse, 0,
-                           lines)
+    def _label_values(self, array: pa.ChunkedArray
+                      ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]] | None:
+        """(labels [N], valid [N]) of the label column, or None (read it line by line)."""
+        if self.labels.numeric:
+            values = self._numbers(array)
+            if values is None:
+                return None
+            return values, (values == 0.0) | (values == 1.0)
+        if not (pa.types.is_binary(array.type) or pa.types.is_string(array.type)):
+            array = pc.cast(array, pa.string())
+        return self.labels.column(array)
+
+    def finish(self, labels: npt.NDArray[np.float64], dense: npt.NDArray[np.float64],
+               sparse: npt.NDArray[np.uint64], jagged: JaggedRows | None, malformed: int,
+               lines: int) -> ParsedChunk:
+        """The ParsedChunk of converted columns (applies the dense transform)."""
+        config = self.config
+        return ParsedChunk(labels.astype(np.float32),
+                           transform_dense(dense, config.dense_transform, config.dense_mean,
+                                           config.dense_std),
+                           sparse, malformed, lines, jagged)
 
     def _convert(self, table: pa.Table, label: int, dense: list[int], sparse: list[int],
-                 chunk: RawChunk, strict: bool) -> ParsedChunk | None:
+                 multi: list[int]) -> ParsedChunk | None:
         count = table.num_rows
-        labels = self._numbers(table.column(label))
-        if labels is None or not np.all((labels == 0.0) | (labels == 1.0)):
+        labels = self._label_values(table.column(label))
+        if labels is None or not labels[1].all():
             return None
         dense_values = np.zeros((count, len(dense)), dtype=np.float64)
         for i, column in enumerate(dense):
@@ -185,17 +255,47 @@ class ColumnarParser:
             dense_values[:, i] = values
         keys = np.empty((count, len(sparse)), dtype=np.uint64)
         for i, column in enumerate(sparse):
-            keys[:, i] = binary_keys(table.column(column), self._prefixes[i])
-        return self._finish(labels, dense_values, keys, count)
+            keys[:, i] = binary_keys(table.column(column), self.prefixes[i])
+        jagged = self._multi_columns(table, multi)
+        return self.finish(labels[0], dense_values, keys, jagged, 0, count)
+
+    def _multi_columns(self, table: pa.Table, multi: list[int]) -> JaggedRows | None:
+        """The multi-valued columns as example-major bags (vectorised with Arrow)."""
+        if not multi:
+            return None
+        count = table.num_rows
+        rows, features, keys = [], [], []
+        for m, column in enumerate(multi):
+            array = table.column(column)
+            if isinstance(array, pa.ChunkedArray):
+                array = array.combine_chunks()
+            if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
+                if not (pa.types.is_binary(array.type) or pa.types.is_string(array.type)):
+                    array = pc.cast(array, pa.string())
+                array = pc.split_pattern(pc.fill_null(array, ""), self.config.multi_separator)
+            lengths = np.asarray(pc.fill_null(pc.list_value_length(array), 0).to_numpy(
+                zero_copy_only=False), dtype=np.int64)
+            items = pc.list_flatten(array)
+            if not (pa.types.is_binary(items.type) or pa.types.is_string(items.type)):
+                items = pc.cast(items, pa.string())
+            items = pc.cast(pc.fill_null(items, ""), pa.binary())
+            keep = np.asarray(pc.binary_length(items).to_numpy(zero_copy_only=False)) > 0
+            row = np.repeat(np.arange(count, dtype=np.int64), lengths)[keep]
+            rows.append(row)
+            features.append(np.full(len(row), m, dtype=np.int64))
+            keys.append(binary_keys(items.filter(pa.array(keep)),
+                                    self.prefixes[self.num_slots + m]))
+        return bags_to_rows(np.concatenate(rows), np.concatenate(features),
+                            np.concatenate(keys), count, len(multi))
 
     def _parse_table(self, table: pa.Table, chunk: RawChunk, strict: bool) -> ParsedChunk:
-        label, dense, sparse = self._positions(table.column_names, table.num_columns,
-                                               chunk.source)
+        label, dense, sparse, multi = self._positions(table.column_names, table.num_columns,
+                                                      chunk.source)
         count = table.num_rows
-        labels = self._numbers(table.column(label))
+        labels = self._label_values(table.column(label))
         problem = None
-        if labels is None or not np.all((labels == 0.0) | (labels == 1.0)):
-            problem = f"label column {self.config.label!r} holds values other than 0 and 1"
+        if labels is None:
+            problem = f"label column {self.config.label!r} is not numeric or text"
         dense_values = np.zeros((count, len(dense)), dtype=np.float64)
         for i, column in enumerate(dense):
             values = self._numbers(table.column(column))
@@ -210,50 +310,42 @@ class ColumnarParser:
         for i, column in enumerate(sparse):
             text = pc.cast(pc.fill_null(pc.cast(table.column(column), pa.string()), ""),
                            pa.binary())
-            keys[:, i] = binary_keys(text, self._prefixes[i])
-        return self._finish(labels, dense_values, keys, count)
-
-    def _parse_slow(self, chunk: RawChunk, width: int, label: int, dense: list[int],
-                    sparse: list[int], strict: bool) -> ParsedChunk:
-        """Line by line, to name each malformed line."""
-        assert isinstance(chunk.payload, bytes)  # noqa: S101 (only called for text)
-        lines = chunk.payload.decode("utf-8", errors="replace").split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
-        labels: list[float] = []
-        dense_rows: list[list[float]] = []
-        raw: list[str] = []
-        bad: list[tuple[int, str]] = []
-        for row, line in enumerate(lines):
-            line_no = chunk.first_line_no + row * chunk.line_step
-            fields = line.rstrip("\r").split(self.config.delimiter)
-            if len(fields) != width:
-                bad.append((line_no, f"has {len(fields)} fields, expected {width}"))
-                continue
-            try:
-                value = float(fields[label])
-                numbers = [float(fields[c]) if fields[c].strip() else 0.0 for c in dense]
-            except ValueError:
-                bad.append((line_no, "a label or dense field is not a number"))
-                continue
-            if value not in (0.0, 1.0):
-                bad.append((line_no, f"label is {fields[label]!r}, expected 0 or 1"))
-                continue
-            labels.append(value)
-            dense_rows.append(numbers)
-            raw.extend(fields[c] for c in sparse)
-        if bad:
+            keys[:, i] = binary_keys(text, self.prefixes[i])
+        jagged = self._multi_columns(table, multi)
+        values, good = labels
+        bad = np.flatnonzero(~good)
+        if len(bad):
+            raw = table.column(label).take(pa.array(bad)).to_pylist()
+            reasons = [(chunk.first_line_no + int(row) * chunk.line_step,
+                        f"label is {value!r}, expected {self.labels.describe()}")
+                       for row, value in zip(bad.tolist(), raw, strict=True)]
             if strict:
-                line_no, reason = bad[0]
-                raise DataError(f"{chunk.source}:{line_no}: malformed line: {reason}. Fix or "
-                                "remove the line, or set strict: false to skip it")
-            for line_no, reason in bad:
-                _warner.warn(chunk.source, line_no, reason)
-        keys = (hash_features(raw, self.num_slots) if raw
-                else np.zeros((0, self.num_slots), dtype=np.uint64))
-        dense_array = np.array(dense_rows, dtype=np.float64).reshape(len(labels), self.num_dense)
-        result = self._finish(np.array(labels), dense_array, keys, len(lines))
-        return ParsedChunk(result.labels, result.dense, result.sparse, len(bad), len(lines))
+                line_no, reason = reasons[0]
+                raise DataError(f"{chunk.source}: row {line_no}: {reason}. Fix the row or "
+                                "the label keys, or set strict: false to skip it")
+            for line_no, reason in reasons:
+                _warner.warn(chunk.source, line_no, f"(row) {reason}")
+            index = np.flatnonzero(good)
+            values, dense_values, keys = values[index], dense_values[index], keys[index]
+            jagged = None if jagged is None else jagged.take(index)
+        return self.finish(values, dense_values, keys, jagged, len(bad), count)
+
+
+def _count_lines(data: bytes) -> int:
+    """Lines of a chunk as the line splitter counts them (a final line without \\n too)."""
+    return data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+
+
+def _quotes_balanced(data: bytes) -> bool:
+    """Whether every line holds an even number of ``"`` (else a quoted field may run
+    past its line: the chunk is read line by line, which names such lines)."""
+    if _QUOTE not in data:
+        return True
+    text = np.frombuffer(data, dtype=np.uint8)
+    quotes = np.flatnonzero(text == ord('"'))
+    newlines = np.flatnonzero(text == ord("\n"))
+    per_line = np.bincount(np.searchsorted(newlines, quotes), minlength=len(newlines) + 1)
+    return not bool((per_line & 1).any())
 
 
 def _make(kind: Literal["text", "parquet"]) -> object:

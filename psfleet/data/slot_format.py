@@ -14,21 +14,36 @@ PaddleRec's ``sparse_slots`` / ``dense_slots``:
 - ``sparse_slots`` (``["1", ..., "26"]``, or name -> width): integer ids; a slot of
   width ``w`` contributes ``w`` key columns (e.g. ``{feat_idx: 39}``). A missing slot
   (or missing values) is padded with id 0, as PaddleRec pads missing slots.
+- ``multi_slots`` (``["2..301"]``): multi-valued (variable-length) slots: every token
+  of such a slot on the line, any count (0: an empty bag), any order, becomes one id of
+  the example's bag for that slot (the ``jagged`` features, :class:`~psfleet.data.
+  jagged.JaggedRows`). ``"a..b"`` stands for the names ``"a"``, ``"a+1"``, ..., ``"b"``
+  (also in a ``sparse_slots`` list).
 - tokens of undeclared slots are ignored (as PaddleRec's readers do);
   ``value_first: true`` reads ``value:slot`` tokens (the Fleet ``feasign:slot`` order).
+- ``dense_transform``: ``none`` (default), ``log1p`` or ``standardize`` (with
+  ``dense_mean`` / ``dense_std``, one per dense column), :mod:`psfleet.data._dense`.
 
-Keys: sparse column ``c`` (0-based over all sparse slots) with id ``v`` gets
-``((c + 1) << 33) | v`` for ``v < 2**32`` and ``((c + 1) << 33) | (1 << 32) | (1 +
-crc31(str(v)))`` otherwise, the scheme of :mod:`psfleet.data.criteo`, so columns never
-share keys.
+PaddleRec's ``slot_dnn`` feasign demo (``feasign:slot``, slot 1 the label)::
+
+    slots: {label_slot: "1", value_first: true, dense_slots: {}, sparse_slots: [],
+            multi_slots: ["2..301"]}
+
+Keys: sparse column ``c`` (0-based over all sparse columns, then the multi-valued slots
+after them: the position in ``schema.features``) with id ``v`` gets ``((c + 1) << 33) |
+v`` for ``v < 2**32`` and ``((c + 1) << 33) | (1 << 32) | (1 + crc31(str(v)))``
+otherwise (the id's text, as on the line), the scheme of :mod:`psfleet.data.criteo`,
+so features never share keys.
 
 Malformed lines (no or a non-0/1 label, a non-numeric value, more values than a slot
 declares, a token without ``:``) are counted and skipped with a rate-limited warning
 naming ``file:line``; ``strict`` raises :class:`~psfleet.errors.DataError`.
 
-Speed: the lines of a chunk that have the token layout of its first well-formed line
-(the usual case: every line lists the same slots in the same order) are parsed
-column-wise by :mod:`psfleet.data._slot_fast`; the other lines one by one by
+Speed: without multi-valued slots, the lines of a chunk that have the token layout of
+its first well-formed line (the usual case: every line lists the same slots in the same
+order) are parsed column-wise by :mod:`psfleet.data._slot_fast`; with multi-valued
+slots, every line is parsed by whole-chunk numpy operations whatever its layout
+(:mod:`psfleet.data._slot_variable`). Lines neither path takes are parsed one by one by
 :meth:`SlotParser._parse_line`, the reference. The result is the same either way.
 """
 
@@ -38,22 +53,49 @@ import logging
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from psfleet.data._dense import DenseTransform, check_dense_transform, transform_dense
 from psfleet.data._fields import NOT_HEX_BIT, generic_low_bits
 from psfleet.data._slot_fast import TokenLayout, parse_layout
+from psfleet.data._slot_variable import SlotLayout, VariableRows, parse_variable
+from psfleet.data._tokens import bags_to_rows
 from psfleet.data.criteo import slot_prefixes
+from psfleet.data.jagged import JaggedRows
 from psfleet.data.malformed import RateLimitedWarner
 from psfleet.data.parsers import Parser, register_parser
 from psfleet.data.types import FeatureSchema, ParsedChunk, RawChunk
 from psfleet.errors import ConfigError, DataError
 
-__all__ = ["SlotFormatConfig", "SlotParser"]
+__all__ = ["SlotFormatConfig", "SlotParser", "expand_slot_names"]
 
 logger = logging.getLogger(__name__)
 _warner = RateLimitedWarner(log=logger)
 _MAX_ID = 1 << 32
 _LAYOUT_PROBE_LINES = 16  # lines searched for a well-formed one to take the layout from
+_MAX_RANGE = 100_000  # names one "a..b" item may stand for
+
+
+def expand_slot_names(names: list[str]) -> list[str]:
+    """``names`` with every ``"a..b"`` item (integers ``a <= b``) replaced by the names
+    ``"a"``, ``"a+1"``, ..., ``"b"``.
+
+    Raises:
+        ValueError: a range item that is not two integers ``a <= b`` (at most 100,000
+            names).
+    """
+    out: list[str] = []
+    for name in names:
+        low, dots, high = name.partition("..")
+        if not dots:
+            out.append(name)
+            continue
+        if not (low.isdigit() and high.isdigit() and int(low) <= int(high)
+                and int(high) - int(low) < _MAX_RANGE):
+            raise ValueError(f"{name!r} is not a range 'a..b' of integers a <= b")
+        out.extend(str(i) for i in range(int(low), int(high) + 1))
+    return out
 
 
 class SlotFormatConfig(BaseModel):
@@ -66,7 +108,11 @@ class SlotFormatConfig(BaseModel):
     dense_slots: dict[str, int] = Field(default_factory=lambda: {"dense_feature": 13})
     sparse_slots: list[str] | dict[str, int] = Field(
         default_factory=lambda: [str(i) for i in range(1, 27)])
+    multi_slots: list[str] = []
     value_first: bool = False
+    dense_transform: DenseTransform = "none"
+    dense_mean: list[float] | None = None
+    dense_std: list[float] | None = None
 
     @field_validator("dense_slots")
     @classmethod
@@ -78,12 +124,31 @@ class SlotFormatConfig(BaseModel):
     @field_validator("sparse_slots")
     @classmethod
     def _sparse_widths(cls, slots: list[str] | dict[str, int]) -> list[str] | dict[str, int]:
+        if isinstance(slots, list):
+            slots = expand_slot_names(slots)
         widths = slots.values() if isinstance(slots, dict) else [1] * len(slots)
-        if not slots or any(w < 1 for w in widths):
-            raise ValueError("declare at least one sparse slot, each of width >= 1")
+        if any(w < 1 for w in widths):
+            raise ValueError("every sparse slot needs a width >= 1")
         if isinstance(slots, list) and len(set(slots)) != len(slots):
             raise ValueError("sparse slot names must be distinct")
         return slots
+
+    @field_validator("multi_slots")
+    @classmethod
+    def _multi_names(cls, slots: list[str]) -> list[str]:
+        slots = expand_slot_names(slots)
+        if len(set(slots)) != len(slots):
+            raise ValueError("multi-valued slot names must be distinct")
+        return slots
+
+    @model_validator(mode="after")
+    def _some_sparse_and_stats(self) -> SlotFormatConfig:
+        if not self.sparse_slots and not self.multi_slots:
+            raise ValueError("sparse_slots / multi_slots: declare at least one sparse or "
+                             "multi-valued slot")
+        check_dense_transform(self.dense_transform, self.dense_mean, self.dense_std,
+                              sum(self.dense_slots.values()))
+        return self
 
     def sparse_widths(self) -> dict[str, int]:
         """Sparse slot name -> width, in declaration order."""
@@ -109,14 +174,22 @@ class SlotParser:
         self.config = config or SlotFormatConfig()
         self._dense = dict(self.config.dense_slots)
         self._sparse = self.config.sparse_widths()
-        names = [self.config.label_slot, *self._dense, *self._sparse]
+        self._multi = {name: index for index, name in enumerate(self.config.multi_slots)}
+        names = [self.config.label_slot, *self._dense, *self._sparse, *self._multi]
         if len(set(names)) != len(names):
-            raise ConfigError(f"slots: a slot name is declared twice in {names}")
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            raise ConfigError(f"slots: slot names {repeated} are declared twice (label, "
+                              "dense, sparse and multi-valued slots together)")
         self.num_dense = sum(self._dense.values())
         self.num_slots = sum(self._sparse.values())
         self.schema = FeatureSchema(dense=_column_names(self._dense),
-                                    sparse=_column_names(self._sparse))
-        self._prefixes = slot_prefixes(self.num_slots)
+                                    sparse=_column_names(self._sparse),
+                                    multi=tuple(self._multi))
+        all_prefixes = slot_prefixes(self.num_slots + len(self._multi))
+        self._prefixes = all_prefixes[:self.num_slots]
+        self._multi_prefixes = all_prefixes[self.num_slots:]
+        self._variable = SlotLayout.build(self.config.label_slot, self._dense, self._sparse,
+                                          list(self._multi), self.config.value_first)
         self._dense_start = dict(zip(self._dense, np.cumsum([0, *self._dense.values()]),
                                      strict=False))
         self._sparse_start = dict(zip(self._sparse, np.cumsum([0, *self._sparse.values()]),
@@ -126,50 +199,92 @@ class SlotParser:
         """Parse ``chunk``; malformed lines are skipped with a rate-limited warning
         naming ``file:line``, or raise :class:`~psfleet.errors.DataError` if ``strict``.
 
-        Lines with the token layout of the chunk's first well-formed line are parsed
-        column-wise (:mod:`psfleet.data._slot_fast`); the others, and all lines with
-        ``fast=False``, one by one (:meth:`_parse_line`, the reference). Both give the
-        same result for every line.
+        Without multi-valued slots, lines with the token layout of the chunk's first
+        well-formed line are parsed column-wise (:mod:`psfleet.data._slot_fast`); with
+        them, all lines by whole-chunk operations (:mod:`psfleet.data._slot_variable`).
+        The others, and all lines with ``fast=False``, are parsed one by one
+        (:meth:`_parse_line`, the reference). Every path gives the same result.
         """
         if not isinstance(chunk.payload, bytes):
             raise ConfigError(f"{chunk.source}: the slot parser reads text, not Parquet")
-        layout = self._layout(chunk.payload) if fast else None
         lines: list[str] = []
-        if layout is not None:
+        variable: VariableRows | None = None
+        layout = self._layout(chunk.payload) if fast and not self._multi else None
+        if fast and self._multi:
+            variable = parse_variable(chunk.payload, self._variable, self.num_dense,
+                                      self.num_slots)
+            labels, dense, sparse, good = (variable.labels, variable.dense, variable.sparse,
+                                           variable.parsed)
+        elif layout is not None:
             rows = parse_layout(chunk.payload, layout, self.num_dense, self.num_slots)
             labels, dense, sparse, good = rows.labels, rows.dense, rows.sparse, rows.parsed
-            count = len(good)
-            todo = np.flatnonzero(~good).tolist()
         else:
             lines = _split_lines(chunk.payload)
-            count = len(lines)
-            labels = np.zeros(count, dtype=np.float32)
-            dense = np.zeros((count, self.num_dense), dtype=np.float32)
-            sparse = np.zeros((count, self.num_slots), dtype=np.uint64)
-            good = np.zeros(count, dtype=bool)
-            todo = list(range(count))
+            labels = np.zeros(len(lines), dtype=np.float32)
+            dense = np.zeros((len(lines), self.num_dense), dtype=np.float32)
+            sparse = np.zeros((len(lines), self.num_slots), dtype=np.uint64)
+            good = np.zeros(len(lines), dtype=bool)
+        count = len(good)
+        todo = np.flatnonzero(~good).tolist()
         if todo and not lines:
             lines = _split_lines(chunk.payload)
         bad: list[tuple[int, str]] = []
+        bag_rows: list[int] = []
+        bag_features: list[int] = []
+        bag_ids: list[int] = []
         with np.errstate(over="ignore"):  # a float beyond float32's range is stored as inf
             for row in todo:
-                reason = self._parse_line(lines[row], row, labels, dense, sparse)
+                bags: list[list[int]] = [[] for _ in self._multi]
+                reason = self._parse_line(lines[row], row, labels, dense, sparse, bags)
                 if reason is None:
                     good[row] = True
+                    for feature, bag in enumerate(bags):
+                        bag_rows.extend([row] * len(bag))
+                        bag_features.extend([feature] * len(bag))
+                        bag_ids.extend(bag)
                 else:
                     bad.append((chunk.first_line_no + row * chunk.line_step, reason))
-        if bad:
-            if strict:
-                line_no, reason = bad[0]
-                raise DataError(f"{chunk.source}:{line_no}: malformed slot-format line: "
-                                f"{reason}. Fix or remove the line, or set strict: false to "
-                                "skip malformed lines")
-            for line_no, reason in bad:
-                _warner.warn(chunk.source, line_no, reason)
+        self._report(chunk, bad, strict)
         sparse |= self._prefixes
+        if self.config.dense_transform != "none":
+            dense = transform_dense(dense, self.config.dense_transform, self.config.dense_mean,
+                                    self.config.dense_std)
+        jagged = None
+        if self._multi:
+            jagged = self._bags(variable, np.array(bag_rows, dtype=np.int64),
+                                np.array(bag_features, dtype=np.int64),
+                                np.array(bag_ids, dtype=np.uint64), good)
         if bad:
             labels, dense, sparse = labels[good], dense[good], sparse[good]
-        return ParsedChunk(labels, dense, sparse, malformed=len(bad), lines=count)
+        return ParsedChunk(labels, dense, sparse, malformed=len(bad), lines=count,
+                           jagged=jagged)
+
+    @staticmethod
+    def _report(chunk: RawChunk, bad: list[tuple[int, str]], strict: bool) -> None:
+        """Warn about (or, if ``strict``, raise on the first of) the malformed lines."""
+        if not bad:
+            return
+        if strict:
+            line_no, reason = bad[0]
+            raise DataError(f"{chunk.source}:{line_no}: malformed slot-format line: "
+                            f"{reason}. Fix or remove the line, or set strict: false to "
+                            "skip malformed lines")
+        for line_no, reason in bad:
+            _warner.warn(chunk.source, line_no, reason)
+
+    def _bags(self, variable: VariableRows | None, rows: npt.NDArray[np.int64],
+              features: npt.NDArray[np.int64], ids: npt.NDArray[np.uint64],
+              good: npt.NDArray[np.bool_]) -> JaggedRows:
+        """The multi-valued slots of the good lines, example-major: the ids the
+        vectorised path read plus those the reference read (``rows``, ``features``,
+        ``ids``; each line comes from one of them, so a stable sort keeps token order)."""
+        if variable is not None:
+            rows = np.concatenate([variable.multi_row, rows])
+            features = np.concatenate([variable.multi_feature, features])
+            ids = np.concatenate([variable.multi_low, ids])
+        rows_of_good = np.cumsum(good) - 1  # a good line's example index
+        return bags_to_rows(rows_of_good[rows], features, ids | self._multi_prefixes[features],
+                            int(good.sum()), len(self._multi))
 
     def _layout(self, data: bytes) -> TokenLayout | None:
         """The token layout of the first of the chunk's first few lines that is
@@ -215,9 +330,10 @@ class SlotParser:
             sparse_tokens=tuple(sparse), sparse_columns=tuple(sparse.values()))
 
     def _parse_line(self, line: str, row: int, labels: np.ndarray, dense: np.ndarray,
-                    sparse: np.ndarray) -> str | None:
-        """Fill row ``row`` (all zeros before); returns why the line is malformed, or
-        None. The reference for every line."""
+                    sparse: np.ndarray, bags: list[list[int]] | None = None) -> str | None:
+        """Fill row ``row`` (all zeros before) and append the multi-valued slots' ids
+        (low key bits) to ``bags`` (one list per slot); returns why the line is
+        malformed, or None. The reference for every line."""
         label: str | None = None
         dense_used = dict.fromkeys(self._dense, 0)
         sparse_used = dict.fromkeys(self._sparse, 0)
@@ -248,6 +364,14 @@ class SlotParser:
                 low = number if number < _MAX_ID else generic_low_bits(value) | NOT_HEX_BIT
                 sparse[row, self._sparse_start[name] + used] = low
                 sparse_used[name] = used + 1
+            elif name in self._multi:
+                if not (value.isascii() and value.isdigit()):
+                    return (f"multi-valued slot {name!r} id {value!r} is not a non-negative "
+                            "integer")
+                if bags is not None:
+                    number = int(value)
+                    bags[self._multi[name]].append(
+                        number if number < _MAX_ID else generic_low_bits(value) | NOT_HEX_BIT)
         if label is None:
             return f"label slot {self.config.label_slot!r} is missing"
         if label not in ("0", "1"):

@@ -1,0 +1,126 @@
+"""The line-by-line path of the ``csv`` parser (:mod:`psfleet.data.columnar`): fields
+split by Python's :mod:`csv` module (RFC 4180 quoting, as Arrow's reader on the fast
+path), one malformed-line reason per bad line. Used for chunks the fast path rejects,
+so that every bad line is named; gives the same examples as the fast path.
+"""
+
+from __future__ import annotations
+
+import csv
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from psfleet.data._tokens import bags_to_rows
+from psfleet.data.criteo import hash_features
+from psfleet.data.malformed import RateLimitedWarner
+from psfleet.data.types import ParsedChunk, RawChunk
+from psfleet.errors import DataError
+
+if TYPE_CHECKING:
+    from psfleet.data.columnar import ColumnarParser
+
+__all__ = ["parse_lines_slowly", "split_line"]
+
+_UNCLOSED = ("a quoted field is not closed on this line (a line break inside a quoted "
+             "field is not supported: chunks are split at line ends)")
+
+
+def split_line(line: str, delimiter: str) -> tuple[list[str], str | None]:
+    """The fields of one line (without its line end), RFC 4180 quoting with ``"``.
+
+    Returns:
+        (fields, None), or ([], reason) when a quoted field is not closed on the line.
+        A quote inside a field that did not start with one is kept as a character; a
+        quoted field followed by more text is joined with it (as Arrow's reader does).
+    """
+    try:
+        rows = list(csv.reader([line], delimiter=delimiter, quotechar='"',
+                               doublequote=True, strict=True))
+    except csv.Error as exc:
+        if "unexpected end of data" in str(exc):
+            return [], _UNCLOSED
+        rows = list(csv.reader([line], delimiter=delimiter, quotechar='"', doublequote=True))
+    return (rows[0] if rows else []), None
+
+
+def parse_lines_slowly(parser: ColumnarParser, chunk: RawChunk, width: int,
+                       positions: tuple[int, list[int], list[int], list[int]], strict: bool,
+                       warner: RateLimitedWarner) -> ParsedChunk:
+    """Parse a text chunk line by line, naming each malformed line.
+
+    Args:
+        parser: the csv parser (its config, label rule and key prefixes).
+        chunk: the raw chunk (bytes).
+        width: fields per line.
+        positions: (label, dense, sparse, multi) column positions.
+        strict: raise on the first malformed line.
+        warner: where skipped lines are reported.
+
+    Raises:
+        DataError: if ``strict`` and a line is malformed (names ``file:line`` and why).
+    """
+    assert isinstance(chunk.payload, bytes)  # noqa: S101 (only called for text)
+    label, dense, sparse, multi = positions
+    config = parser.config
+    lines = chunk.payload.decode("utf-8", errors="replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    labels: list[float] = []
+    dense_rows: list[list[float]] = []
+    raw: list[str] = []
+    bag_rows: list[int] = []
+    bag_features: list[int] = []
+    bag_raw: list[str] = []
+    bad: list[tuple[int, str]] = []
+    for row, line in enumerate(lines):
+        line_no = chunk.first_line_no + row * chunk.line_step
+        value: float | None = None
+        numbers: list[float] = []
+        fields, problem = split_line(line.rstrip("\r"), config.delimiter)
+        if problem is None and len(fields) != width:
+            problem = f"has {len(fields)} fields, expected {width}"
+        if problem is None:
+            value = parser.labels.one(fields[label])
+            if value is None:
+                problem = (f"label is {fields[label]!r}, expected "
+                           f"{parser.labels.describe()}")
+        if problem is None:
+            try:
+                numbers = [float(fields[c]) if fields[c].strip() else 0.0 for c in dense]
+            except ValueError:
+                problem = "a dense field is not a number: " + repr(
+                    [fields[c] for c in dense])
+        if problem is not None or value is None:
+            bad.append((line_no, problem or "no label"))
+            continue
+        example = len(labels)
+        labels.append(value)
+        dense_rows.append(numbers)
+        raw.extend(fields[c] for c in sparse)
+        for m, column in enumerate(multi):
+            items = [item for item in fields[column].split(config.multi_separator) if item]
+            bag_rows.extend([example] * len(items))
+            bag_features.extend([m] * len(items))
+            bag_raw.extend(items)
+    if bad:
+        if strict:
+            line_no, reason = bad[0]
+            raise DataError(f"{chunk.source}:{line_no}: malformed line: {reason}. Fix or "
+                            "remove the line, or set strict: false to skip it")
+        for line_no, reason in bad:
+            warner.warn(chunk.source, line_no, reason)
+    count = len(labels)
+    keys = (hash_features(raw, len(sparse)) if raw
+            else np.zeros((count, len(sparse)), dtype=np.uint64))
+    jagged = None
+    if multi:
+        low = (hash_features(bag_raw, 1).reshape(-1) & np.uint64((1 << 33) - 1) if bag_raw
+               else np.zeros(0, dtype=np.uint64))
+        features = np.array(bag_features, dtype=np.int64)
+        prefixes = parser.prefixes[len(sparse):]
+        jagged = bags_to_rows(np.array(bag_rows, dtype=np.int64), features,
+                              low | prefixes[features], count, len(multi))
+    dense_array = np.array(dense_rows, dtype=np.float64).reshape(count, len(dense))
+    return parser.finish(np.array(labels, dtype=np.float64), dense_array, keys, jagged,
+                         len(bad), len(lines))
