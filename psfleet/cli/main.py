@@ -4,6 +4,7 @@ Usage::
 
     psfleet train -m CONFIG.yaml [-o section.key=value ...]
     psfleet datagen criteo --rows N --seed S --out FILE [--test_rows M --test_out FILE2]
+    psfleet datagen multihot --rows N --seed S --out FILE.csv [--test_rows M --test_out FILE2]
     psfleet predict -m CONFIG.yaml --model DIR --data FILE [--out SCORES.tsv]
 
 ``train`` reads a PaddleRec-style YAML (see README.md "The YAML runner"). With
@@ -24,7 +25,10 @@ example; CONFIG is the config the model was trained with.
 ``datagen criteo`` writes synthetic raw Criteo TSV from a hidden model with a known
 optimum (:mod:`psfleet.data.synthetic`), prints the optimum AUC and positive rate of
 each file and writes them to ``FILE.json``. ``--test_out`` gets rows of the same
-hidden model from an independent stream.
+hidden model from an independent stream. ``datagen multihot`` does the same for a CSV
+with a header, 4 numeric, 6 single-valued and 3 multi-valued (``|``-joined,
+variable-length) columns, ``label,n1..n4,c1..c6,hist,tags,genres``, whose hidden model
+pools the multi-valued ids by their mean (:mod:`psfleet.data.synthetic_multihot`).
 
 Exit codes: 0 success; 1 the job failed (the first failure is printed with its log);
 2 a bad config, argument or data file (the message names it).
@@ -109,8 +113,11 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _datagen_criteo(args: argparse.Namespace) -> int:
+def _datagen(args: argparse.Namespace) -> int:
     from psfleet.data.synthetic import generate_criteo
+    from psfleet.data.synthetic_multihot import generate_multihot
+
+    generate = generate_multihot if args.generator == "multihot" else generate_criteo
 
     if args.rows < 1:
         raise ConfigError(f"--rows: {args.rows} must be >= 1")
@@ -127,7 +134,7 @@ def _datagen_criteo(args: argparse.Namespace) -> int:
         outputs.append(("--test_out", args.test_out, args.test_rows, "test"))
     for flag, path, rows, split in outputs:
         try:
-            result = generate_criteo(rows, args.seed, path, split=split)
+            result = generate(rows, args.seed, path, split=split)
         except DataError as exc:
             raise DataError(f"{flag}: {exc}") from exc
         print(f"psfleet: wrote {result.rows} {split} rows to {result.path} (seed {result.seed}):"
@@ -147,16 +154,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a config value, e.g. -o cluster.server_num=0")
     datagen = commands.add_parser("datagen", help="write synthetic data sets")
     generators = datagen.add_subparsers(dest="generator", required=True)
-    criteo = generators.add_parser(
-        "criteo", help="raw Criteo TSV from a hidden model with a known optimum AUC")
-    criteo.add_argument("--rows", required=True, type=int, help="rows of --out, >= 1")
-    criteo.add_argument("--seed", required=True, type=int,
-                        help="seed of the hidden model and the rows, >= 0")
-    criteo.add_argument("--out", required=True, type=Path,
-                        help="the TSV to write (metadata in OUT.json)")
-    criteo.add_argument("--test_rows", type=int, help="rows of --test_out, >= 1")
-    criteo.add_argument("--test_out", type=Path,
-                        help="a test TSV: same hidden model, independent rows")
+    for name, kind, text in (
+            ("criteo", "TSV", "raw Criteo TSV from a hidden model with a known optimum AUC"),
+            ("multihot", "CSV", "CSV with multi-valued (|-joined) columns from a hidden "
+                                "model with a known optimum AUC")):
+        generator = generators.add_parser(name, help=text)
+        generator.add_argument("--rows", required=True, type=int, help="rows of --out, >= 1")
+        generator.add_argument("--seed", required=True, type=int,
+                               help="seed of the hidden model and the rows, >= 0")
+        generator.add_argument("--out", required=True, type=Path,
+                               help=f"the {kind} to write (metadata in OUT.json)")
+        generator.add_argument("--test_rows", type=int, help="rows of --test_out, >= 1")
+        generator.add_argument("--test_out", type=Path,
+                               help=f"a test {kind}: same hidden model, independent rows")
     predict = commands.add_parser(
         "predict", help="score a data file with an exported model, no server")
     predict.add_argument("-m", "--config", required=True, type=Path,
@@ -178,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train":
             return _train(args.config, args.override)
         if args.command == "datagen":
-            return _datagen_criteo(args)
+            return _datagen(args)
         if args.command == "predict":
             return _predict(args)
     except (ConfigError, DataError) as exc:
