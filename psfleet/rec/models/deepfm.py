@@ -16,11 +16,11 @@ Architecture (F features, every table of width D)::
 embeddings (the paper's point). A multi-valued feature enters as its pooled vector
 (the table's pooling), i.e. one field of the FM.
 
-Differences from PaddleRec's layer: the dense features enter the first-order term
-through a Linear (PaddleRec: a weight per dense feature, the same thing plus a bias)
-and stay out of the FM and of the embeddings (PaddleRec gives each dense feature an
-embedding scaled by its value); the deep tower's input is the embeddings then the
-dense features, as in ``dnn``.
+Differences from PaddleRec's ``FM`` layer: the dense features enter the first-order
+term through a Linear (a weight per dense feature, as PaddleRec's, plus a bias) and
+stay out of the FM (PaddleRec also gives each dense feature a ``sparse_feature_dim``
+vector scaled by its value, a field of the FM and of the deep input); the deep
+tower's input is the embeddings then the raw dense features, as in ``dnn``.
 
 Every Linear weight starts as Normal(0, 1/sqrt(fan_in)), every bias at 0 (PaddleRec).
 """
