@@ -327,3 +327,25 @@ def test_dnn_over_one_table_equals_the_fixed_width_dnn() -> None:
     assert torch.equal(got, expected)
     with pytest.raises(ConfigError, match="jagged: this dnn reads fixed-width slots only"):
         classic(batch.sparse, batch.dense, multi_hot_batch(batch).jagged)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_schema_without_dense_or_multi_valued_features(name: str) -> None:
+    """Criteo's 26 slots only: no dense input (no dense Linear), jagged None."""
+    batch = next(iter(CriteoReader([DATA_DIR / "dev.csv"], batch_size=16)))
+    schema = FeatureSchema(dense=(), sparse=tuple(f"C{i}" for i in range(1, 27)))
+    torch.manual_seed(0)
+    model = build_model(name, embeddings=FeatureEmbeddings(
+        schema, [EmbeddingTableSpec("slots", 3, schema.sparse)]), num_dense=0, fc_sizes=[8])
+    no_dense = batch.dense[:, :0]
+    with local_fleet(model) as (_, optimizer):
+        logits = model(batch.sparse, no_dense)
+        assert logits.shape == (16,) and torch.isfinite(logits).all()
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        with pytest.raises(ConfigError, match=r"dense: expected shape \[16, 0\]"):
+            model(batch.sparse, batch.dense)
+    first = next(m for m in model.modules() if isinstance(m, nn.Linear))
+    assert first.in_features == 26 * 3

@@ -103,11 +103,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--geo_step", type=int, default=5)
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
 
-    fleet.init(strategy=fleet.DistributedStrategy(mode=args.mode))
+    fleet.init(strategy=fleet.DistributedStrategy(mode=args.mode, geo_step=args.geo_step))
     model = build_model(args.model, embeddings=FeatureEmbeddings(SCHEMA, TABLES),
                         num_dense=len(SCHEMA.dense), fc_sizes=[16, 8])
     optimizer = fleet.distributed_optimizer(
