@@ -5,7 +5,8 @@ One training step = forward of the embeddings, ``backward`` of a fixed linear lo
 their output, and ``optimizer.step()`` (the step's one merged push per table, applied
 with Adam, the DNN's rule, by the in-process tables of a local worker runtime). One
 torch thread. Each figure is the median over ``--repeats`` windows of ``--steps`` steps
-(after ``--warmup`` steps that create the rows), cycling over ``--batches`` batches.
+(after ``--warmup`` steps that create the rows), cycling over ``--batches`` batches;
+``cpu_ms_per_step`` (this process's CPU time) is the steadier figure on a shared machine.
 
 - ``pooled_mixed``: one FeatureEmbeddings table (``mean`` pooling) of
   ``--single`` single-valued features and ``--multi`` multi-valued ones whose lengths
@@ -26,6 +27,7 @@ Prints one JSON line per configuration (see ``common.py``)::
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 
@@ -107,21 +109,24 @@ def measure(name: str, forward: Callable[[Batch], torch.Tensor], module: torch.n
 
         for i in range(args.warmup):
             step(i)
-        seconds = []
+        seconds, cpu_seconds = [], []
         steps = args.steps
         for _ in range(args.repeats):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             for i in range(steps):
                 step(i)
             seconds.append((time.perf_counter() - start) / steps)
+            cpu_seconds.append((time.process_time() - cpu_start) / steps)
         examples = int(batches[0][0].shape[0])
         emit({"bench": "pooled_embedding", "config": name, "batch": examples,
               "ids_per_batch": ids_per_batch, "ms_per_step": summarise(
                   [s * 1e3 for s in seconds]),
               "examples_per_s": summarise([examples / s for s in seconds]),
-              "ids_per_s": summarise([ids_per_batch / s for s in seconds])})
-        log(f"{name}: {examples / sorted(seconds)[len(seconds) // 2]:,.0f} examples/s, "
-            f"{ids_per_batch / sorted(seconds)[len(seconds) // 2]:,.0f} ids/s")
+              "ids_per_s": summarise([ids_per_batch / s for s in seconds]),
+              "cpu_ms_per_step": summarise([s * 1e3 for s in cpu_seconds])})
+        wall, cpu = statistics.median(seconds), statistics.median(cpu_seconds)
+        log(f"{name}: {examples / wall:,.0f} examples/s, {ids_per_batch / wall:,.0f} ids/s "
+            f"({wall * 1e3:.1f} ms/step, {cpu * 1e3:.1f} ms CPU)")
     finally:
         runtime.stop()
 
