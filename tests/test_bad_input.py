@@ -163,18 +163,27 @@ def test_compressed_data_file_exits_2_before_any_process(
     assert_no_processes_mentioning(str(tmp_path))
 
 
-def test_training_on_nothing_fails(run_cli: RunCli, config: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fraction", [None, 1.0])
+def test_training_on_nothing_fails(run_cli: RunCli, config: Path, tmp_path: Path,
+                                   fraction: float | None) -> None:
     # Every line malformed (comma-separated, not Criteo TSV): no example is trained, so
-    # the run must not report success (it used to print a test AUC and exit 0).
+    # the run must not report success (it used to print a test AUC and exit 0). By
+    # default the malformed fraction stops it; with every line allowed to be malformed,
+    # the count of trained examples does.
     data = tmp_path / "commas.csv"
     data.write_text("".join(f"{i % 2},{i},{i * 3},abc\n" for i in range(40)))
     out = tmp_path / "out"
+    extra = [] if fraction is None else ["-o", f"runner.max_malformed_fraction={fraction}"]
 
-    r = run_cli(_local(config, out, data), timeout=60)
+    r = run_cli([*_local(config, out, data), *extra], timeout=60)
 
     assert r.returncode != 0, r.stderr[-3000:]
-    assert "skipped 40 malformed lines of 40" in r.stderr
-    assert "trained on 0 examples" in r.stderr and "runner.parser" in r.stderr
+    if fraction is None:
+        assert "40 of 40 lines" in r.stderr and "runner.max_malformed_fraction" in r.stderr
+        assert "commas.csv:1" in r.stderr  # the first bad line
+    else:
+        assert "skipped 40 malformed lines of 40" in r.stderr
+        assert "trained on 0 examples" in r.stderr and "runner.parser" in r.stderr
     assert not (out / "metrics.json").exists()
     assert_no_processes_mentioning(str(tmp_path))
 

@@ -34,13 +34,17 @@ from pydantic import (
 
 from psfleet.checkpoint import CheckpointConfig
 from psfleet.data.columnar import ColumnsConfig
+from psfleet.data.parsers import make_parser
 from psfleet.data.slot_format import SlotFormatConfig
+from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
+from psfleet.nn.types import Pooling
 from psfleet.ps.types import Initializer, OptimizerClass
 from psfleet.types import Mode
 
-__all__ = ["RunnerConfig", "OptimizerConfig", "HyperParameters", "ClusterConfig",
-           "TrainConfig", "load_config", "check_equal_steps_reader"]
+__all__ = ["RunnerConfig", "OptimizerConfig", "TableConfig", "HyperParameters",
+           "ClusterConfig", "TrainConfig", "load_config", "check_equal_steps_reader",
+           "check_tables", "parser_options", "parser_schema"]
 
 
 class _Section(BaseModel):
@@ -86,7 +90,10 @@ class RunnerConfig(_Section):
             shared file system).
         dataset_debug: log reader timing (parse time, queue wait, lines/s) per pass.
         strict: stop at the first malformed line instead of skipping it.
-        model: registered model name (``dnn``).
+        max_malformed_fraction: the job fails (naming the counts and the first bad
+            line) when more than this fraction of a worker's lines in a pass were
+            malformed; below it they are skipped with warnings.
+        model: registered model name: ``dnn``, ``wide_deep``, ``deepfm``, ``dcn_v2``.
         seed: seed of dense initialisation and shuffling.
         shuffle: shuffle each worker's examples every epoch.
         checkpoint: ``{checkpoint_dir, max_num_checkpoints, epoch_interval,
@@ -120,6 +127,7 @@ class RunnerConfig(_Section):
     exchange_dir: Path | None = None
     dataset_debug: bool = False
     strict: bool = False
+    max_malformed_fraction: float = Field(0.01, ge=0, le=1)
     model: str = "dnn"
     seed: int = Field(0, ge=0)
     shuffle: bool = True
@@ -189,14 +197,65 @@ class OptimizerConfig(_Section):
     learning_rate: float = Field(0.001, gt=0)
 
 
+class TableConfig(_Section):
+    """One entry of ``hyper_parameters.tables``: a sparse table and the features whose
+    ids it holds.
+
+    Attributes:
+        name: the table's name (distinct; its checkpoint and export files carry it).
+        features: feature names of the parser's schema (``runner.columns`` /
+            ``runner.slots`` names; Criteo: ``C1`` .. ``C26``). Every feature must be
+            in exactly one table.
+        dim: floats per row (default ``hyper_parameters.sparse_feature_dim``).
+        pooling: how a multi-valued feature's rows become one: ``sum``, ``mean`` or
+            ``sqrtn`` (``torch.nn.EmbeddingBag`` semantics; single-valued features are
+            unaffected).
+        optimizer: the rule the servers apply to this table's rows (default
+            ``hyper_parameters.optimizer``).
+        initializer, init_range: initial rows (default the
+            ``embedding_initializer`` / ``embedding_init_range`` keys).
+        shared_ids: the same id in two of the table's features is one row (e.g. a
+            target item and the items of a history); by default each feature's ids
+            are its own.
+    """
+
+    name: str = Field(min_length=1)
+    features: list[str] = Field(min_length=1)
+    dim: int | None = Field(None, ge=1)
+    pooling: Pooling = "sum"
+    optimizer: OptimizerConfig | None = None
+    initializer: Initializer | None = None
+    init_range: float | None = Field(None, ge=0)
+    shared_ids: bool = False
+
+
 class HyperParameters(_Section):
-    """``hyper_parameters``: model shape and optimizer (PaddleRec's rank/dnn names)."""
+    """``hyper_parameters``: model shape and optimizer (PaddleRec's rank/dnn names).
+
+    ``tables`` (optional) splits the sparse features over several tables; without it
+    one table named ``embedding`` holds every feature. ``cross_layers`` is dcn_v2's
+    number of cross layers.
+    """
 
     optimizer: OptimizerConfig = OptimizerConfig()
     sparse_feature_dim: int = Field(9, ge=1)
     fc_sizes: list[int] = [512, 256, 128, 32]
     embedding_initializer: Initializer = "uniform"
     embedding_init_range: float = Field(0.01, ge=0)
+    tables: list[TableConfig] | None = None
+    cross_layers: int = Field(3, ge=1, le=16)
+
+    @field_validator("tables")
+    @classmethod
+    def _distinct_tables(cls, tables: list[TableConfig] | None) -> list[TableConfig] | None:
+        if tables is not None:
+            if not tables:
+                raise ValueError("list at least one table, or remove the key")
+            names = [t.name for t in tables]
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"table names {dupes} are used more than once")
+        return tables
 
     @field_validator("fc_sizes")
     @classmethod
@@ -241,7 +300,69 @@ class TrainConfig(_Section):
                               "set cluster.server_num >= 1 (or worker_num: 1 to train alone, "
                               "or runner.sync_mode: collective)")
         check_equal_steps_reader(self.runner, cluster.worker_num, self.runner.needs_equal_steps)
+        schema = parser_schema(self.runner)
+        check_tables(self.hyper_parameters.tables, schema, self.runner.parser)
+        if self.runner.inference_model_path is not None and schema.multi:
+            raise ConfigError(
+                "runner.inference_model_path: exporting a model over multi-valued features "
+                f"({_listing(schema.multi)}) is not supported in this release; remove the "
+                "key (checkpoints keep the trained tables) or train on single-valued ones")
         return self
+
+
+def parser_options(runner: RunnerConfig) -> object:
+    """The options of the configured parser (``slots``, ``columns``), or None."""
+    if runner.parser == "slot":
+        return runner.slots  # None: PaddleRec's rank/dnn Criteo slots
+    if runner.parser in ("csv", "parquet"):
+        return runner.columns
+    return None
+
+
+def parser_schema(runner: RunnerConfig) -> FeatureSchema:
+    """The features the configured parser yields, by name (no file is read).
+
+    Raises:
+        ConfigError: the parser rejects its options (names the key).
+    """
+    return make_parser(runner.parser, parser_options(runner)).schema
+
+
+def check_tables(tables: Sequence[TableConfig] | None, schema: FeatureSchema,
+                 parser: str) -> None:
+    """Every feature of ``schema`` is in exactly one of ``tables`` and every feature a
+    table names exists.
+
+    Raises:
+        ConfigError: names the table and the feature at fault, and lists the features.
+    """
+    if tables is None:
+        return
+    features = schema.features
+    owner: dict[str, str] = {}
+    for i, table in enumerate(tables):
+        for feature in table.features:
+            where = f"hyper_parameters.tables[{i}] ({table.name!r}).features"
+            if feature not in features:
+                close = difflib.get_close_matches(feature, features, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ConfigError(f"{where}: {feature!r} is not a feature of the data "
+                                  f"(runner.parser: {parser}); {hint}the features are "
+                                  f"{_listing(features)}")
+            if feature in owner:
+                raise ConfigError(f"{where}: {feature!r} is already in table "
+                                  f"{owner[feature]!r}; a feature belongs to one table")
+            owner[feature] = table.name
+    missing = [f for f in features if f not in owner]
+    if missing:
+        raise ConfigError(f"hyper_parameters.tables: the features {_listing(missing)} are in "
+                          "no table; add them to a table's features (every sparse feature "
+                          "needs one)")
+
+
+def _listing(names: Sequence[str], most: int = 30) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > most else "")
 
 
 def _unknown_key(loc: tuple[int | str, ...]) -> str:

@@ -24,12 +24,11 @@ from psfleet.data import Batch, list_data_files
 from psfleet.errors import ConfigError, DataError
 from psfleet.export import InferenceManifest, load_inference_model
 from psfleet.metrics import auc, log_loss
-from psfleet.rec.config import TrainConfig
+from psfleet.rec.config import TrainConfig, parser_schema
+from psfleet.rec.features import DEFAULT_TABLE, model_inputs, table_specs
 from psfleet.rec.readers import build_test_reader
 
 __all__ = ["export_trained_model", "predict", "check_compatible"]
-
-_EMBEDDING = "embedding"  # the runner's one SparseEmbedding
 
 
 def export_trained_model(config: TrainConfig, model: nn.Module, metrics: dict[str, Any],
@@ -69,12 +68,15 @@ def check_compatible(manifest: InferenceManifest, config: TrainConfig, model_dir
     if exported is not None and exported != config.runner.model:
         raise ConfigError(f"{where}: model {exported!r}, but the config's runner.model is "
                           f"{config.runner.model!r}; pass the config the model was trained with")
-    dim = config.hyper_parameters.sparse_feature_dim
+    dims = {spec.name: spec.dim for spec in table_specs(
+        config.hyper_parameters, parser_schema(config.runner))}
     for table in manifest.sparse_tables:
-        if table.name == _EMBEDDING and table.dim != dim:
-            raise ConfigError(f"{where}: table {table.name!r} has dim {table.dim}, but the "
-                              f"config's hyper_parameters.sparse_feature_dim is {dim}; pass the "
-                              "config the model was trained with")
+        dim = dims.get(table.name)
+        if dim is not None and table.dim != dim:
+            key = ("hyper_parameters.sparse_feature_dim" if table.name == DEFAULT_TABLE
+                   else f"the dim of hyper_parameters.tables {table.name!r}")
+            raise ConfigError(f"{where}: table {table.name!r} has dim {table.dim}, but "
+                              f"{key} is {dim}; pass the config the model was trained with")
 
 
 def _write_scores(out: Path, labels: np.ndarray, probs: np.ndarray) -> None:
@@ -120,7 +122,7 @@ def predict(config: TrainConfig, model_dir: str, data: Path,
     labels, probs = [], []
     for batch in reader:
         try:
-            logits = model(batch.sparse, batch.dense)
+            logits = model(*model_inputs(batch))
         except ConfigError as exc:
             raise DataError(f"--data {str(data)!r} does not fit the model in {model_dir}: "
                             f"{exc}") from None

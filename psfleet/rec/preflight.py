@@ -12,7 +12,9 @@ cheaply, by each process of the job):
   decompresses it;
 - with ``runner.split_file_list: False`` there are at least ``cluster.worker_num``
   training files (each worker reads whole files);
-- ``runner.model`` is a registered model.
+- the first lines of every data file parse with the configured parser (a column
+  the config names that the file's header lacks is a ConfigError naming it);
+- ``runner.model`` is a registered model and builds over the declared tables.
 
 Each failure is a :class:`~psfleet.errors.DataError` or
 :class:`~psfleet.errors.ConfigError` naming the field, the file and what to do.
@@ -22,10 +24,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from psfleet.data import list_data_files
+import pyarrow as pa
+
+from psfleet.data import Parser, RawChunk, list_data_files, make_parser
 from psfleet.data.split import plan_share
 from psfleet.errors import ConfigError, DataError
-from psfleet.rec.config import TrainConfig
+from psfleet.rec.config import TrainConfig, parser_options
+from psfleet.rec.features import build_runner_model
 
 __all__ = ["check_before_start", "check_data_files"]
 
@@ -110,7 +115,8 @@ def check_before_start(config: TrainConfig) -> None:
     runner = config.runner
     train_files = check_data_files("runner.train_data_dir", runner.train_data_dir,
                                    runner.pipe_command)
-    check_data_files("runner.test_data_dir", runner.test_data_dir, runner.pipe_command)
+    test_files = check_data_files("runner.test_data_dir", runner.test_data_dir,
+                                  runner.pipe_command)
     if not runner.split_file_list:
         try:
             plan_share(train_files, 0, config.cluster.worker_num, split_file_list=False)
@@ -120,3 +126,34 @@ def check_before_start(config: TrainConfig) -> None:
     if runner.model not in list_models():
         raise ConfigError(f"runner.model: {runner.model!r} is not one of "
                           f"{', '.join(list_models()) or '(none)'}")
+    if runner.pipe_command is None:
+        parser = make_parser(runner.parser, parser_options(runner))
+        for field, files in (("runner.train_data_dir", train_files),
+                             ("runner.test_data_dir", test_files)):
+            for file in files:
+                _check_first_lines(parser, field, file)
+    build_runner_model(config)  # a model that rejects the tables names the key
+
+
+def _check_first_lines(parser: Parser, field: str, file: Path) -> None:
+    """Parse the header and first data line of ``file`` (the first row of Parquet),
+    so that a column the config names but the file lacks fails now.
+
+    Raises:
+        ConfigError: the parser rejects the file's columns (names the column, the
+            field and the file).
+    """
+    if parser.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        payload: bytes | pa.Table = pq.ParquetFile(file).read_row_group(0).slice(0, 1)
+        header = None
+    else:
+        with file.open("rb") as f:
+            header = f.readline().rstrip(b"\r\n") if parser.header else None
+            payload = f.readline()
+    try:
+        parser.parse(RawChunk(str(file), 2 if header is not None else 1, 1, 1, 1, payload,
+                              header), strict=False)
+    except ConfigError as exc:
+        raise ConfigError(f"{field}: {exc}") from None

@@ -43,7 +43,12 @@ from psfleet.data import (
 )
 from psfleet.errors import ConfigError
 from psfleet.fleet.server_wait import server_wait_timeout_s
-from psfleet.rec.config import RunnerConfig, TrainConfig, check_equal_steps_reader
+from psfleet.rec.config import (
+    RunnerConfig,
+    TrainConfig,
+    check_equal_steps_reader,
+    parser_options,
+)
 
 __all__ = ["build_test_reader", "build_train_reader", "data_files"]
 
@@ -58,19 +63,11 @@ def data_files(paths: Path | Sequence[Path]) -> list[Path]:
     return [f for p in items for f in list_data_files(p)]
 
 
-def _parser_options(runner: RunnerConfig) -> object:
-    """The parser's options (RunnerConfig checked the parser / slots / columns pairs)."""
-    if runner.parser == "slot":
-        return runner.slots  # None: PaddleRec's rank/dnn Criteo slots
-    if runner.parser in ("csv", "parquet"):
-        return runner.columns
-    return None
-
-
 def _dataset_kwargs(runner: RunnerConfig, worker_index: int, worker_num: int) -> dict[str, Any]:
     return {"worker_index": worker_index, "worker_num": worker_num,
             "split_file_list": runner.split_file_list, "pipe_command": runner.pipe_command,
             "thread_num": runner.reader_thread_num, "strict": runner.strict,
+            "max_malformed_fraction": runner.max_malformed_fraction,
             "debug": runner.dataset_debug, "pipe_cwd": runner.pipe_cwd}
 
 
@@ -138,7 +135,7 @@ def build_train_reader(config: TrainConfig, worker_index: int, worker_num: int, 
         equal_steps = runner.needs_equal_steps
     # Checked on load with cluster.worker_num; again with the job's real worker count.
     check_equal_steps_reader(runner, worker_num, equal_steps)
-    options = _parser_options(runner)
+    options = parser_options(runner)
     kwargs = _dataset_kwargs(runner, worker_index, worker_num)
     files = data_files(runner.train_data_dir)
     sync = equal_steps and worker_num > 1
@@ -191,7 +188,7 @@ def build_test_reader(config: TrainConfig) -> Reader | None:
         return None
     kwargs = _dataset_kwargs(runner, 0, 1)
     kwargs["split_file_list"] = True
-    memory = InMemoryDataset(TEST_BATCH_SIZE, runner.parser, _parser_options(runner),
+    memory = InMemoryDataset(TEST_BATCH_SIZE, runner.parser, parser_options(runner),
                              **kwargs)
     memory.set_filelist(data_files(runner.test_data_dir))
     memory.load_into_memory()

@@ -28,10 +28,10 @@ from psfleet.errors import DataError
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy
 from psfleet.fleet.persistence import restart_num
 from psfleet.metrics import StreamingAuc, auc, log_loss
-from psfleet.nn import Prefetch, SparseEmbedding, use_prefetched
+from psfleet.nn import FeatureEmbeddings, Prefetch, SparseEmbedding, use_prefetched
 from psfleet.ps.types import OPTIMIZER_CLASSES
 from psfleet.rec.config import TrainConfig
-from psfleet.rec.models import build_model
+from psfleet.rec.features import build_runner_model, model_inputs, prefetchers
 from psfleet.rec.predict import export_trained_model
 from psfleet.rec.readers import build_test_reader, build_train_reader
 
@@ -54,13 +54,25 @@ def evaluate(model: nn.Module, reader: Reader) -> dict[str, float]:
     with torch.no_grad():
         for batch in reader:
             labels.append(batch.labels.numpy())
-            probs.append(torch.sigmoid(model(batch.sparse, batch.dense)).numpy())
+            probs.append(torch.sigmoid(model(*model_inputs(batch))).numpy())
     model.train()
     y, p = np.concatenate(labels), np.concatenate(probs)
     return {"auc": auc(y, p), "logloss": log_loss(y, p), "examples": int(y.size)}
 
 
-def _with_prefetch(reader: Reader, embeddings: list[SparseEmbedding]
+def _prefetch(modules: list[FeatureEmbeddings | SparseEmbedding],
+              batch: Batch) -> list[Prefetch | None]:
+    """Start pulling ``batch``'s rows in every module that pulls (async mode only)."""
+    handles: list[Prefetch | None] = []
+    for module in modules:
+        if isinstance(module, FeatureEmbeddings):
+            handles.extend(module.prefetch(batch.sparse, batch.jagged))
+        else:
+            handles.append(module.prefetch(batch.sparse))
+    return handles
+
+
+def _with_prefetch(reader: Reader, modules: list[FeatureEmbeddings | SparseEmbedding]
                    ) -> Iterator[tuple[Batch, list[Prefetch | None]]]:
     """Yield each batch with its prefetch handles, starting the next batch's row pulls
     before yielding one.
@@ -74,8 +86,7 @@ def _with_prefetch(reader: Reader, embeddings: list[SparseEmbedding]
     handles: list[Prefetch | None] = []
     while current is not None:
         upcoming = next(batches, None)
-        coming = ([e.prefetch(upcoming.sparse) for e in embeddings]
-                  if upcoming is not None else [])
+        coming = _prefetch(modules, upcoming) if upcoming is not None else []
         yield current, handles
         current, handles = upcoming, coming
 
@@ -94,10 +105,10 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Read
     bar = tqdm(total=reader.num_batches, initial=start_batch,
                desc=f"epoch {epoch + 1}/{config.runner.epochs}",
                disable=not show, mininterval=0.5, unit="batch", dynamic_ncols=True)
-    embeddings = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
-    for step, (batch, prefetched) in enumerate(_with_prefetch(reader, embeddings)):
+    modules = list(prefetchers(model))
+    for step, (batch, prefetched) in enumerate(_with_prefetch(reader, modules)):
         with use_prefetched(prefetched):
-            logits = model(batch.sparse, batch.dense)
+            logits = model(*model_inputs(batch))
         loss = loss_fn(logits, batch.labels)
         optimizer.zero_grad()
         loss.backward()
@@ -232,11 +243,7 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         mode=runner.sync_mode, geo_step=runner.geo_step,
         server_wait_timeout_s=config.cluster.server_wait_timeout_s,  # None: the env's
         collective_backend="gloo" if runner.sync_mode == "collective" else "auto"))
-    embedding = SparseEmbedding(hp.sparse_feature_dim, name="embedding",
-                                initializer=hp.embedding_initializer,
-                                initial_range=hp.embedding_init_range)
-    model = build_model(runner.model, embedding=embedding,
-                        embedding_dim=hp.sparse_feature_dim, fc_sizes=hp.fc_sizes)
+    model = build_runner_model(config)
     optimizer = fleet.distributed_optimizer(
         OPTIMIZERS[hp.optimizer.class_](model.parameters(), lr=hp.optimizer.learning_rate))
     checkpoint = runner.checkpoint
