@@ -1,9 +1,10 @@
 """Data layer: the Batch type and Reader protocol, parsers (registered by name: raw
-Criteo TSV, PaddleRec slot format, CSV/TSV/Parquet columns), the streaming
+Criteo TSV, PaddleRec slot format, CSV/TSV/Parquet columns, libSVM/libFFM), the streaming
 QueueDataset, the InMemoryDataset with global shuffle, the torch DataLoader reader,
 the in-memory CriteoReader and the synthetic Criteo generator."""
 
 from psfleet.data import columnar as _columnar  # noqa: F401 (registers csv, parquet)
+from psfleet.data import libsvm as _libsvm  # noqa: F401 (registers libsvm)
 from psfleet.data import slot_format as _slot_format  # noqa: F401 (registers slot)
 from psfleet.data.columnar import ColumnsConfig
 from psfleet.data.criteo import (
@@ -18,6 +19,7 @@ from psfleet.data.criteo import (
 )
 from psfleet.data.exchange import FileBarrier, FileExchange
 from psfleet.data.inmemory_dataset import InMemoryDataset
+from psfleet.data.libsvm import LibsvmConfig
 from psfleet.data.parsers import Parser, make_parser, parser_names, register_parser
 from psfleet.data.queue_dataset import QueueDataset
 from psfleet.data.reader import CriteoReader, list_data_files
@@ -39,6 +41,7 @@ __all__ = [
     "FileBarrier",
     "FileExchange",
     "InMemoryDataset",
+    "LibsvmConfig",
     "ParsedChunk",
     "Parser",
     "QueueDataset",

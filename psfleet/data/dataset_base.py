@@ -25,7 +25,8 @@ class DatasetBase:
     Args:
         batch_size: examples per batch, >= 1.
         parser: a registered parser name or a :class:`~psfleet.data.parsers.Parser`.
-        parser_options: the named parser's options (``SlotFormatConfig``, ``ColumnsConfig``).
+        parser_options: the named parser's options (``SlotFormatConfig``, ``ColumnsConfig``,
+            ``LibsvmConfig``).
         worker_index: this worker, ``0 <= worker_index < worker_num``.
         worker_num: workers sharing the file list.
         split_file_list: False: whole files per worker; True: every worker reads its

@@ -1,5 +1,6 @@
 """Parsers, registered by name: a parser turns a :class:`RawChunk` into a
-:class:`~psfleet.data.criteo.ParsedChunk` (labels, dense, sparse keys).
+:class:`~psfleet.data.types.ParsedChunk` (labels, dense, sparse keys, multi-valued
+``jagged`` keys).
 
 Built in:
 
@@ -9,6 +10,8 @@ Built in:
 - ``csv``: delimited text with named or numbered columns, and ``parquet``: Parquet
   files (:mod:`psfleet.data.columnar`), options
   :class:`~psfleet.data.columnar.ColumnsConfig`.
+- ``libsvm``: libSVM ``label idx:value`` and libFFM ``label field:idx:value`` text
+  (:mod:`psfleet.data.libsvm`), options :class:`~psfleet.data.libsvm.LibsvmConfig`.
 
 Add a format with :func:`register_parser`; :func:`make_parser` with an unknown name
 lists the known ones. Parsers are thread safe (chunks are parsed in parallel).
@@ -85,9 +88,9 @@ def make_parser(name: str, options: Any = None) -> Parser:
     """A parser by registered name.
 
     Args:
-        name: ``criteo``, ``slot``, ``csv``, ``parquet`` or a registered name.
-        options: the parser's options (``SlotFormatConfig``, ``ColumnsConfig``), or
-            None for its defaults.
+        name: ``criteo``, ``slot``, ``csv``, ``parquet``, ``libsvm`` or a registered name.
+        options: the parser's options (``SlotFormatConfig``, ``ColumnsConfig``,
+            ``LibsvmConfig``), or None for its defaults.
 
     Raises:
         ConfigError: unknown name (lists the known ones) or options the parser rejects.
