@@ -1,6 +1,7 @@
 """Oracle: sync mode, 2 workers x batch b over 1 server, equals one process with batch 2b
 for the runner models over several tables with multi-valued features (issue 14,
-Done-when), with Adam (fleetrun + tests/jobs/model_oracle_job.py).
+Done-when), with Adam (fleetrun + tests/jobs/model_oracle_job.py); so does collective
+mode with 2 ranks x b (DDP for the dense layers, the tables replicated on every rank).
 
 The union of the workers' step-j batches is the single process's step-j batch (worker
 k reads lines k, k+2, ...), so the averaged gradient, and after Adam's steps every
@@ -45,12 +46,17 @@ def run_job(name: str, model: str, workers: int | None, batch: int, data: Path,
     the others 2 * STEPS Adagrad steps."""
     out = workdir / f"{name}.npz"
     log_dir = workdir / f"log-{name}"
-    steps, optimizer = (STEPS, ADAM) if mode == "sync" else (2 * STEPS, ADAGRAD)
+    steps, optimizer = ((STEPS, ADAM) if mode in ("sync", "collective")
+                        else (2 * STEPS, ADAGRAD))
     script = [str(JOB), "--model", model, "--data", str(data), "--out", str(out),
               "--batch", str(batch), "--steps", str(steps), "--mode", mode, *optimizer]
     argv: Sequence[str]
     if workers is None:
         argv = [sys.executable, *script]
+    elif mode == "collective":
+        argv = [sys.executable, "-m", "psfleet.launch.main", "--mode", "collective",
+                "--nproc_per_node", str(workers), "--log_dir", str(log_dir), "--stop_grace_s",
+                "5", *script]
     else:
         argv = [sys.executable, "-m", "psfleet.launch.main", "--server_num", "1",
                 "--worker_num", str(workers), "--log_dir", str(log_dir), "--stop_grace_s",
@@ -76,9 +82,11 @@ def runs(data: Path, tmp_path_factory: pytest.TempPathFactory
          ) -> dict[str, dict[str, np.ndarray]]:
     """name -> results of every job of the module (a few at a time)."""
     workdir = tmp_path_factory.mktemp("model_oracle")
-    jobs = [(f"{model}-{kind}", model, workers, batch, "sync")
+    jobs = [(f"{model}-{kind}", model, workers, batch, mode)
             for model in MODELS
-            for kind, workers, batch in (("single", None, 2 * BATCH), ("sync-w2", 2, BATCH))]
+            for kind, workers, batch, mode in (("single", None, 2 * BATCH, "sync"),
+                                               ("sync-w2", 2, BATCH, "sync"),
+                                               ("collective-w2", 2, BATCH, "collective"))]
     jobs += [(f"{model}-{mode}", model, 2, BATCH, mode)
              for model in ASYNC_MODELS for mode in ("async", "geo")]
     with ThreadPoolExecutor(PARALLEL_JOBS) as pool:
@@ -87,10 +95,11 @@ def runs(data: Path, tmp_path_factory: pytest.TempPathFactory
         return {name: future.result() for name, future in futures.items()}
 
 
+@pytest.mark.parametrize("mode", ["sync", "collective"])
 @pytest.mark.parametrize("model", MODELS)
-def test_sync_two_workers_equal_one_process_with_double_batch(
-        runs: dict[str, dict[str, np.ndarray]], model: str) -> None:
-    distributed, single = runs[f"{model}-sync-w2"], runs[f"{model}-single"]
+def test_two_workers_equal_one_process_with_double_batch(
+        runs: dict[str, dict[str, np.ndarray]], model: str, mode: str) -> None:
+    distributed, single = runs[f"{model}-{mode}-w2"], runs[f"{model}-single"]
     assert distributed["dense"].shape == single["dense"].shape
     dense_diff = float(np.abs(distributed["dense"] - single["dense"]).max())
     assert dense_diff <= 1e-5, f"dense parameters differ by {dense_diff}"

@@ -1,8 +1,10 @@
 """The model oracle job: a registered CTR model over several tables, one of them read
 by multi-valued features, trained with the fleet API; final parameters saved.
 
-Run by fleetrun as servers and workers, or alone (no job environment: one worker on
-in-process tables, the single-process reference), like ``oracle_job.py``:
+Run by fleetrun as servers and workers (``--mode sync|async|geo``), as the ranks of a
+collective job (``fleetrun --mode collective ... --mode collective``), or alone (no job
+environment: one worker on in-process tables, the single-process reference), like
+``oracle_job.py``:
 
 - the data: real Criteo rows (``CriteoReader``, worker k of W reads lines k, k+W, ...,
   no shuffling), made multi-valued by :func:`multi_hot_batch`: C1..C13 stay
@@ -96,7 +98,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=["dnn", "wide_deep", "deepfm", "dcn_v2"],
                         required=True)
-    parser.add_argument("--mode", choices=["sync", "async", "geo"], default="sync")
+    parser.add_argument("--mode", choices=["sync", "async", "geo", "collective"],
+                        default="sync")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--batch", type=int, default=32)
@@ -108,7 +111,10 @@ def main() -> int:
     torch.manual_seed(0)
     torch.set_num_threads(1)
 
-    fleet.init(strategy=fleet.DistributedStrategy(mode=args.mode, geo_step=args.geo_step))
+    if args.mode == "collective":  # ranks of a process group, tables replicated
+        fleet.init(is_collective=True)
+    else:
+        fleet.init(strategy=fleet.DistributedStrategy(mode=args.mode, geo_step=args.geo_step))
     model = build_model(args.model, embeddings=FeatureEmbeddings(SCHEMA, TABLES),
                         num_dense=len(SCHEMA.dense), fc_sizes=[16, 8])
     optimizer = fleet.distributed_optimizer(
@@ -118,7 +124,7 @@ def main() -> int:
         fleet.run_server()
         return 0
 
-    model = fleet.distributed_model(model)
+    train_model = fleet.distributed_model(model)  # collective: DDP; else model itself
     index, workers = fleet.worker_index(), fleet.worker_num()
     reader = CriteoReader([args.data], args.batch, index, workers, shuffle_seed=None)
     everything = ([multi_hot_batch(b) for b in CriteoReader([args.data], 1024)]
@@ -138,7 +144,7 @@ def main() -> int:
             batches = iter(reader)
             raw = next(batches)
         batch = multi_hot_batch(raw)
-        loss = loss_fn(model(batch.sparse, batch.dense, batch.jagged), batch.labels)
+        loss = loss_fn(train_model(batch.sparse, batch.dense, batch.jagged), batch.labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
