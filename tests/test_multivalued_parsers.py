@@ -8,12 +8,14 @@ import csv
 import io
 import math
 import random
+import re
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from conftest import CRITEO_DIR, require_shared_data
 from pydantic import ValidationError
 
@@ -128,8 +130,8 @@ def _reference(line: str, config: SlotFormatConfig) -> tuple[float, list[float],
     if not labels or labels[-1] not in ("0", "1"):
         return None
     dense = [float(v) for n, _, v in pairs if n == "dense_feature"]
-    ids = set(config.sparse_widths()) | set(config.multi_slots)
-    if len(dense) > 13 or not all(v.isdigit() for n, _, v in pairs if n in ids):
+    id_slots = set(config.sparse_widths()) | set(config.multi_slots)
+    if len(dense) > 13 or not all(v.isdigit() for n, _, v in pairs if n in id_slots):
         return None
     sparse = []
     for index, name in enumerate(config.sparse_widths()):
@@ -370,7 +372,8 @@ def test_libsvm_and_libffm_from_criteo_rows(tmp_path: Path, fields: bool) -> Non
     assert parsed.jagged is not None and parsed.jagged.weights is not None
     assert parser.schema.weighted and parser.schema.dense == parser.schema.sparse == ()
     features = 39 if fields else 1
-    expected_bags, expected_weights = [], []
+    expected_bags: list[list[list[int]]] = []
+    expected_weights: list[float] = []
     for line in lines:
         row_bags: list[list[int]] = [[] for _ in range(features)]
         row_weights: list[list[float]] = [[] for _ in range(features)]
@@ -427,3 +430,26 @@ def test_too_many_malformed_lines_fail_the_pass_with_the_counts(tmp_path: Path) 
     with pytest.raises(ConfigError, match="max_malformed_fraction"):
         QueueDataset(8, "criteo", max_malformed_fraction=1.5)
     assert math.isclose(QueueDataset(8).max_malformed_fraction, 0.01)
+
+
+def test_the_worked_examples_of_docs_datasets_parse_as_documented() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "datasets.md").read_text()
+    texts = re.findall(r"```text\n(.*?)```", doc, re.S)
+    configs = [yaml.safe_load(block)["runner"] for block in
+               re.findall(r"```yaml\n(.*?)```", doc, re.S)]
+    header, body = texts[0].encode().split(b"\n", 1)
+    columns = ColumnsConfig(**configs[0]["columns"])
+    parsed = make_parser("csv", columns).parse(chunk(body, "doc.csv", header), strict=True)
+    assert parsed.labels.tolist() == [0.0, 1.0, 1.0]
+    assert parsed.sparse[0, 1] == hash_feature(1, 'Toy Story, the "original"')
+    assert parsed.jagged is not None and parsed.jagged.lengths.tolist() == [[2], [0], [2]]
+    np.testing.assert_allclose(parsed.dense[0], [(39 - 38.6) / 13.7, (40 - 40.4) / 12.3],
+                               rtol=1e-6)
+    demo = SlotParser(SlotFormatConfig(**configs[1]["slots"]))
+    assert len(demo.parse(chunk(DEMO.read_bytes()), strict=True)) == 10
+    for text, config in ((texts[1], configs[2]), (texts[2], configs[3])):
+        options = LibsvmConfig(**config["libsvm"]) if "libsvm" in config else None
+        svm = make_parser(config["parser"], options).parse(chunk(text.encode()), strict=True)
+        assert svm.labels.tolist() == [1.0, 0.0] and svm.jagged is not None
+        assert svm.jagged.weights is not None
+        assert svm.jagged.weights.tolist() == [1.0, 0.5, 1.0, 2.5]
