@@ -27,8 +27,10 @@ from psfleet.data import (
     SlotFormatConfig,
     hash_feature,
     make_parser,
+    slot_format,
 )
 from psfleet.data._fields import generic_low_bits
+from psfleet.data._slot_variable import parse_variable
 from psfleet.data.jagged import JaggedRows
 from psfleet.data.libsvm import LibsvmParser
 from psfleet.data.slot_format import SlotParser
@@ -168,6 +170,39 @@ def test_slot_multi_slots_any_order_and_count_equal_a_straightforward_parse() ->
     assert parsed.sparse.tolist() == [e[2] for e in expected]
     assert parsed.jagged is not None and bags(parsed.jagged) == [e[3] for e in expected]
     assert_same(parsed, parser.parse(chunk(data), strict=False, fast=False))
+
+
+def test_slot_lines_of_many_layouts_equal_the_reference_line_parser(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fixed slots only, but most lines in their own token order, with odd values: the
+    # any-layout path takes them (more than a tenth of the chunk), the reference agrees.
+    rng = random.Random(11)
+    odd = ["1e5", "-0", "nan", "inf", "1_0", "+.5", "0x10", "", "99999999999999999999999",
+           "4294967296", "00012", "é"]
+    lines = []
+    for line in SLOT_SAMPLE.read_text().splitlines() * 5:
+        tokens = line.split()
+        if rng.random() < 0.7:
+            rng.shuffle(tokens)
+        if rng.random() < 0.3:
+            at = rng.randrange(len(tokens))
+            name = tokens[at].partition(":")[0]
+            tokens[at] = f"{name}:{rng.choice(odd)}"
+        if rng.random() < 0.1:
+            tokens.append(rng.choice(["dense_feature:1", "7:7", "click:1", "x", "other:3"]))
+        lines.append(rng.choice([" ", "  ", "\t"]).join(tokens))
+    data = ("\n".join(lines) + "\n").encode()
+    parser = SlotParser(SlotFormatConfig())
+    calls = []
+
+    def spy(*args: object) -> object:
+        calls.append(1)
+        return parse_variable(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(slot_format, "parse_variable", spy)
+    fast = parser.parse(chunk(data), strict=False)
+    assert calls and 0 < fast.malformed < len(lines) // 2
+    assert_same(fast, parser.parse(chunk(data), strict=False, fast=False))
 
 
 def test_slot_dense_transforms() -> None:

@@ -42,7 +42,8 @@ naming ``file:line``; ``strict`` raises :class:`~psfleet.errors.DataError`.
 Speed: without multi-valued slots, the lines of a chunk that have the token layout of
 its first well-formed line (the usual case: every line lists the same slots in the same
 order) are parsed column-wise by :mod:`psfleet.data._slot_fast`; with multi-valued
-slots, every line is parsed by whole-chunk numpy operations whatever its layout
+slots (or when more than a tenth of a chunk's lines have other layouts), lines are
+parsed by whole-chunk numpy operations whatever their layout
 (:mod:`psfleet.data._slot_variable`). Lines neither path takes are parsed one by one by
 :meth:`SlotParser._parse_line`, the reference. The result is the same either way.
 """
@@ -75,6 +76,10 @@ _warner = RateLimitedWarner(log=logger)
 _MAX_ID = 1 << 32
 _LAYOUT_PROBE_LINES = 16  # lines searched for a well-formed one to take the layout from
 _MAX_RANGE = 100_000  # names one "a..b" item may stand for
+# Without multi-valued slots, the lines the one-layout path leaves are parsed by the
+# any-layout path when they are more than 1 / _VARIABLE_SHARE of the chunk (a second
+# whole-chunk pass costs about as much as that share parsed line by line).
+_VARIABLE_SHARE = 10
 
 
 def expand_slot_names(names: list[str]) -> list[str]:
@@ -210,14 +215,22 @@ class SlotParser:
         lines: list[str] = []
         variable: VariableRows | None = None
         layout = self._layout(chunk.payload) if fast and not self._multi else None
-        if fast and self._multi:
+        if layout is not None:
+            rows = parse_layout(chunk.payload, layout, self.num_dense, self.num_slots)
+            labels, dense, sparse, good = rows.labels, rows.dense, rows.sparse, rows.parsed
+            if int((~good).sum()) * _VARIABLE_SHARE > len(good):  # many other layouts
+                other = parse_variable(chunk.payload, self._variable, self.num_dense,
+                                       self.num_slots)
+                take = other.parsed & ~good
+                labels[take], dense[take], sparse[take] = (other.labels[take],
+                                                           other.dense[take],
+                                                           other.sparse[take])
+                good |= take
+        elif fast:
             variable = parse_variable(chunk.payload, self._variable, self.num_dense,
                                       self.num_slots)
             labels, dense, sparse, good = (variable.labels, variable.dense, variable.sparse,
                                            variable.parsed)
-        elif layout is not None:
-            rows = parse_layout(chunk.payload, layout, self.num_dense, self.num_slots)
-            labels, dense, sparse, good = rows.labels, rows.dense, rows.sparse, rows.parsed
         else:
             lines = _split_lines(chunk.payload)
             labels = np.zeros(len(lines), dtype=np.float32)
