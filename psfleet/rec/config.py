@@ -396,6 +396,9 @@ def _format(error: ValidationError) -> str:
             lines.append(f"{path}: required")
         elif isinstance(e.get("ctx", {}).get("error"), ConfigError):
             lines.append(str(e["ctx"]["error"]))  # a cross-field rule: names its fields
+        elif e["type"] == "value_error" and isinstance(value, dict):
+            # a section's own rule: its message names the key; the section is not shown
+            lines.append(f"{path}: {e['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"{path}: {value!r}: {e['msg']}")
     return "; ".join(lines)

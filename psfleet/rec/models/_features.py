@@ -11,7 +11,6 @@ from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
 from psfleet.nn.features import FeatureEmbeddings
 from psfleet.nn.types import EmbeddingTableSpec
-from psfleet.rec.models.mlp import paddle_linear
 
 __all__ = ["WIDE_TABLE", "LinearTerm", "check_batch", "check_wide_name", "require_embeddings",
            "resolve_num_dense"]
@@ -82,19 +81,25 @@ class LinearTerm(nn.Module):
 
     ``w`` is a dim-1 table named ``wide`` over every sparse feature of the schema
     (multi-valued features sum-pooled, as one-hot / multi-hot inputs times weights),
-    ``v`` a Linear(num_dense, 1) initialised as PaddleRec's (Normal(0, 1/sqrt(num_dense)),
-    zero bias); without dense features, no Linear and no bias.
+    ``v`` a Linear(num_dense, 1) that starts at zero (weights and bias), as a logistic
+    regression does: its optimum does not depend on the start, and a random start over
+    unnormalised dense features (log1p counts reach ~15) put the first logits at +-5
+    and cost the short runs of a small data set their AUC (0.43 instead of 0.65 on 7,200
+    rows); without dense features, no Linear and no bias.
 
     Args:
         schema: the features (the deep embeddings' schema).
-        generator: random generator of the dense weights (None: torch's global one).
     """
 
-    def __init__(self, schema: FeatureSchema, generator: torch.Generator | None = None) -> None:
+    def __init__(self, schema: FeatureSchema) -> None:
         super().__init__()
         self.wide = FeatureEmbeddings(schema, [EmbeddingTableSpec(
             name=WIDE_TABLE, dim=1, features=schema.features, pooling="sum", rule=None)])
-        self.dense = paddle_linear(len(schema.dense), 1, generator) if schema.dense else None
+        self.dense = nn.Linear(len(schema.dense), 1) if schema.dense else None
+        if self.dense is not None:
+            with torch.no_grad():
+                self.dense.weight.zero_()
+                self.dense.bias.zero_()
 
     def forward(self, sparse: Tensor, dense: Tensor, jagged: KeyedJagged | None) -> Tensor:
         """Tensor[B] float32: the linear term of a checked batch (see :func:`check_batch`)."""

@@ -99,7 +99,7 @@ class DeepFM(nn.Module):
         self.num_slots = len(embeddings.schema.sparse)
         sizes = [embeddings.output_dim + self.num_dense, *check_fc_sizes(fc_sizes), 1]
         self.deep = mlp_tower(sizes, generator)
-        self.first_order = LinearTerm(embeddings.schema, generator)
+        self.first_order = LinearTerm(embeddings.schema)
 
     @property
     def schema(self) -> FeatureSchema:

@@ -76,7 +76,7 @@ class WideDeep(nn.Module):
         self.num_slots = len(embeddings.schema.sparse)
         sizes = [embeddings.output_dim + self.num_dense, *check_fc_sizes(fc_sizes), 1]
         self.deep = mlp_tower(sizes, generator)
-        self.wide = LinearTerm(embeddings.schema, generator)
+        self.wide = LinearTerm(embeddings.schema)
 
     @property
     def schema(self) -> FeatureSchema:
