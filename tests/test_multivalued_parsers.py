@@ -111,6 +111,13 @@ def test_slot_dnn_demo_keeps_every_line_with_every_feasign() -> None:
     assert parsed.jagged.lengths.sum(axis=1).tolist() == [
         sum(1 for t in line.split() if not t.endswith(":1")) for line in lines]
     assert_same(parsed, parser.parse(chunk(DEMO.read_bytes(), str(DEMO)), True, fast=False))
+    # the model config's slot_num 408 (slots 2..409): the same ids, 108 more empty bags
+    wide = SlotParser(DEMO_CONFIG.model_copy(update={"multi_slots": [str(s) for s in
+                                                                     range(2, 410)]}))
+    wide_parsed = wide.parse(chunk(DEMO.read_bytes(), str(DEMO)), strict=True)
+    assert wide_parsed.jagged is not None and len(wide_parsed) == 10
+    np.testing.assert_array_equal(wide_parsed.jagged.values, parsed.jagged.values)
+    assert not wide_parsed.jagged.lengths[:, 300:].any()
     # the batches carry the bags key-major (KeyedJagged), every id once
     assert sum(int(b.jagged.lengths.sum()) for b in batches if b.jagged is not None) == int(
         parsed.jagged.lengths.sum())
