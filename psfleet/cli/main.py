@@ -154,11 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a config value, e.g. -o cluster.server_num=0")
     datagen = commands.add_parser("datagen", help="write synthetic data sets")
     generators = datagen.add_subparsers(dest="generator", required=True)
-    for name, kind, text in (
-            ("criteo", "TSV", "raw Criteo TSV from a hidden model with a known optimum AUC"),
+    for name, kind, text, layout in (
+            ("criteo", "TSV", "raw Criteo TSV from a hidden model with a known optimum AUC",
+             "label, I1..I13, C1..C26 (psfleet.data.synthetic)"),
             ("multihot", "CSV", "CSV with multi-valued (|-joined) columns from a hidden "
-                                "model with a known optimum AUC")):
-        generator = generators.add_parser(name, help=text)
+                                "model with a known optimum AUC",
+             "a header, then label,n1..n4,c1..c6,hist,tags,genres: 4 numeric columns "
+             "(4 decimals), 6 single-valued ids, 3 variable-length bags of ids joined by "
+             "'|' (an empty cell is an empty bag) (psfleet.data.synthetic_multihot)")):
+        generator = generators.add_parser(
+            name, help=text, description=f"{text[0].upper()}{text[1:]}. Columns: {layout}. "
+            "Prints the optimum AUC and positive rate of each file and writes them to "
+            "FILE.json.")
         generator.add_argument("--rows", required=True, type=int, help="rows of --out, >= 1")
         generator.add_argument("--seed", required=True, type=int,
                                help="seed of the hidden model and the rows, >= 0")
