@@ -28,8 +28,9 @@ from torch import Tensor, nn
 
 import psfleet
 from psfleet.errors import ConfigError, FatalError
+from psfleet.export.plan import TowerPlan
 from psfleet.export.storage import ModelDir
-from psfleet.export.tower import export_dense_tower, model_embeddings
+from psfleet.export.tower import export_dense_tower, tower_input_names
 from psfleet.export.types import (
     DENSE_MODEL_FILE,
     FORMAT,
@@ -84,6 +85,18 @@ def _default_examples(model: nn.Module) -> tuple[Tensor, Tensor]:
     return torch.zeros(2, slots, dtype=torch.int64), torch.zeros(2, num_dense)
 
 
+def _manifest_json(manifest: InferenceManifest) -> dict[str, Any]:
+    """The manifest as JSON, without the keys of tables reading the batch's keys only
+    (``features``, ``inputs``: absent, so such a model's file is format 1 as before)."""
+    raw = manifest.model_dump(mode="json")
+    if raw["features"] is None:
+        del raw["features"]
+    for table in raw["sparse_tables"]:
+        if table["inputs"] is None:
+            del table["inputs"]
+    return raw
+
+
 def _stage(target: ModelDir) -> Path:
     local = target.local_path()
     if local is None:
@@ -105,8 +118,9 @@ def save_inference_model(dirname: str | Path, model: nn.Module, client: TableCli
 
     Args:
         dirname: the model directory (local path or fsspec URL).
-        model: maps ``(sparse_ids int64[B, S], dense float32[B, F])`` to logits
-            float32[B] through its SparseEmbeddings.
+        model: maps ``(sparse_ids int64[B, S], dense float32[B, F])`` (and ``jagged``
+            when its FeatureEmbeddings read multi-valued features) to logits float32[B]
+            through its SparseEmbeddings and FeatureEmbeddings (every table exported).
         client: the tables.
         tables: each SparseEmbedding's table id and config, by name.
         example_inputs: one batch of inputs (only shapes past the batch dimension
@@ -124,7 +138,8 @@ def save_inference_model(dirname: str | Path, model: nn.Module, client: TableCli
         OSError: ``dirname`` cannot be written.
     """
     examples = example_inputs if example_inputs is not None else _default_examples(model)
-    embeddings = model_embeddings(model)
+    plan = TowerPlan.of(model)
+    embeddings = plan.embeddings
     missing = [e.name for e in embeddings if e.name not in tables]
     if missing:
         raise FatalError(f"save_inference_model: SparseEmbeddings {missing} have no table; "
@@ -148,11 +163,13 @@ def save_inference_model(dirname: str | Path, model: nn.Module, client: TableCli
     torch.export.save(program, buf)
     target.write_bytes(DENSE_MODEL_FILE, buf.getvalue())
     specs = []
-    for i, (embedding, (config, keys, values)) in enumerate(zip(embeddings, rows, strict=True)):
+    for i, (embedding, inputs, (config, keys, values)) in enumerate(
+            zip(embeddings, plan.inputs, rows, strict=True)):
         spec = SparseTableSpec(
             name=embedding.name, dim=config.dim, rows=int(keys.size),
             keys_file=f"sparse/table-{i}.keys.npy", values_file=f"sparse/table-{i}.values.npy",
-            initializer=config.initializer, initial_range=config.initial_range, seed=config.seed)
+            initializer=config.initializer, initial_range=config.initial_range, seed=config.seed,
+            inputs=inputs)
         target.write_npy(spec.keys_file, keys)
         target.write_npy(spec.values_file, values)
         specs.append(spec)
@@ -161,11 +178,10 @@ def save_inference_model(dirname: str | Path, model: nn.Module, client: TableCli
         format=FORMAT, format_version=FORMAT_VERSION, created_by=f"psfleet {psfleet.__version__}",
         sparse_input=TensorSpec(dtype="int64", shape=[-1, *sparse.shape[1:]]),
         dense_input=TensorSpec(dtype="float32", shape=[-1, int(dense.shape[1])]),
-        dense_model=DenseModelSpec(
-            torch_version=torch.__version__,
-            inputs=["positions", "dense", *(f"rows_{i}" for i in range(len(specs)))]),
-        sparse_tables=specs, metadata=dict(metadata or {}))
-    target.write_json(MANIFEST_FILE, manifest.model_dump(mode="json"))
+        dense_model=DenseModelSpec(torch_version=torch.__version__,
+                                   inputs=tower_input_names(plan)),
+        sparse_tables=specs, features=plan.features, metadata=dict(metadata or {}))
+    target.write_json(MANIFEST_FILE, _manifest_json(manifest))
     logger.info("inference model written to %s: %d sparse tables (%s rows), dense tower %s",
                 dirname, len(specs), ", ".join(str(s.rows) for s in specs), DENSE_MODEL_FILE)
     return manifest
