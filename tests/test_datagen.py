@@ -17,6 +17,7 @@ import numpy.typing as npt
 import pytest
 
 from psfleet.data import generate_criteo, true_probabilities
+from psfleet.data._multihot_format import format_rows
 from psfleet.data.criteo import NUM_DENSE, NUM_SLOTS, ParsedChunk, hash_feature, parse_lines
 from psfleet.data.synthetic import VOCAB_SIZES
 from psfleet.data.synthetic_multihot import CHUNK_ROWS as CHUNK_ROWS_MH
@@ -290,6 +291,18 @@ def test_multihot_columns_and_bag_lengths(multihot_train: Path,
         assert meta["mean_lengths"][name] == pytest.approx(lengths.mean(), abs=1e-12)
         assert meta["empty_rates"][name] == pytest.approx((lengths == 0).mean(), abs=1e-12)
     assert meta["vocab_sizes"] == [c.vocab_sizes[n] for n in c.single + c.multi]
+
+
+def test_multihot_format_rows_writes_exact_bytes() -> None:
+    data = format_rows(
+        labels=np.array([1, 0, 0], dtype=np.int8),
+        numeric_ticks=np.array([[0, 7], [123456, 10000], [99999, 5]]),
+        single=np.array([[0, 42], [100000, 9], [7, 0]]),
+        bag_ids=[np.array([5, 60, 700, 99999]), np.array([1, 2, 3])],
+        bag_lengths=[np.array([0, 3, 1]), np.array([2, 0, 1])])
+    assert data == (b"1,0.0000,0.0007,0,42,,1|2\n"
+                    b"0,12.3456,1.0000,100000,9,5|60|700,\n"
+                    b"0,9.9999,0.0005,7,0,99999,3\n")
 
 
 def _row_logit(model: MultihotModel, got: MultihotFile, row: int) -> float:
