@@ -9,6 +9,7 @@ import io
 import math
 import random
 import re
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from psfleet.data import (
     slot_format,
 )
 from psfleet.data._fields import generic_low_bits
+from psfleet.data._ids import crc32_fields, decimal_low_bits
 from psfleet.data._slot_variable import parse_variable
 from psfleet.data.jagged import JaggedRows
 from psfleet.data.libsvm import LibsvmParser
@@ -83,6 +85,26 @@ def assert_same(a: ParsedChunk, b: ParsedChunk) -> None:
         np.testing.assert_array_equal(a.jagged.lengths, b.jagged.lengths)
         if a.jagged.weights is not None or b.jagged.weights is not None:
             np.testing.assert_array_equal(a.jagged.weights, b.jagged.weights)
+
+
+# -- vectorised id keys --------------------------------------------------------------
+
+
+def test_vectorised_crc32_and_decimal_ids_equal_zlib_and_int() -> None:
+    rng = random.Random(3)
+    values = [b"", b"a", b"18446744073709551615", b"4294967296", b"4294967295",
+              b"0004294967296", b"12x", "é".encode(), b"9" * 20, b"1" * 21]
+    values += [str(rng.randrange(10 ** rng.randrange(1, 21))).encode() for _ in range(3000)]
+    values += [bytes(rng.randrange(256) for _ in range(rng.randrange(40))) for _ in range(500)]
+    data = np.frombuffer(b"".join(values) + bytes(8), dtype=np.uint8)
+    lengths = np.array([len(v) for v in values], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    assert crc32_fields(data, starts, lengths).tolist() == [zlib.crc32(v) for v in values]
+    low, valid = decimal_low_bits(data, starts, lengths)
+    for value, key, ok in zip(values, low.tolist(), valid.tolist(), strict=True):
+        assert ok == (1 <= len(value) <= 20 and value.isdigit())
+        if ok:
+            assert key == slot_key(-1, value.decode())
 
 
 # -- slot parser ---------------------------------------------------------------------

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from psfleet.data._fields import decimal_low_bits
+from psfleet.data._ids import decimal_low_bits
 from psfleet.data._slot_fast import _dense_floats
 from psfleet.data._tokens import NameTable, first_per_group, rank_in_group, split_tokens
 

@@ -56,13 +56,13 @@ from psfleet.data._fields import (
     binary_matrix,
     binary_words,
     generic_low_bits,
-    generic_low_bits_at,
     hex_low_bits,
     hex_word_low_bits,
     int_fields,
     int_word_values,
     word_chars,
 )
+from psfleet.data._ids import generic_low_bits_at
 from psfleet.data.malformed import WARN_INTERVAL_S, RateLimitedWarner
 from psfleet.data.types import ParsedChunk
 from psfleet.errors import ConfigError, DataError

@@ -37,7 +37,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from psfleet.data._fields import decimal_low_bits, generic_low_bits
+from psfleet.data._fields import generic_low_bits
+from psfleet.data._ids import decimal_low_bits
 from psfleet.data._slot_fast import _dense_floats
 from psfleet.data._tokens import ChunkTokens, bags_to_rows, first_per_group, split_tokens
 from psfleet.data.criteo import slot_prefixes
