@@ -453,6 +453,16 @@ def test_libsvm_and_libffm_from_criteo_rows(tmp_path: Path, fields: bool) -> Non
                                   np.array(expected_weights, np.float32))
     assert isinstance(parser, LibsvmParser)
     assert_same(parsed, parser.parse(chunk(path.read_bytes(), str(path)), True, fast=False))
+    # streamed in batches: key-major ids and weights, the same multiset per feature
+    stream = QueueDataset(64, "libsvm", options, thread_num=2)
+    stream.set_filelist([path])
+    batches = list(stream)
+    assert sum(len(b) for b in batches) == 200
+    assert all(b.jagged is not None and b.jagged.weights is not None for b in batches)
+    total = sum(float(b.jagged.weights.sum()) for b in batches if b.jagged is not None
+                and b.jagged.weights is not None)
+    assert math.isclose(total, float(parsed.jagged.weights.astype(np.float64).sum()),
+                        rel_tol=1e-6)
 
 
 def test_libsvm_malformed_lines_are_named() -> None:
