@@ -192,11 +192,11 @@ class InferenceModel(nn.Module):
             raise ConfigError(f"jagged: stride {jagged.stride} differs from the batch size "
                               f"{batch}")
         if (jagged.weights is not None) != features.weighted:
-            have, want = (("weights", "none")
-                          if jagged.weights is not None else ("no weights", "weights"))
-            raise ConfigError(f"jagged: the multi-valued features {multi} have {have}, the "
-                              f"model was exported for {want} per id (FeatureSchema.weighted "
-                              f"{features.weighted})")
+            have = "have" if jagged.weights is not None else "have no"
+            want = "with" if features.weighted else "without"
+            raise ConfigError(f"jagged: the multi-valued features {multi} {have} weights per "
+                              f"id, but the model was exported for data {want} them "
+                              f"(FeatureSchema.weighted {features.weighted})")
 
 
 def load_inference_model(dirname: str | Path) -> InferenceModel:

@@ -60,23 +60,39 @@ def check_compatible(manifest: InferenceManifest, config: TrainConfig, model_dir
     """Check that an exported model is the one ``config`` describes.
 
     Raises:
-        ConfigError: the model name or the embedding dim differs (names the manifest
-            field, the config field and both values).
+        ConfigError: the model name, a table's dim, or what a table reads (its
+            features, pooling, ``shared_ids``) differs (names the manifest field, the
+            config field and both values).
     """
     where = f"{model_dir}/manifest.json"
     exported = manifest.metadata.get("model")
     if exported is not None and exported != config.runner.model:
         raise ConfigError(f"{where}: model {exported!r}, but the config's runner.model is "
                           f"{config.runner.model!r}; pass the config the model was trained with")
-    dims = {spec.name: spec.dim for spec in table_specs(
+    specs = {spec.name: spec for spec in table_specs(
         config.hyper_parameters, parser_schema(config.runner))}
     for table in manifest.sparse_tables:
-        dim = dims.get(table.name)
-        if dim is not None and table.dim != dim:
-            key = ("hyper_parameters.sparse_feature_dim" if table.name == DEFAULT_TABLE
-                   else f"the dim of hyper_parameters.tables {table.name!r}")
+        spec = specs.get(table.name)
+        if spec is None:
+            continue
+        key = ("hyper_parameters.sparse_feature_dim" if table.name == DEFAULT_TABLE
+               else f"the dim of hyper_parameters.tables {table.name!r}")
+        if table.dim != spec.dim:
             raise ConfigError(f"{where}: table {table.name!r} has dim {table.dim}, but "
-                              f"{key} is {dim}; pass the config the model was trained with")
+                              f"{key} is {spec.dim}; pass the config the model was trained "
+                              "with")
+        inputs = table.inputs
+        if inputs is None:
+            continue
+        for field, exported, configured in (
+                ("features", inputs.features, list(spec.features)),
+                ("pools", inputs.pooling, spec.pooling if inputs.pooling else None),
+                ("shared_ids", inputs.shared_ids, spec.shared_ids)):
+            if exported != configured:
+                raise ConfigError(f"{where}: table {table.name!r} {field} {exported!r} in the "
+                                  f"export, but hyper_parameters.tables {table.name!r} says "
+                                  f"{configured!r}; pass the config the model was trained "
+                                  "with")
 
 
 def _write_scores(out: Path, labels: np.ndarray, probs: np.ndarray) -> None:
