@@ -34,6 +34,7 @@ from pydantic import (
 
 from psfleet.checkpoint import CheckpointConfig
 from psfleet.data.columnar import ColumnsConfig
+from psfleet.data.libsvm import LibsvmConfig
 from psfleet.data.parsers import make_parser
 from psfleet.data.slot_format import SlotFormatConfig
 from psfleet.data.types import FeatureSchema
@@ -73,9 +74,11 @@ class RunnerConfig(_Section):
             ``QueueDataset`` (streamed, not shuffled) or ``InMemoryDataset``
             (in memory, shuffled, optional global shuffle); see psfleet.data.
         parser: input format: ``criteo`` (raw TSV), ``slot`` (PaddleRec slot text,
-            ``slots``), ``csv`` / ``parquet`` (``columns``).
+            ``slots``), ``csv`` / ``parquet`` (``columns``), ``libsvm`` (libSVM or,
+            with ``libsvm.fields``, libFFM lines).
         slots: the slot parser's slots (psfleet.data.SlotFormatConfig).
         columns: the csv / parquet parser's columns (psfleet.data.ColumnsConfig).
+        libsvm: the libsvm parser's options (psfleet.data.LibsvmConfig).
         pipe_command: shell command each text file is piped through (its stdout is
             parsed), as PaddleRec's ``cat FILE | pipe_command``.
         pipe_cwd: working directory of pipe_command (default: the YAML file's folder).
@@ -116,9 +119,10 @@ class RunnerConfig(_Section):
     print_interval: int = Field(10, ge=1)
     model_save_path: Path = Path("output")
     reader_type: Literal["DataLoader", "QueueDataset", "InMemoryDataset"] = "DataLoader"
-    parser: Literal["criteo", "slot", "csv", "parquet"] = "criteo"
+    parser: Literal["criteo", "slot", "csv", "parquet", "libsvm"] = "criteo"
     slots: SlotFormatConfig | None = None
     columns: ColumnsConfig | None = None
+    libsvm: LibsvmConfig | None = None
     pipe_command: str | None = None
     pipe_cwd: Path | None = None
     reader_thread_num: int = Field(1, ge=1, le=64)
@@ -154,8 +158,9 @@ class RunnerConfig(_Section):
         if self.parser in ("csv", "parquet") and self.columns is None:
             raise ConfigError(f"runner.columns: required with runner.parser: {self.parser} "
                               "(label, dense and sparse columns)")
-        used = {"slot": "slots", "csv": "columns", "parquet": "columns"}.get(self.parser)
-        for field in ("slots", "columns"):
+        used = {"slot": "slots", "csv": "columns", "parquet": "columns",
+                "libsvm": "libsvm"}.get(self.parser)
+        for field in ("slots", "columns", "libsvm"):
             if field != used and getattr(self, field) is not None:
                 raise ConfigError(f"runner.{field}: not used by runner.parser: {self.parser}; "
                                   f"remove it (or set the parser that reads it)")
@@ -316,6 +321,8 @@ def parser_options(runner: RunnerConfig) -> object:
         return runner.slots  # None: PaddleRec's rank/dnn Criteo slots
     if runner.parser in ("csv", "parquet"):
         return runner.columns
+    if runner.parser == "libsvm":
+        return runner.libsvm  # None: libSVM lines (no fields)
     return None
 
 
