@@ -3,25 +3,40 @@
 ``save_inference_model`` writes the dense tower (``torch.export``) and every sparse
 table's rows (``.npy``, sorted keys) with a versioned ``manifest.json`` (layout in
 :mod:`psfleet.export.types`); ``load_inference_model`` reads it back as an
-``nn.Module`` with the training model's signature.
+``nn.Module`` with the training model's signature. Every table is carried: pooled
+(multi-valued), weighted and ``shared_ids`` tables of a ``FeatureEmbeddings`` read
+inputs of their own (:mod:`psfleet.export.plan`).
 """
 
 from psfleet.export.load import InferenceModel, load_inference_model, read_manifest
 from psfleet.export.lookup import SparseLookup
+from psfleet.export.plan import TowerInputs, TowerPlan
 from psfleet.export.save import save_inference_model
-from psfleet.export.tower import export_dense_tower, model_embeddings
-from psfleet.export.types import FORMAT, FORMAT_VERSION, InferenceManifest, SparseTableSpec
+from psfleet.export.tower import export_dense_tower, model_embeddings, tower_input_names
+from psfleet.export.types import (
+    FORMAT,
+    FORMAT_VERSION,
+    FeaturesSpec,
+    InferenceManifest,
+    SparseTableSpec,
+    TableInputSpec,
+)
 
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "FeaturesSpec",
     "InferenceManifest",
     "InferenceModel",
     "SparseLookup",
     "SparseTableSpec",
+    "TableInputSpec",
+    "TowerInputs",
+    "TowerPlan",
     "export_dense_tower",
     "load_inference_model",
     "model_embeddings",
     "read_manifest",
     "save_inference_model",
+    "tower_input_names",
 ]

@@ -163,6 +163,8 @@ class InferenceModel(nn.Module):
             raise ConfigError(f"sparse_ids and dense: batch sizes {sparse_ids.shape[0]} and "
                               f"{dense.shape[0]} differ")
         self._check_jagged(jagged, int(sparse_ids.shape[0]))
+        if sparse_ids.shape[0] == 0:  # the tower is exported for batches of 1 and more
+            return torch.zeros(0, dtype=torch.float32)
 
         def lookup(i: int, keys: np.ndarray) -> np.ndarray:
             return self.tables[i].lookup(keys)

@@ -6,8 +6,9 @@ input, and every :class:`~psfleet.nn.FeatureEmbeddings` by a module computing it
 tables' outputs from given inputs (:mod:`psfleet.export.plan`: batch-keyed tables
 gather rows of the batch's unique keys, own-keyed tables gather or pool,
 ``embedding_bag``, the rows of their own positions). The model is captured with
-``torch.export`` (dynamic batch size, key and id counts), so the exported program holds
-only dense parameters and ops::
+``torch.export`` in strict mode (TorchDynamo; in non-strict tracing the models'
+``int(sparse.shape[0])`` would pin the batch size) with dynamic batch size, key and id
+counts, so the exported program holds only dense parameters and ops::
 
     forward(positions int64[B, S], dense float32[B, F], <table 0's inputs>, ...)
         -> logits float32[B]
@@ -206,6 +207,7 @@ def _stand_ins(model: nn.Module, plan: TowerPlan, feed: _Feed
     of each FeatureEmbeddings (whose forward it takes over, so that models checking
     ``isinstance(..., FeatureEmbeddings)`` see no difference)."""
     weighted = plan.features is not None and plan.features.weighted
+    # batch-keyed tables come first in the plan: plan index == index into feed.rows
     gathers: dict[int, nn.Module] = {id(e): _Gather(feed, i) for i, (e, s) in enumerate(
         zip(plan.embeddings, plan.inputs, strict=True)) if s is None}
     features: dict[int, tuple[FeatureEmbeddings, nn.Module]] = {}
