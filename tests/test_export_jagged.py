@@ -16,7 +16,6 @@ import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +24,6 @@ from conftest import require_shared_data
 from jobs.model_oracle_job import SCHEMA, multi_hot_batch
 from torch import nn
 
-import psfleet.fleet
 from psfleet.data import Batch, InMemoryDataset, make_parser
 from psfleet.data.jagged import KeyedJagged
 from psfleet.data.types import FeatureSchema
@@ -35,11 +33,11 @@ from psfleet.fleet import Fleet, Role, UserDefinedRoleMaker
 from psfleet.metrics import auc, log_loss
 from psfleet.nn import EmbeddingTableSpec, FeatureEmbeddings
 from psfleet.rec.config import load_config
-from psfleet.rec.features import build_runner_model, model_inputs
+from psfleet.rec.features import model_inputs
 from psfleet.rec.models import build_model
-from psfleet.rec.predict import export_trained_model, predict
+from psfleet.rec.predict import predict
 from psfleet.rec.readers import build_test_reader
-from psfleet.rec.trainer import evaluate
+from psfleet.rec.trainer import evaluate, train
 
 pytestmark = [pytest.mark.unit, pytest.mark.slow]
 
@@ -91,11 +89,10 @@ def criteo() -> dict[str, list[Batch]]:
 
 
 class _LocalFleet:
-    """A worker on in-process tables (no servers) that trains ``model`` with Adam;
-    ``fleet``: the API to use (a new Fleet, or the module-level one the runner uses)."""
+    """A worker on in-process tables (no servers) that trains ``model`` with Adam."""
 
-    def __init__(self, model: nn.Module, fleet: Any = None) -> None:
-        self.fleet = Fleet() if fleet is None else fleet
+    def __init__(self, model: nn.Module) -> None:
+        self.fleet = Fleet()
         self.fleet.init(UserDefinedRoleMaker(0, Role.WORKER, 1, []))
         self.fleet.distributed_model(model)
         self.optimizer = self.fleet.distributed_optimizer(
@@ -244,12 +241,12 @@ def _csv(source: str, dest: Path, rows: int) -> Path:
 
 
 def test_predict_scores_jagged_data_as_the_evaluation(tmp_path: Path) -> None:
-    train, test = _csv("train.csv", tmp_path / "train.csv", 600), _csv(
+    train_csv, test = _csv("train.csv", tmp_path / "train.csv", 600), _csv(
         "dev.csv", tmp_path / "test.csv", 300)
     config_file = tmp_path / "config.yaml"
     config_file.write_text(f"""
 runner:
-  train_data_dir: {train}
+  train_data_dir: {train_csv}
   test_data_dir: {test}
   parser: csv
   columns:
@@ -267,25 +264,20 @@ hyper_parameters:
     - {{name: mixed, dim: 4, features: {[*C[10:], "ctx"]}, pooling: mean, shared_ids: true}}
 """, encoding="utf-8")
     config = load_config(config_file)
-    torch.manual_seed(0)
-    model = build_runner_model(config)
+    # runner.inference_model_path set after loading: config.py refuses it with
+    # multi-valued features until this export carries them
+    path = tmp_path / "model"
+    exporting = config.model_copy(update={"runner": config.runner.model_copy(update={
+        "inference_model_path": path, "model_save_path": tmp_path / "out", "epochs": 1})})
     reader = build_test_reader(config)
     assert reader is not None
-    batches = list(reader)
-    assert batches[0].jagged is not None and batches[0].jagged.keys == ("ctx",)
-    local = _LocalFleet(model, psfleet.fleet)  # export_trained_model uses the global one
-    try:
-        local.train(model, batches[:2])
-        expected = evaluate(model, batches)
-        # runner.inference_model_path set after loading (config.py refuses it with
-        # multi-valued features until this export carries them)
-        path = tmp_path / "model"
-        exporting = config.model_copy(update={"runner": config.runner.model_copy(
-            update={"inference_model_path": path})})
-        export_trained_model(exporting, model, {"test": expected}, batches[0])
-    finally:
-        local.fleet.stop_worker()
+    first = next(iter(reader))
+    assert first.jagged is not None and first.jagged.keys == ("ctx",)
 
+    metrics = train(exporting)  # alone, on in-process tables: the runner's whole path
+
+    assert metrics is not None
+    expected = metrics["test"]
     scores = tmp_path / "scores.tsv"
     got = predict(config, str(path), test, scores)
 
