@@ -260,16 +260,32 @@ def ensure_criteo(train_rows: int, test_rows: int, cache_dir: Path = DEFAULT_CAC
     """
     from psfleet.data import generate_criteo
 
+    return _ensure("criteo", generate_criteo, "tsv", train_rows, test_rows, cache_dir, seed)
+
+
+def ensure_multihot(train_rows: int, test_rows: int, cache_dir: Path = DEFAULT_CACHE_DIR,
+                    seed: int = DATA_SEED) -> tuple[Path, Path, dict[str, Any]]:
+    """The synthetic multi-hot CSV train and test files (``psfleet datagen multihot
+    --rows TRAIN --seed 7 ...``), generated into ``cache_dir`` if missing; as
+    :func:`ensure_criteo`."""
+    from psfleet.data.synthetic_multihot import generate_multihot
+
+    return _ensure("multihot", generate_multihot, "csv", train_rows, test_rows, cache_dir,
+                   seed)
+
+
+def _ensure(name: str, generate: Any, suffix: str, train_rows: int, test_rows: int,
+            cache_dir: Path, seed: int) -> tuple[Path, Path, dict[str, Any]]:
     cache_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"train": cache_dir / f"criteo_train_{train_rows}_seed{seed}.tsv",
-             "test": cache_dir / f"criteo_test_{test_rows}_seed{seed}.tsv"}
+    paths = {"train": cache_dir / f"{name}_train_{train_rows}_seed{seed}.{suffix}",
+             "test": cache_dir / f"{name}_test_{test_rows}_seed{seed}.{suffix}"}
     rows = {"train": train_rows, "test": test_rows}
     meta: dict[str, Any] = {}
     for split, path in paths.items():
         meta_path = Path(f"{path}.json")
         if not (path.exists() and meta_path.exists()):
             log(f"generating {rows[split]} {split} rows into {path}")
-            generate_criteo(rows[split], seed, path, split=split)
+            generate(rows[split], seed, path, split=split)
         meta[f"{split}_optimum_auc"] = json.loads(meta_path.read_text())["optimum_auc"]
     return paths["train"], paths["test"], meta
 

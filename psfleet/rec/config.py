@@ -307,11 +307,6 @@ class TrainConfig(_Section):
         check_equal_steps_reader(self.runner, cluster.worker_num, self.runner.needs_equal_steps)
         schema = parser_schema(self.runner)
         check_tables(self.hyper_parameters.tables, schema, self.runner.parser)
-        if self.runner.inference_model_path is not None and schema.multi:
-            raise ConfigError(
-                "runner.inference_model_path: exporting a model over multi-valued features "
-                f"({_listing(schema.multi)}) is not supported in this release; remove the "
-                "key (checkpoints keep the trained tables) or train on single-valued ones")
         return self
 
 
