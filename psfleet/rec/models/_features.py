@@ -12,8 +12,8 @@ from psfleet.errors import ConfigError
 from psfleet.nn.features import FeatureEmbeddings
 from psfleet.nn.types import EmbeddingTableSpec
 
-__all__ = ["WIDE_TABLE", "LinearTerm", "check_batch", "check_wide_name", "require_embeddings",
-           "resolve_num_dense"]
+__all__ = ["WIDE_TABLE", "LinearTerm", "SchemaModel", "check_batch", "check_wide_name",
+           "require_embeddings", "resolve_num_dense"]
 
 WIDE_TABLE = "wide"
 
@@ -115,3 +115,50 @@ def check_wide_name(model: str, embeddings: FeatureEmbeddings) -> None:
     if any(t.name == WIDE_TABLE for t in embeddings.tables):
         raise ConfigError(f"{model}: the table name {WIDE_TABLE!r} is the model's first-order "
                           "table; rename the embeddings table")
+
+
+class SchemaModel(nn.Module):
+    """What the schema-sized models (wide_deep, deepfm, dcn_v2) share: their deep
+    embeddings, sizes and the embedded input of the dense layers.
+
+    Args:
+        model: the model's registered name (for messages).
+        embeddings: the deep part's embeddings.
+        num_dense: dense features per example; must equal the schema's (None: the
+            schema's).
+
+    Attributes:
+        embeddings: the FeatureEmbeddings.
+        num_dense, num_slots: the schema's dense and single-valued sparse widths.
+        input_width: ``embeddings.output_dim + num_dense``, the width of :meth:`embed`'s
+            ``x``.
+
+    Raises:
+        ConfigError: ``embeddings`` is not a FeatureEmbeddings or ``num_dense`` differs
+            from the schema.
+    """
+
+    def __init__(self, model: str, embeddings: FeatureEmbeddings,
+                 num_dense: int | None) -> None:
+        super().__init__()
+        self.embeddings = require_embeddings(model, embeddings)
+        self.num_dense = resolve_num_dense(model, embeddings.schema, num_dense)
+        self.num_slots = len(embeddings.schema.sparse)
+        self.input_width = embeddings.output_dim + self.num_dense
+
+    @property
+    def schema(self) -> FeatureSchema:
+        """The features the model reads, by name."""
+        return self.embeddings.schema
+
+    def embed(self, sparse: Tensor, dense: Tensor, jagged: KeyedJagged | None
+              ) -> tuple[list[Tensor], Tensor]:
+        """The checked batch's table outputs (Tensor[B, F_t, D_t] each) and the dense
+        layers' input ``x = concat(flatten(parts), dense)`` (Tensor[B, input_width]).
+
+        Raises:
+            ConfigError: an input has the wrong shape (names it).
+        """
+        check_batch(self.schema, sparse, dense, jagged)
+        parts = self.embeddings(sparse, jagged)
+        return parts, torch.cat([self.embeddings.flatten(parts), dense], dim=1)

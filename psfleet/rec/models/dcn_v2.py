@@ -31,10 +31,9 @@ import torch
 from torch import Tensor, nn
 
 from psfleet.data.jagged import KeyedJagged
-from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
 from psfleet.nn.features import FeatureEmbeddings
-from psfleet.rec.models._features import check_batch, require_embeddings, resolve_num_dense
+from psfleet.rec.models._features import SchemaModel
 from psfleet.rec.models.mlp import check_fc_sizes, mlp_tower, paddle_linear
 from psfleet.rec.models.registry import register_model
 
@@ -73,7 +72,7 @@ class CrossNetwork(nn.Module):
 
 
 @register_model("dcn_v2")
-class DCNv2(nn.Module):
+class DCNv2(SchemaModel):
     """DCN V2, stacked, full rank, over a schema (module docstring).
 
     Args:
@@ -97,19 +96,10 @@ class DCNv2(nn.Module):
     def __init__(self, embeddings: FeatureEmbeddings, num_dense: int | None = None,
                  fc_sizes: Sequence[int] = (512, 256, 128, 32), *, cross_layers: int = 3,
                  generator: torch.Generator | None = None) -> None:
-        super().__init__()
-        self.embeddings = require_embeddings("dcn_v2", embeddings)
-        self.num_dense = resolve_num_dense("dcn_v2", embeddings.schema, num_dense)
-        self.num_slots = len(embeddings.schema.sparse)
-        width = embeddings.output_dim + self.num_dense
+        super().__init__("dcn_v2", embeddings, num_dense)
         hidden = check_fc_sizes(fc_sizes)
-        self.cross = CrossNetwork(width, cross_layers, generator)
-        self.deep = mlp_tower([width, *hidden, 1], generator)
-
-    @property
-    def schema(self) -> FeatureSchema:
-        """The features the model reads, by name."""
-        return self.embeddings.schema
+        self.cross = CrossNetwork(self.input_width, cross_layers, generator)
+        self.deep = mlp_tower([self.input_width, *hidden, 1], generator)
 
     def forward(self, sparse: Tensor, dense: Tensor, jagged: KeyedJagged | None = None
                 ) -> Tensor:
@@ -126,7 +116,5 @@ class DCNv2(nn.Module):
         Raises:
             ConfigError: an input has the wrong shape (names it).
         """
-        check_batch(self.schema, sparse, dense, jagged)
-        parts = self.embeddings(sparse, jagged)
-        x0 = torch.cat([self.embeddings.flatten(parts), dense], dim=1)  # [B, d]
+        _, x0 = self.embed(sparse, dense, jagged)  # [B, input_width]
         return self.deep(self.cross(x0)).squeeze(1)  # [B]

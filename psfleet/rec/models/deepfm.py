@@ -30,18 +30,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from psfleet.data.jagged import KeyedJagged
-from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
 from psfleet.nn.features import FeatureEmbeddings
 from psfleet.rec.models._features import (
     LinearTerm,
-    check_batch,
+    SchemaModel,
     check_wide_name,
-    require_embeddings,
-    resolve_num_dense,
 )
 from psfleet.rec.models.mlp import check_fc_sizes, mlp_tower
 from psfleet.rec.models.registry import register_model
@@ -64,7 +61,7 @@ def fm_second_order(embedded: Tensor) -> Tensor:
 
 
 @register_model("deepfm")
-class DeepFM(nn.Module):
+class DeepFM(SchemaModel):
     """DeepFM over a schema (module docstring).
 
     Args:
@@ -88,23 +85,15 @@ class DeepFM(nn.Module):
     def __init__(self, embeddings: FeatureEmbeddings, num_dense: int | None = None,
                  fc_sizes: Sequence[int] = (512, 256, 128, 32), *,
                  generator: torch.Generator | None = None) -> None:
-        super().__init__()
-        self.embeddings = require_embeddings("deepfm", embeddings)
+        super().__init__("deepfm", embeddings, num_dense)
         check_wide_name("deepfm", embeddings)
         dims = {t.dim for t in embeddings.tables}
         if len(dims) != 1:
             raise ConfigError("deepfm: the FM term needs every table of one dim; got "
-                              + ", ".join(f"{t.name}: {t.dim}" for t in embeddings.tables))
-        self.num_dense = resolve_num_dense("deepfm", embeddings.schema, num_dense)
-        self.num_slots = len(embeddings.schema.sparse)
-        sizes = [embeddings.output_dim + self.num_dense, *check_fc_sizes(fc_sizes), 1]
-        self.deep = mlp_tower(sizes, generator)
+                              + ", ".join(f"{t.name}: {t.dim}" for t in embeddings.tables)
+                              + " (set each hyper_parameters.tables entry's dim alike)")
+        self.deep = mlp_tower([self.input_width, *check_fc_sizes(fc_sizes), 1], generator)
         self.first_order = LinearTerm(embeddings.schema)
-
-    @property
-    def schema(self) -> FeatureSchema:
-        """The features the model reads, by name."""
-        return self.embeddings.schema
 
     def forward(self, sparse: Tensor, dense: Tensor, jagged: KeyedJagged | None = None
                 ) -> Tensor:
@@ -121,9 +110,7 @@ class DeepFM(nn.Module):
         Raises:
             ConfigError: an input has the wrong shape (names it).
         """
-        check_batch(self.schema, sparse, dense, jagged)
-        parts = self.embeddings(sparse, jagged)
+        parts, x = self.embed(sparse, dense, jagged)  # x: [B, input_width]
         second = fm_second_order(self.embeddings.stack(parts))  # [B]
-        x = torch.cat([self.embeddings.flatten(parts), dense], dim=1)  # [B, out + num_dense]
         deep = self.deep(x).squeeze(1)  # [B]
         return self.first_order(sparse, dense, jagged) + second + deep

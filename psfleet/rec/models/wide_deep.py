@@ -17,8 +17,9 @@ only the Linear over the dense features (``self.wide_part``); the dim-1 table is
 seeds' "wide table". Crossed columns ``phi(x)`` are not built: declare a crossed
 feature in the data to have one. The deep part is PaddleRec's DNN tower.
 
-Every Linear weight starts as Normal(0, 1/sqrt(fan_in)), every bias at 0 (PaddleRec's
-DNN; its wide Linear uses a truncated normal of the same std). The embeddings' and the
+The deep tower's Linear weights start as Normal(0, 1/sqrt(fan_in)), biases at 0
+(PaddleRec's DNN); the wide Linear starts at zero (``LinearTerm``: PaddleRec's truncated
+normal over unnormalised dense features put the first logits far from 0). The embeddings' and the
 wide table's rows live in sparse tables (rule: the optimizer's, unless a table sets one).
 """
 
@@ -27,17 +28,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from psfleet.data.jagged import KeyedJagged
-from psfleet.data.types import FeatureSchema
 from psfleet.nn.features import FeatureEmbeddings
 from psfleet.rec.models._features import (
     LinearTerm,
-    check_batch,
+    SchemaModel,
     check_wide_name,
-    require_embeddings,
-    resolve_num_dense,
 )
 from psfleet.rec.models.mlp import check_fc_sizes, mlp_tower
 from psfleet.rec.models.registry import register_model
@@ -46,7 +44,7 @@ __all__ = ["WideDeep"]
 
 
 @register_model("wide_deep")
-class WideDeep(nn.Module):
+class WideDeep(SchemaModel):
     """Wide & Deep over a schema (module docstring).
 
     Args:
@@ -69,19 +67,10 @@ class WideDeep(nn.Module):
     def __init__(self, embeddings: FeatureEmbeddings, num_dense: int | None = None,
                  fc_sizes: Sequence[int] = (512, 256, 128, 32), *,
                  generator: torch.Generator | None = None) -> None:
-        super().__init__()
-        self.embeddings = require_embeddings("wide_deep", embeddings)
+        super().__init__("wide_deep", embeddings, num_dense)
         check_wide_name("wide_deep", embeddings)
-        self.num_dense = resolve_num_dense("wide_deep", embeddings.schema, num_dense)
-        self.num_slots = len(embeddings.schema.sparse)
-        sizes = [embeddings.output_dim + self.num_dense, *check_fc_sizes(fc_sizes), 1]
-        self.deep = mlp_tower(sizes, generator)
+        self.deep = mlp_tower([self.input_width, *check_fc_sizes(fc_sizes), 1], generator)
         self.wide = LinearTerm(embeddings.schema)
-
-    @property
-    def schema(self) -> FeatureSchema:
-        """The features the model reads, by name."""
-        return self.embeddings.schema
 
     def forward(self, sparse: Tensor, dense: Tensor, jagged: KeyedJagged | None = None
                 ) -> Tensor:
@@ -98,7 +87,5 @@ class WideDeep(nn.Module):
         Raises:
             ConfigError: an input has the wrong shape (names it).
         """
-        check_batch(self.schema, sparse, dense, jagged)
-        parts = self.embeddings(sparse, jagged)
-        x = torch.cat([self.embeddings.flatten(parts), dense], dim=1)  # [B, out + num_dense]
+        _, x = self.embed(sparse, dense, jagged)  # x: [B, input_width]
         return self.wide(sparse, dense, jagged) + self.deep(x).squeeze(1)  # [B]
