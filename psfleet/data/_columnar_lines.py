@@ -15,7 +15,6 @@ from psfleet.data._tokens import bags_to_rows
 from psfleet.data.criteo import hash_features
 from psfleet.data.malformed import RateLimitedWarner
 from psfleet.data.types import ParsedChunk, RawChunk
-from psfleet.errors import DataError
 
 if TYPE_CHECKING:
     from psfleet.data.columnar import ColumnarParser
@@ -103,13 +102,7 @@ def parse_lines_slowly(parser: ColumnarParser, chunk: RawChunk, width: int,
             bag_rows.extend([example] * len(items))
             bag_features.extend([m] * len(items))
             bag_raw.extend(items)
-    if bad:
-        if strict:
-            line_no, reason = bad[0]
-            raise DataError(f"{chunk.source}:{line_no}: malformed line: {reason}. Fix or "
-                            "remove the line, or set strict: false to skip it")
-        for line_no, reason in bad:
-            warner.warn(chunk.source, line_no, reason)
+    warner.report(chunk.source, bad, strict)
     count = len(labels)
     keys = (hash_features(raw, len(sparse)) if raw
             else np.zeros((count, len(sparse)), dtype=np.uint64))

@@ -45,7 +45,7 @@ from psfleet.data.criteo import slot_prefixes
 from psfleet.data.malformed import RateLimitedWarner
 from psfleet.data.parsers import Parser, register_parser
 from psfleet.data.types import FeatureSchema, ParsedChunk, RawChunk
-from psfleet.errors import ConfigError, DataError
+from psfleet.errors import ConfigError
 
 __all__ = ["LibsvmConfig", "LibsvmParser"]
 
@@ -132,7 +132,7 @@ class LibsvmParser:
             features = np.concatenate([features, np.array(more_features, dtype=np.int64)])
             low = np.concatenate([low, np.array(more_low, dtype=np.uint64)])
             weights = np.concatenate([weights, np.array(more_weights, dtype=np.float32)])
-        self._report(chunk, bad, strict)
+        _warner.report(chunk.source, bad, strict, "libsvm line")
         example = np.cumsum(good) - 1  # a good line's example index
         jagged = bags_to_rows(example[rows], features, low | self._prefixes[features],
                               int(good.sum()), self.num_features, weights)
@@ -223,16 +223,6 @@ class LibsvmParser:
                         weight))
         return (1.0 if label == 1.0 else 0.0), ids
 
-    @staticmethod
-    def _report(chunk: RawChunk, bad: list[tuple[int, str]], strict: bool) -> None:
-        if not bad:
-            return
-        if strict:
-            line_no, reason = bad[0]
-            raise DataError(f"{chunk.source}:{line_no}: malformed libsvm line: {reason}. Fix "
-                            "or remove the line, or set strict: false to skip it")
-        for line_no, reason in bad:
-            _warner.warn(chunk.source, line_no, reason)
 
 
 def _libsvm(options: object) -> Parser:

@@ -15,8 +15,10 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+
+from psfleet.errors import DataError
 
 __all__ = ["WARN_INTERVAL_S", "MalformedRecord", "RateLimitedWarner", "first_malformed"]
 
@@ -99,3 +101,19 @@ class RateLimitedWarner:
                 self._interval_s)
         else:
             self._log.warning("%s:%d: skipping malformed line: %s", source, line_no, reason)
+
+    def report(self, source: str, bad: Sequence[tuple[int, str]], strict: bool,
+               what: str = "line") -> None:
+        """Warn about each skipped ``(line_no, reason)`` of ``source`` (rate limited), or
+        with ``strict`` raise on the first.
+
+        Raises:
+            DataError: ``strict`` and ``bad`` is not empty (names ``source:line``, the
+                reason and what to do).
+        """
+        if bad and strict:
+            line_no, reason = bad[0]
+            raise DataError(f"{source}:{line_no}: malformed {what}: {reason}. Fix or remove "
+                            "the line, or set strict: false to skip malformed lines")
+        for line_no, reason in bad:
+            self.warn(source, line_no, reason)

@@ -67,7 +67,7 @@ from psfleet.data.jagged import JaggedRows
 from psfleet.data.malformed import RateLimitedWarner
 from psfleet.data.parsers import Parser, register_parser
 from psfleet.data.types import FeatureSchema, ParsedChunk, RawChunk
-from psfleet.errors import ConfigError, DataError
+from psfleet.errors import ConfigError
 
 __all__ = ["SlotFormatConfig", "SlotParser", "expand_slot_names"]
 
@@ -257,7 +257,7 @@ class SlotParser:
                         bag_ids.extend(bag)
                 else:
                     bad.append((chunk.first_line_no + row * chunk.line_step, reason))
-        self._report(chunk, bad, strict)
+        _warner.report(chunk.source, bad, strict, "slot-format line")
         sparse |= self._prefixes
         if self.config.dense_transform != "none":
             dense = transform_dense(dense, self.config.dense_transform, self.config.dense_mean,
@@ -272,18 +272,6 @@ class SlotParser:
         return ParsedChunk(labels, dense, sparse, malformed=len(bad), lines=count,
                            jagged=jagged)
 
-    @staticmethod
-    def _report(chunk: RawChunk, bad: list[tuple[int, str]], strict: bool) -> None:
-        """Warn about (or, if ``strict``, raise on the first of) the malformed lines."""
-        if not bad:
-            return
-        if strict:
-            line_no, reason = bad[0]
-            raise DataError(f"{chunk.source}:{line_no}: malformed slot-format line: "
-                            f"{reason}. Fix or remove the line, or set strict: false to "
-                            "skip malformed lines")
-        for line_no, reason in bad:
-            _warner.warn(chunk.source, line_no, reason)
 
     def _bags(self, variable: VariableRows | None, rows: npt.NDArray[np.int64],
               features: npt.NDArray[np.int64], ids: npt.NDArray[np.uint64],

@@ -104,6 +104,7 @@ __all__ = [
     "VOCAB_SIZES",
     "ZIPF_EXPONENT",
     "DatagenResult",
+    "check_generator_args",
     "generate_criteo",
     "true_probabilities",
 ]
@@ -111,10 +112,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DatagenResult:
-    """What :func:`generate_criteo` wrote.
+    """What a generator (:func:`generate_criteo`, ``generate_multihot``) wrote.
 
     Attributes:
-        path: the TSV file; its metadata is ``path + ".json"``.
+        path: the data file; its metadata is ``path + ".json"``.
         rows: lines written.
         seed: the hidden model's seed.
         split: ``"train"`` or ``"test"`` (the row stream).
@@ -140,7 +141,9 @@ def _chunks(model: HiddenModel, rows: int, split: str) -> Iterator[Chunk]:
         yield model.draw_chunk(split, chunk, min(CHUNK_ROWS, rows - first))
 
 
-def _check(rows: int, seed: int, split: str) -> None:
+def check_generator_args(rows: int, seed: int, split: str) -> None:
+    """Raises ConfigError naming ``rows`` (< 1), ``seed`` (< 0) or ``split`` (not one of
+    the generators' splits); every generator checks its arguments with it."""
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise ConfigError(f"rows: {rows!r} must be an integer >= 1")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -169,7 +172,7 @@ def true_probabilities(
     Raises:
         ConfigError: if ``rows`` < 1, ``seed`` < 0 or ``split`` is unknown.
     """
-    _check(rows, seed, split)
+    check_generator_args(rows, seed, split)
     model = HiddenModel(seed)
     drawn = list(_chunks(model, rows, split))
     return (np.concatenate([c.labels for c in drawn]), np.concatenate([c.probs for c in drawn]))
@@ -197,7 +200,7 @@ def generate_criteo(rows: int, seed: int, out: Path, *, split: str = "train") ->
         ConfigError: if ``rows`` < 1, ``seed`` < 0 or ``split`` is unknown.
         DataError: if ``out`` or its ``.json`` cannot be written (names the path).
     """
-    _check(rows, seed, split)
+    check_generator_args(rows, seed, split)
     out = Path(out)
     meta_path = Path(f"{out}.json")
     tmp_path = Path(f"{out}.tmp")

@@ -110,12 +110,11 @@ from psfleet.data._multihot_model import (
     SINGLE_NAMES,
     SINGLE_SCALES,
     SINGLE_VOCAB_SIZES,
-    SPLITS,
     TARGET_POSITIVE_RATE,
     MultihotChunk,
     MultihotModel,
 )
-from psfleet.data.synthetic import DatagenResult
+from psfleet.data.synthetic import DatagenResult, check_generator_args
 from psfleet.errors import ConfigError, DataError
 from psfleet.metrics import auc
 
@@ -175,15 +174,6 @@ MULTIHOT_COLUMNS = MultihotColumns()
 _VOCAB_SIZES = SINGLE_VOCAB_SIZES + BAG_VOCAB_SIZES
 
 
-def _check(rows: int, seed: int, split: str) -> None:
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ConfigError(f"rows: {rows!r} must be an integer >= 1")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"seed: {seed!r} must be an integer >= 0")
-    if split not in SPLITS:
-        raise ConfigError(f"split: {split!r} is not one of {', '.join(SPLITS)}")
-
-
 def _chunks(model: MultihotModel, rows: int, split: str) -> Iterator[MultihotChunk]:
     for chunk, first in enumerate(range(0, rows, CHUNK_ROWS)):
         yield model.draw_chunk(split, chunk, min(CHUNK_ROWS, rows - first))
@@ -215,7 +205,7 @@ def multihot_probabilities(
         ConfigError: if ``seed`` < 0 or the shapes do not agree.
         DataError: if an id is outside its column's vocabulary.
     """
-    _check(1, seed, "train")
+    check_generator_args(1, seed, "train")
     rows = len(single)
     if (numeric.shape != (rows, len(NUMERIC_NAMES)) or single.shape != (rows, len(SINGLE_NAMES))
             or len(bag_ids) != len(BAG_NAMES) or len(bag_lengths) != len(BAG_NAMES)
@@ -246,7 +236,7 @@ def multihot_true_probabilities(
     Raises:
         ConfigError: if ``rows`` < 1, ``seed`` < 0 or ``split`` is unknown.
     """
-    _check(rows, seed, split)
+    check_generator_args(rows, seed, split)
     drawn = list(_chunks(MultihotModel(seed), rows, split))
     return (np.concatenate([c.labels for c in drawn]), np.concatenate([c.probs for c in drawn]))
 
@@ -277,7 +267,7 @@ def generate_multihot(rows: int, seed: int, out: Path, *, split: str = "train"
         ConfigError: if ``rows`` < 1, ``seed`` < 0 or ``split`` is unknown.
         DataError: if ``out`` or its ``.json`` cannot be written (names the path).
     """
-    _check(rows, seed, split)
+    check_generator_args(rows, seed, split)
     out = Path(out)
     meta_path, tmp_path = Path(f"{out}.json"), Path(f"{out}.tmp")
     digest = hashlib.sha256()
