@@ -32,7 +32,9 @@ one row.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -45,7 +47,7 @@ from psfleet.nn.embedding_bag import SparseEmbeddingBag
 from psfleet.nn.sparse_embedding import SparseEmbedding
 from psfleet.nn.types import EmbeddingTableSpec, Prefetch
 
-__all__ = ["FeatureEmbeddings"]
+__all__ = ["FeatureEmbeddings", "NamedFeatures", "check_table_features"]
 
 _ID_MASK = int(slot_prefixes(1)[0]) - 1  # the low 33 bits: the id without its slot prefix
 
@@ -74,7 +76,10 @@ class FeatureEmbeddings(nn.Module):
         super().__init__()
         self.schema = schema
         self.tables: tuple[EmbeddingTableSpec, ...] = tuple(tables)
-        _check_specs(schema, self.tables)
+        try:
+            check_table_features(schema, self.tables)
+        except ConfigError as exc:
+            raise ConfigError(f"FeatureEmbeddings: {exc}") from None
         self.output_dim = sum(len(t.features) * t.dim for t in self.tables)
         single = {name: i for i, name in enumerate(schema.sparse)}
         modules: list[SparseEmbedding] = []
@@ -260,31 +265,54 @@ class FeatureEmbeddings(nn.Module):
         return f"tables={[t.name for t in self.tables]}, output_dim={self.output_dim}"
 
 
-def _check_specs(schema: FeatureSchema, tables: Sequence[EmbeddingTableSpec]) -> None:
-    """ConfigError naming the first problem of ``tables`` against ``schema``."""
+class NamedFeatures(Protocol):
+    """A table as the check below reads it: a name and the features it holds."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def features(self) -> Sequence[str]: ...
+
+
+def check_table_features(schema: FeatureSchema, tables: Sequence[NamedFeatures]) -> None:
+    """Every feature of ``schema`` is in exactly one of ``tables``, every feature a table
+    names exists, and table names are distinct (the rule of FeatureEmbeddings and of
+    the runner's ``hyper_parameters.tables``).
+
+    Raises:
+        ConfigError: the first problem, naming the table and the feature (with the
+            closest feature name for a misspelt one).
+    """
     if not tables:
-        raise ConfigError("FeatureEmbeddings: no tables; give at least one "
-                          "EmbeddingTableSpec")
+        raise ConfigError("no tables; give at least one")
     names = [t.name for t in tables]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        raise ConfigError(f"FeatureEmbeddings: table names {repeated} are used more than "
-                          "once; give each table a distinct name")
-    known = set(schema.features)
+        raise ConfigError(f"table names {repeated} are used more than once; give each table "
+                          "a distinct name")
+    known = schema.features
     owner: dict[str, str] = {}
-    for spec in tables:
-        unknown = [f for f in spec.features if f not in known]
+    for table in tables:
+        unknown = [f for f in table.features if f not in known]
         if unknown:
-            raise ConfigError(f"FeatureEmbeddings: table {spec.name!r} names features "
-                              f"{unknown} that are not in the schema's "
-                              f"{list(schema.features)}")
-        for feature in spec.features:
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"table {table.name!r} names features {unknown} that are not in "
+                              f"the schema{hint}; its features are {_listing(known)}")
+        for feature in table.features:
             if feature in owner:
-                raise ConfigError(f"FeatureEmbeddings: feature {feature!r} is in tables "
-                                  f"{owner[feature]!r} and {spec.name!r}; put it in one")
-            owner[feature] = spec.name
-    unread = [f for f in schema.features if f not in owner]
+                raise ConfigError(f"feature {feature!r} is in tables {owner[feature]!r} and "
+                                  f"{table.name!r}; put it in one")
+            owner[feature] = table.name
+    unread = [f for f in known if f not in owner]
     if unread:
-        raise ConfigError(f"FeatureEmbeddings: features {unread} of the schema are in no "
-                          "table; add them to a table's features")
+        raise ConfigError(f"features {_listing(unread)} of the schema are in no table; add "
+                          "them to a table's features (every sparse feature needs one)")
 
+
+def _listing(names: Sequence[str], most: int = 30) -> str:
+    """``names`` as a list, the first ``most`` of them when there are more."""
+    if len(names) <= most:
+        return repr(list(names))
+    return f"{list(names[:most])!r} and {len(names) - most} more"

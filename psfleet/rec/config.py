@@ -39,6 +39,7 @@ from psfleet.data.parsers import make_parser
 from psfleet.data.slot_format import SlotFormatConfig
 from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
+from psfleet.nn.features import check_table_features
 from psfleet.nn.types import Pooling
 from psfleet.ps.types import Initializer, OptimizerClass
 from psfleet.types import Mode
@@ -250,18 +251,6 @@ class HyperParameters(_Section):
     tables: list[TableConfig] | None = None
     cross_layers: int = Field(3, ge=1, le=16)
 
-    @field_validator("tables")
-    @classmethod
-    def _distinct_tables(cls, tables: list[TableConfig] | None) -> list[TableConfig] | None:
-        if tables is not None:
-            if not tables:
-                raise ValueError("list at least one table, or remove the key")
-            names = [t.name for t in tables]
-            dupes = sorted({n for n in names if names.count(n) > 1})
-            if dupes:
-                raise ValueError(f"table names {dupes} are used more than once")
-        return tables
-
     @field_validator("fc_sizes")
     @classmethod
     def _positive(cls, sizes: list[int]) -> list[int]:
@@ -305,8 +294,7 @@ class TrainConfig(_Section):
                               "set cluster.server_num >= 1 (or worker_num: 1 to train alone, "
                               "or runner.sync_mode: collective)")
         check_equal_steps_reader(self.runner, cluster.worker_num, self.runner.needs_equal_steps)
-        schema = parser_schema(self.runner)
-        check_tables(self.hyper_parameters.tables, schema, self.runner.parser)
+        check_tables(self.hyper_parameters.tables, parser_schema(self.runner))
         return self
 
 
@@ -330,41 +318,20 @@ def parser_schema(runner: RunnerConfig) -> FeatureSchema:
     return make_parser(runner.parser, parser_options(runner)).schema
 
 
-def check_tables(tables: Sequence[TableConfig] | None, schema: FeatureSchema,
-                 parser: str) -> None:
-    """Every feature of ``schema`` is in exactly one of ``tables`` and every feature a
-    table names exists.
+def check_tables(tables: Sequence[TableConfig] | None, schema: FeatureSchema) -> None:
+    """``hyper_parameters.tables`` against the data's features
+    (:func:`psfleet.nn.features.check_table_features`: every feature in exactly one
+    table, every named feature exists).
 
     Raises:
-        ConfigError: names the table and the feature at fault, and lists the features.
+        ConfigError: names the key, the table and the feature at fault.
     """
     if tables is None:
         return
-    features = schema.features
-    owner: dict[str, str] = {}
-    for i, table in enumerate(tables):
-        for feature in table.features:
-            where = f"hyper_parameters.tables[{i}] ({table.name!r}).features"
-            if feature not in features:
-                close = difflib.get_close_matches(feature, features, n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
-                raise ConfigError(f"{where}: {feature!r} is not a feature of the data "
-                                  f"(runner.parser: {parser}); {hint}the features are "
-                                  f"{_listing(features)}")
-            if feature in owner:
-                raise ConfigError(f"{where}: {feature!r} is already in table "
-                                  f"{owner[feature]!r}; a feature belongs to one table")
-            owner[feature] = table.name
-    missing = [f for f in features if f not in owner]
-    if missing:
-        raise ConfigError(f"hyper_parameters.tables: the features {_listing(missing)} are in "
-                          "no table; add them to a table's features (every sparse feature "
-                          "needs one)")
-
-
-def _listing(names: Sequence[str], most: int = 30) -> str:
-    shown = ", ".join(names[:most])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > most else "")
+    try:
+        check_table_features(schema, tables)
+    except ConfigError as exc:
+        raise ConfigError(f"hyper_parameters.tables: {exc}") from None
 
 
 def _unknown_key(loc: tuple[int | str, ...]) -> str:
