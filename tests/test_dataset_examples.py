@@ -66,3 +66,25 @@ def test_the_criteo_example_sees_the_same_examples_with_each_reader_type(
         assert metrics["epochs"][0]["examples"] == 1500, kind
         assert metrics["epochs"][0]["loss"] == reference["epochs"][0]["loss"], kind
         assert metrics["test"] == reference["test"], kind
+
+
+@pytest.mark.parametrize(("example", "train_lines", "test_examples"), [
+    ("wide_deep", 7200, 800), ("deepfm", 7200, 800), ("slot_dnn", 10, 10),
+    ("multivalued_csv", 5000, 1000)])
+def test_issue_14_examples_train_as_written(run_cli: Cli, repo_root: Path, tmp_path: Path,
+                                            example: str, train_lines: int,
+                                            test_examples: int) -> None:
+    """The examples of the models and of multi-valued data run as a user copies them
+    (their own cluster, mode and epochs): exit 0, every line read by one of the two
+    workers, the test set scored whole, and a model that learned (the slot_dnn demo
+    has 10 lines: it only has to run)."""
+    config = repo_root / "examples" / example / "config.yaml"
+    result = run_cli(["train", "-m", str(config), "-o", f"runner.model_save_path={tmp_path}"],
+                     timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["worker_num"] == 2 and metrics["server_num"] == 1
+    assert all(e["examples"] == train_lines // 2 for e in metrics["epochs"])
+    assert metrics["test"]["examples"] == test_examples
+    if example != "slot_dnn":
+        assert metrics["test"]["auc"] > 0.6
