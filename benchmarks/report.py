@@ -411,6 +411,47 @@ the targets (sections 1-3):
    ids and a 0.7-0.8 load factor for memory."""
 
 
+def _pooled_section(pooled: list[Record]) -> str:
+    rows = [[r["config"], f"{r['ids_per_batch']:,.0f}", fmt(r["examples_per_s"], digits=0),
+             fmt(r["ids_per_s"], 1e-6, 2), fmt(r["ms_per_step"], digits=1),
+             fmt(r["cpu_ms_per_step"], digits=1)]
+            for r in pooled if r.get("bench") == "pooled_embedding"]
+    if not rows:
+        return "_not run_"
+    return ("`benchmarks/pooled_embedding.py`: one training step of the embeddings alone "
+            "(forward, backward of a linear loss, the step's one push per table, Adam in "
+            "in-process tables), batch 512, dim 16, 1 torch thread. `pooled_*`: 8 "
+            "single-valued and 3 multi-valued features (Poisson lengths, mean 20, Zipf ids), "
+            "mean pooling; `single_*`: the 26 single-valued Criteo slots of the shared "
+            "sample through FeatureEmbeddings' fast path, a plain SparseEmbedding and the "
+            "same ids as bags of one. ids/s counts every id looked up and pooled.\n\n"
+            + _table(["configuration", "ids per batch", "examples/s", "M ids/s", "ms/step",
+                      "CPU ms/step"], rows))
+
+
+def _multihot_section(multihot: list[Record]) -> str:
+    summaries = [r for r in multihot if r.get("kind") == "summary"]
+    parity = {r["model"]: r for r in multihot if r.get("kind") == "parity"}
+    if not summaries:
+        return "_not run_"
+    rows = [[r["model"], r["case"], fmt(r["examples_per_s"], digits=0),
+             fmt(r["test_auc"], digits=4), fmt(r["train_wall_s"], digits=1)]
+            for r in summaries]
+    spread = [[model, f"{p['max_auc_difference']:.4f}",
+               "yes" if p["max_auc_difference"] <= 0.005 else "**no**"]
+              for model, p in parity.items()]
+    first = summaries[0]
+    return (f"`benchmarks/multihot_parity.py`: `psfleet datagen multihot` ({first['train_rows']:,}"
+            f" training rows, {first['test_rows']:,} test rows, seed 7; optimum test AUC "
+            f"{first['test_optimum_auc']:.4f}), `examples/multivalued_csv/config.yaml` with "
+            "1 epoch, batch 512 per worker, Adam lr 0.001, fc 256-128-64, two tables of dim "
+            "8 (c1..c6 + genres; hist + tags mean-pooled).\n\n"
+            + _table(["model", "configuration", "examples/s", "test AUC", "train wall s"], rows)
+            + "\n\nLargest test-AUC difference among the three configurations of each "
+            "model (target <= 0.005):\n\n"
+            + _table(["model", "max AUC difference", "<= 0.005?"], spread))
+
+
 def write_report(out: Path, *, records: dict[str, list[Record]], machine: dict[str, Any],
                  end_loadavg: list[float], started_at: str, total_s: float,
                  timings: dict[str, float], commands: list[str], run_all_command: str,
@@ -481,6 +522,10 @@ def write_report(out: Path, *, records: dict[str, list[Record]], machine: dict[s
         section("3. Over the wire (gRPC, 127.0.0.1)", _wire_section(wire)),
         section("4. Where the time goes in one PS training step", _step_section(steps)),
         section("5. Reader throughput", _reader_section(reader)),
+        section("6. Pooled multi-hot embeddings", _pooled_section(
+            records.get("pooled_embedding", []))),
+        section("7. Multi-valued features: AUC parity of the four models",
+                _multihot_section(records.get("multihot_parity", []))),
         section("Top three costs and what would remove each",
                 _costs(e2e, table, memory, wire, steps)),
     ]
