@@ -1,7 +1,8 @@
 """Data layer: the Batch type and Reader protocol, parsers (registered by name: raw
 Criteo TSV, PaddleRec slot format, CSV/TSV/Parquet columns, libSVM/libFFM), the streaming
 QueueDataset, the InMemoryDataset with global shuffle, the torch DataLoader reader,
-the in-memory CriteoReader and the synthetic Criteo generator."""
+the in-memory CriteoReader, the jagged (multi-valued) feature types and the synthetic
+generators (Criteo, multi-hot)."""
 
 from psfleet.data import columnar as _columnar  # noqa: F401 (registers csv, parquet)
 from psfleet.data import libsvm as _libsvm  # noqa: F401 (registers libsvm)
@@ -11,7 +12,6 @@ from psfleet.data.criteo import (
     NUM_DENSE,
     NUM_FIELDS,
     NUM_SLOTS,
-    ParsedChunk,
     hash_feature,
     hash_features,
     parse_criteo_bytes,
@@ -19,16 +19,23 @@ from psfleet.data.criteo import (
 )
 from psfleet.data.exchange import FileBarrier, FileExchange
 from psfleet.data.inmemory_dataset import InMemoryDataset
+from psfleet.data.jagged import JaggedRows, KeyedJagged
 from psfleet.data.libsvm import LibsvmConfig
 from psfleet.data.parsers import Parser, make_parser, parser_names, register_parser
 from psfleet.data.queue_dataset import QueueDataset
 from psfleet.data.reader import CriteoReader, list_data_files
 from psfleet.data.slot_format import SlotFormatConfig
 from psfleet.data.synthetic import DatagenResult, generate_criteo, true_probabilities
+from psfleet.data.synthetic_multihot import MULTIHOT_COLUMNS, generate_multihot
 from psfleet.data.torch_dataset import CtrIterableDataset, DataLoaderReader
-from psfleet.data.types import Batch, RawChunk, Reader
+from psfleet.data.types import Batch, FeatureSchema, ParsedChunk, RawChunk, Reader
 
 __all__ = [
+    "generate_multihot",
+    "MULTIHOT_COLUMNS",
+    "KeyedJagged",
+    "JaggedRows",
+    "FeatureSchema",
     "NUM_DENSE",
     "NUM_FIELDS",
     "NUM_SLOTS",
