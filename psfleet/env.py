@@ -111,6 +111,13 @@ VARIABLES: tuple[EnvVar, ...] = (
     ),
     EnvVar("PSFLEET_AUTH_TOKEN", None, "Shared secret every remote call must carry, if set."),
     EnvVar(
+        "PSFLEET_METRICS_PORT",
+        "0",
+        "Port of each server's Prometheus /metrics HTTP endpoint, bound on the server's "
+        "host: a port, 0 for a free one (written to the endpoint file and logged), or off "
+        "(none). See docs/monitoring.md.",
+    ),
+    EnvVar(
         "PSFLEET_SERVER_LIMITS",
         None,
         "Raise (or lower) a server's request limits, comma-separated NAME=INTEGER of "
