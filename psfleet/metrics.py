@@ -1,10 +1,11 @@
-"""CTR metrics: exact ROC AUC, log loss and a streaming (bucketed) AUC.
+"""CTR metrics: exact ROC AUC, log loss, COPC and a streaming (bucketed) AUC.
 
 A leaf module every layer may use (the runner, the data generator, user scripts).
 
 - :func:`auc`: exact ROC AUC from ranks, ties averaged (the Mann-Whitney U statistic
   divided by ``num_pos * num_neg``).
 - :func:`log_loss`: mean binary cross-entropy of probabilities.
+- :func:`copc`: clicks over predicted clicks, ``sum(labels) / sum(probs)`` (calibration).
 - :class:`StreamingAuc`: AUC over many batches from two fixed histograms of scores,
   as Paddle's ``auc`` op does (``stat_pos`` / ``stat_neg`` of ``num_thresholds + 1``
   buckets, area by the trapezoid rule); we use ``2**16`` buckets by default (Paddle's
@@ -27,7 +28,7 @@ import torch
 
 from psfleet.errors import ConfigError
 
-__all__ = ["auc", "log_loss", "StreamingAuc"]
+__all__ = ["auc", "log_loss", "copc", "StreamingAuc"]
 
 
 def _as_1d(name: str, values: Any) -> npt.NDArray[np.float64]:
@@ -112,6 +113,38 @@ def log_loss(labels: Any, probs: Any, eps: float = 1e-7) -> float:
     clipped = np.clip(prob_array, eps, 1.0 - eps)
     losses = -np.where(positive, np.log(clipped), np.log1p(-clipped))
     return float(losses.mean())
+
+
+def copc(labels: Any, probs: Any) -> float:
+    """COPC, clicks over predicted clicks: ``sum(labels) / sum(probs)``.
+
+    1.0 means the predicted CTR is calibrated on average; above 1 the model
+    under-predicts clicks, below 1 it over-predicts. It is the inverse of the
+    "calibration" (average predicted CTR / empirical CTR) of He et al., "Practical
+    Lessons from Predicting Clicks on Ads at Facebook", ADKDD 2014; ads systems
+    (Baidu, PaddleRec users) report it as COPC.
+
+    Args:
+        labels (array[N]): 0 / 1 labels (clicks).
+        probs (array[N]): predicted click probabilities in ``[0, 1]`` (sigmoid of the
+            logits).
+
+    Returns:
+        ``sum(labels) / sum(probs)``; ``nan`` when ``sum(probs)`` is 0 (no examples, or
+        every prediction exactly 0).
+
+    Raises:
+        ConfigError: on mismatched lengths, a label other than 0/1, NaN, or a
+            probability outside ``[0, 1]``.
+    """
+    positive, prob_array = _labels_and_scores(labels, probs, "probs")
+    if prob_array.size and (prob_array.min() < 0.0 or prob_array.max() > 1.0):
+        raise ConfigError(f"probs: must be in [0, 1], got range [{prob_array.min()}, "
+                          f"{prob_array.max()}]; pass sigmoid(logits), not logits")
+    predicted = float(prob_array.sum())
+    if predicted == 0.0:
+        return math.nan
+    return float(positive.sum()) / predicted
 
 
 class StreamingAuc:

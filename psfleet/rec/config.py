@@ -59,6 +59,10 @@ class RunnerConfig(_Section):
     Attributes:
         train_data_dir: a file, a directory of files, or a list of them.
         test_data_dir: the same, for the test AUC at the end (optional).
+        valid_data_dir: the same, evaluated by worker 0 during training (AUC, log
+            loss, COPC) every ``valid_interval`` epochs and after the last one
+            (optional; read like the test data).
+        valid_interval: epochs between validations (>= 1).
         epochs: passes over the training data.
         batch_size: examples per worker per step (global batch = batch_size x
             worker_num).
@@ -70,7 +74,8 @@ class RunnerConfig(_Section):
         geo_step: steps between GEO syncs (PaddleRec's default 400).
         thread_num: CPU threads of each worker's torch ops.
         print_interval: steps between progress-bar refreshes.
-        model_save_path: output directory (metrics.json, logs).
+        model_save_path: output directory (metrics.json, logs, ``tensorboard/`` event
+            files and ``curves.png`` of worker 0).
         reader_type: ``DataLoader`` (torch DataLoader over the in-memory reader),
             ``QueueDataset`` (streamed, not shuffled) or ``InMemoryDataset``
             (in memory, shuffled, optional global shuffle); see psfleet.data.
@@ -111,6 +116,8 @@ class RunnerConfig(_Section):
 
     train_data_dir: Path | list[Path]
     test_data_dir: Path | list[Path] | None = None
+    valid_data_dir: Path | list[Path] | None = None
+    valid_interval: int = Field(1, ge=1)
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(512, ge=1)
     sync_mode: Mode = "async"
@@ -442,6 +449,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
     runner = config.runner.model_copy(update={
         "train_data_dir": _resolve(config.runner.train_data_dir, base),
         "test_data_dir": _resolve(config.runner.test_data_dir, base),
+        "valid_data_dir": _resolve(config.runner.valid_data_dir, base),
         "model_save_path": base / config.runner.model_save_path,
         "exchange_dir": _resolve(config.runner.exchange_dir, base),
         "pipe_cwd": _resolve(config.runner.pipe_cwd, base) or base,

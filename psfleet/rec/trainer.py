@@ -5,18 +5,24 @@ model, and then either serves tables (server) or trains on its share of the data
 (worker), showing a progress bar with examples/s, loss and running AUC on worker 0.
 After the last epoch every worker flushes its pushes, and worker 0 evaluates the
 test data on the final parameters and writes ``metrics.json`` to the output folder.
+
+Worker 0 also records the run (:mod:`psfleet.rec.reporting`): TensorBoard scalars in
+``<model_save_path>/tensorboard/``, ``curves.png`` at the end, and the malformed lines
+its passes skipped. With ``runner.valid_data_dir`` the job validates every
+``runner.valid_interval`` epochs and after the last one: every worker flushes its
+pushes and meets the others, worker 0 evaluates on the tables as they are then (no
+push changes them meanwhile: the others wait at a second barrier), in every mode.
+On Ctrl-C worker 0 writes ``metrics.json`` with the finished epochs and an
+``interrupted`` entry and raises :class:`~psfleet.rec.reporting.TrainingInterrupted`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -27,13 +33,20 @@ from psfleet.data import Batch, Reader
 from psfleet.errors import DataError
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy
 from psfleet.fleet.persistence import restart_num
-from psfleet.metrics import StreamingAuc, auc, log_loss
+from psfleet.metrics import StreamingAuc
 from psfleet.nn import FeatureEmbeddings, Prefetch, SparseEmbedding, use_prefetched
 from psfleet.ps.types import OPTIMIZER_CLASSES
 from psfleet.rec.config import TrainConfig
+from psfleet.rec.curves import TENSORBOARD_DIR, RunRecorder
 from psfleet.rec.features import build_runner_model, model_inputs, prefetchers
-from psfleet.rec.predict import export_trained_model
 from psfleet.rec.readers import build_test_reader, build_train_reader
+from psfleet.rec.reporting import (
+    Progress,
+    TrainingInterrupted,
+    evaluate,
+    finish_run,
+    record_interrupt,
+)
 
 __all__ = ["train", "evaluate", "OPTIMIZERS"]
 
@@ -41,23 +54,6 @@ logger = logging.getLogger(__name__)
 
 #: ``hyper_parameters.optimizer.class`` -> the torch.optim class (whose rule the tables run).
 OPTIMIZERS: dict[str, Any] = {name: getattr(torch.optim, name) for name in OPTIMIZER_CLASSES}
-
-
-def evaluate(model: nn.Module, reader: Reader) -> dict[str, float]:
-    """AUC and log loss of ``model`` on every example of ``reader``; no table writes.
-
-    Returns:
-        ``{"auc", "logloss", "examples"}``.
-    """
-    model.eval()
-    labels, probs = [], []
-    with torch.no_grad():
-        for batch in reader:
-            labels.append(batch.labels.numpy())
-            probs.append(torch.sigmoid(model(*model_inputs(batch))).numpy())
-    model.train()
-    y, p = np.concatenate(labels), np.concatenate(probs)
-    return {"auc": auc(y, p), "logloss": log_loss(y, p), "examples": int(y.size)}
 
 
 def _prefetch(modules: list[FeatureEmbeddings | SparseEmbedding],
@@ -93,15 +89,20 @@ def _with_prefetch(reader: Reader, modules: list[FeatureEmbeddings | SparseEmbed
 
 def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Reader,
                  epoch: int, config: TrainConfig, show: bool, start_batch: int = 0,
-                 after_batch: Callable[[int], None] | None = None) -> dict[str, float]:
+                 after_batch: Callable[[int], None] | None = None,
+                 progress: Progress | None = None,
+                 recorder: RunRecorder | None = None) -> dict[str, float]:
     """One epoch; ``start_batch`` batches already trained (resume) are skipped, and
-    ``after_batch(k)`` runs after the epoch's k-th batch (checkpoints)."""
+    ``after_batch(k)`` runs after the epoch's k-th batch (checkpoints). ``progress``
+    follows the batches done; ``recorder`` gets a point every ``print_interval`` steps
+    (with ``show``)."""
     loss_fn = nn.BCEWithLogitsLoss()
     running = StreamingAuc()
     reader.set_epoch(epoch)
     if start_batch:
         reader.set_start_batch(start_batch)
     total_loss, examples, start = 0.0, 0, time.perf_counter()
+    interval_loss, interval_examples, interval_start = 0.0, 0, start
     bar = tqdm(total=reader.num_batches, initial=start_batch,
                desc=f"epoch {epoch + 1}/{config.runner.epochs}",
                disable=not show, mininterval=0.5, unit="batch", dynamic_ncols=True)
@@ -113,35 +114,33 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Read
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if progress is not None:
+            progress.batch = start_batch + step + 1
         if after_batch is not None:
             after_batch(start_batch + step + 1)
         n = len(batch)
-        total_loss += loss.item() * n
+        batch_loss = loss.item() * n
+        total_loss += batch_loss
         examples += n
         if show:
+            interval_loss += batch_loss
+            interval_examples += n
             running.update(batch.labels, torch.sigmoid(logits.detach()))
             bar.update(1)
             if (step + 1) % config.runner.print_interval == 0:
-                rate = examples / (time.perf_counter() - start)
+                now = time.perf_counter()
+                rate, running_auc = examples / (now - start), running.compute()
                 bar.set_postfix(ex_s=f"{rate:,.0f}", loss=f"{total_loss / examples:.4f}",
-                                auc=f"{running.compute():.4f}")
+                                auc=f"{running_auc:.4f}")
+                if recorder is not None:
+                    recorder.step(optimizer.steps, interval_loss / interval_examples,
+                                  running_auc, interval_examples / (now - interval_start))
+                interval_loss, interval_examples, interval_start = 0.0, 0, now
     bar.close()
     wall = time.perf_counter() - start
     return {"epoch": epoch + 1, "loss": total_loss / max(examples, 1),
             "auc": running.compute() if show else float("nan"), "examples": examples,
             "examples_per_s": examples / wall, "wall_s": wall}
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every NaN or infinite float replaced by None (strict JSON has no
-    NaN: a train AUC of one class is undefined, not a number)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _agreed_share(checkpoint: CheckpointConfig | None) -> int | None:
@@ -221,6 +220,44 @@ def _resume(checkpoint: CheckpointConfig | None, reader: Reader,
     return resumed
 
 
+def _validate(model: nn.Module, optimizer: DistributedOptimizer,
+              reader: Reader | None) -> dict[str, float] | None:
+    """Validation during training; every worker calls it at the same point.
+
+    Each worker flushes its pushes and meets the others (every push of the job is
+    applied past the barrier); the worker holding ``reader`` (worker 0) installs the
+    tables' dense values, evaluates, and puts its own dense values back (its training
+    state goes on unchanged); a second barrier holds the others until it is done, so
+    no push changes the tables during the evaluation. Blocks. In GEO mode the flush is
+    one extra delta exchange; the others wait for the evaluation at most the barrier
+    timeout (the RPC deadline).
+
+    Returns:
+        :func:`evaluate`'s metrics on worker 0; None elsewhere.
+    """
+    fleet.flush()
+    fleet.barrier_worker()
+    result = None
+    if reader is not None:
+        own = optimizer.flat_values()
+        optimizer.refresh()
+        try:
+            result = evaluate(model, reader)
+        finally:
+            optimizer.install(own)
+    fleet.barrier_worker()
+    return result
+
+
+def _valid_reader(config: TrainConfig) -> Reader | None:
+    """Worker 0's reader of ``runner.valid_data_dir`` (read as the test data), or None."""
+    runner = config.runner
+    if runner.valid_data_dir is None:
+        return None
+    return build_test_reader(config.model_copy(update={"runner": runner.model_copy(
+        update={"test_data_dir": runner.valid_data_dir})}))
+
+
 def train(config: TrainConfig) -> dict[str, Any] | None:
     """Run this process's part of the job described by ``config``.
 
@@ -234,6 +271,8 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
 
     Raises:
         ConfigError, DataError: bad configuration or data (names the field or file).
+        TrainingInterrupted: worker 0 got Ctrl-C (a KeyboardInterrupt, after writing
+            metrics.json with the finished epochs); other workers re-raise theirs.
     """
     runner, hp = config.runner, config.hyper_parameters
     torch.set_num_threads(runner.thread_num)
@@ -251,7 +290,27 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         fleet.init_server(checkpoint_dir=checkpoint.checkpoint_dir if checkpoint else None)
         fleet.run_server()
         return None
+    first = fleet.worker_index() == 0
+    progress = Progress(valid=[] if runner.valid_data_dir is not None else None)
+    recorder = RunRecorder(runner.model_save_path / TENSORBOARD_DIR) if first else None
+    readers: dict[str, Reader | None] = {}
+    try:
+        return _work(config, model, optimizer, progress, recorder, readers)
+    except KeyboardInterrupt as exc:
+        if not first or isinstance(exc, TrainingInterrupted):
+            raise
+        raise record_interrupt(config, progress, readers.get("train"), optimizer.steps,
+                               recorder) from exc
+    finally:
+        if recorder is not None:
+            recorder.close()
 
+
+def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer,
+          progress: Progress, recorder: RunRecorder | None,
+          readers: dict[str, Reader | None]) -> dict[str, Any] | None:
+    """A worker's part of :func:`train`; ``readers`` is filled as they are built."""
+    runner, checkpoint = config.runner, config.runner.checkpoint
     # Collective mode: the model all-reduces gradients (DDP); elsewhere this is `model`.
     train_model = fleet.distributed_model(model)
     index, workers = fleet.worker_index(), fleet.worker_num()
@@ -260,14 +319,17 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
     agreed = _agreed_share(checkpoint) if equal_steps and restart_num() > 0 else None
     reader = build_train_reader(config, index, workers, equal_steps=equal_steps,
                                 example_limit=agreed)
+    readers["train"] = reader
     share: dict[str, object] = (
         {"examples_per_worker": reader.num_examples} if equal_steps else {})
-    test_reader = build_test_reader(config) if first else None
+    if first:
+        readers["test"], readers["valid"] = build_test_reader(config), _valid_reader(config)
+        for name, built in readers.items():
+            progress.malformed.observe(name, built)
     fleet.init_worker()
     tally = _CheckpointTally(checkpoint)
     resume = _resume(checkpoint, reader, share, tally)
-    job_start = time.perf_counter()
-    epochs = []
+    progress.started = time.perf_counter()
     for epoch in range(resume.epoch, runner.epochs):
         after_batch = None
         if checkpoint is not None:
@@ -275,16 +337,34 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
                 if checkpoint.due_after_batch(done, reader.num_batches):
                     tally.save(Cursor(epoch=epoch, batch=done, step=optimizer.steps), share)
         start_batch = resume.batch if epoch == resume.epoch else 0
+        progress.epoch, progress.batch = epoch, start_batch
         with fleet.join():  # collective: ranks with fewer batches wait for the others
             stats = _train_epoch(train_model, optimizer, reader, epoch, config, show=first,
-                                 start_batch=start_batch, after_batch=after_batch)
-        epochs.append(stats)
+                                 start_batch=start_batch, after_batch=after_batch,
+                                 progress=progress, recorder=recorder)
+        progress.epochs.append(stats)
+        if first:
+            progress.malformed.observe("train", reader)
+        if recorder is not None:
+            recorder.epoch(stats)
         if (checkpoint is not None and epoch + 1 < runner.epochs
                 and checkpoint.due_after_epoch(epoch + 1)):
             tally.save(Cursor(epoch=epoch + 1, batch=0, step=optimizer.steps), share)
         logger.info("epoch %d/%d: loss %.5f, train auc %.4f, %d examples, %.0f examples/s "
                     "on this worker, %.1f s", stats["epoch"], runner.epochs, stats["loss"],
                     stats["auc"], stats["examples"], stats["examples_per_s"], stats["wall_s"])
+        if (runner.valid_data_dir is not None and epoch + 1 < runner.epochs
+                and (epoch + 1) % runner.valid_interval == 0):  # the last one: below
+            valid = _validate(model, optimizer, readers.get("valid"))
+            if valid is not None and progress.valid is not None:
+                progress.valid.append({"epoch": epoch + 1, **valid})
+                logger.info("epoch %d/%d: valid auc %.4f, logloss %.5f, copc %.4f on %d "
+                            "examples", epoch + 1, runner.epochs, valid["auc"],
+                            valid["logloss"], valid["copc"], valid["examples"])
+                if recorder is not None:
+                    recorder.evaluation("valid", progress.valid[-1], epoch + 1)
+    progress.epoch = runner.epochs
+    epochs = progress.epochs
     if epochs and not any(stats["examples"] for stats in epochs):
         raise DataError(
             f"worker {index} trained on 0 examples in {len(epochs)} epoch(s): every line of "
@@ -295,26 +375,10 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         tally.save(Cursor(epoch=runner.epochs, batch=0, step=optimizer.steps), share)
     fleet.flush()
     fleet.barrier_worker()  # every worker's pushes are applied past this point
-    train_wall = time.perf_counter() - job_start
     metrics: dict[str, Any] | None = None
     if first:
         optimizer.refresh()
-        all_examples = runner.epochs * reader.total_lines  # every worker's share
-        metrics = {
-            "model": runner.model, "sync_mode": runner.sync_mode,
-            "server_num": fleet.server_num(), "worker_num": workers,
-            "batch_size": runner.batch_size, "global_batch": runner.batch_size * workers,
-            "epochs": epochs, "train_wall_s": train_wall,
-            "examples_per_s": all_examples / train_wall,
-            "test": evaluate(model, test_reader) if test_reader is not None else None,
-        }
-        out = runner.model_save_path
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(_finite(metrics), indent=2) + "\n")
-        logger.info("metrics written to %s", out / "metrics.json")
-        if runner.inference_model_path is not None:  # after the evaluation: same values
-            sample = next(iter(test_reader if test_reader is not None else reader), None)
-            export_trained_model(config, model, metrics, sample)
+        metrics = finish_run(config, model, progress, reader, readers, recorder)
     fleet.stop_worker()
     if first:
         tally.summarize()

@@ -1,0 +1,312 @@
+"""What worker 0 reports of a run: the evaluations, ``metrics.json`` (written
+atomically), the malformed lines its passes skipped, and the record of a Ctrl-C.
+
+``metrics.json`` (in ``runner.model_save_path``) holds: ``model``, ``sync_mode``,
+``server_num``, ``worker_num``, ``batch_size``, ``global_batch``; ``epochs`` (per epoch:
+loss, train AUC, examples, examples/s, wall time); ``train_wall_s`` and the job's
+``examples_per_s``; ``test`` and each ``valid`` entry (AUC, log loss, COPC, examples;
+``valid`` is None without ``runner.valid_data_dir``); ``malformed_lines`` (per data
+set: malformed lines skipped, lines read, passes, the first bad ``file:line``);
+``tensorboard`` and ``curves`` (paths, :mod:`psfleet.rec.curves`); ``interrupted``
+(None, or ``{"epoch", "step", "batch", "checkpoint"}`` after Ctrl-C). It is written
+under a temporary name and renamed, so a reader never sees a partial file; NaN and
+infinities become null.
+
+On Ctrl-C the trainer raises :class:`TrainingInterrupted` (a ``KeyboardInterrupt``)
+carrying the epoch and step reached, the metrics file and the newest complete
+checkpoint (:func:`newest_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from psfleet import fleet
+from psfleet.checkpoint import CheckpointConfig, CheckpointStore
+from psfleet.checkpoint.manifest import MANIFEST_NAME
+from psfleet.data import Reader
+from psfleet.data.pipeline import PassStats
+from psfleet.metrics import auc, copc, log_loss
+from psfleet.rec.config import TrainConfig
+from psfleet.rec.curves import CURVES_NAME, RunRecorder, plot_curves
+from psfleet.rec.features import model_inputs
+from psfleet.rec.predict import export_trained_model
+
+__all__ = ["METRICS_NAME", "MalformedTally", "Progress", "TrainingInterrupted", "evaluate",
+           "finish_run", "finite", "newest_checkpoint", "record_interrupt", "run_metrics",
+           "write_json_atomic"]
+
+logger = logging.getLogger(__name__)
+
+METRICS_NAME = "metrics.json"
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None, recursively (strict
+    JSON has no NaN: a train AUC of one class is undefined, not a number)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def _temporary(path: Path) -> Path:
+    """A hidden name beside ``path``, distinct per process (for write-then-rename)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def write_json_atomic(path: Path, value: Any) -> Path:
+    """Write ``value`` as indented JSON to ``path`` atomically: to a temporary name in
+    the same folder, flushed to disk, then renamed over ``path`` (``os.replace``). A
+    reader sees the old file or the new one, never a partial one. Creates the folder.
+
+    Raises:
+        OSError: the folder cannot be created or written (the temporary file is
+            removed; an existing ``path`` is untouched).
+        TypeError: ``value`` holds something JSON cannot encode.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(finite(value), indent=2) + "\n"
+    tmp = _temporary(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+class MalformedTally:
+    """Malformed (skipped) lines of worker 0's passes, per data set.
+
+    :meth:`observe` a reader after each pass (an in-memory reader has one pass, its
+    load; a QueueDataset one per epoch); the same pass observed twice counts once.
+    """
+
+    def __init__(self) -> None:
+        self._passes: dict[str, list[PassStats]] = {}
+
+    def observe(self, name: str, reader: object | None) -> None:
+        """Count ``reader``'s last pass (``last_pass``, or that of the reader it wraps
+        as ``.reader``, e.g. a DataLoaderReader's) under ``name``; nothing for a reader
+        without one."""
+        stats = None
+        for _ in range(4):  # wrappers of wrappers, not forever
+            stats = getattr(reader, "last_pass", None)
+            if stats is not None or not hasattr(reader, "reader"):
+                break
+            reader = getattr(reader, "reader")  # noqa: B009 - typed as object
+        if not isinstance(stats, PassStats):
+            return
+        passes = self._passes.setdefault(name, [])
+        if not any(seen is stats for seen in passes):
+            passes.append(stats)
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Per data set: ``{"malformed", "lines", "passes", "first"}``: malformed lines
+        skipped and lines read (summed over the passes), the pass count, and the first
+        malformed line (``file:line reason``) or None."""
+        return {name: {"malformed": sum(p.malformed for p in passes),
+                       "lines": sum(p.lines for p in passes), "passes": len(passes),
+                       "first": next((p.first_malformed for p in passes
+                                      if p.first_malformed), None)}
+                for name, passes in self._passes.items()}
+
+    def describe(self) -> str:
+        """One phrase for a log line: ``train 12 of 7200 lines, test 0 of 800 lines``."""
+        return ", ".join(f"{name} {s['malformed']} of {s['lines']} lines"
+                         for name, s in self.summary().items()) or "no pass read"
+
+
+def newest_checkpoint(checkpoint: CheckpointConfig | None) -> str | None:
+    """The URL of the newest complete checkpoint (its manifest, written last, exists;
+    files not verified, so it is quick on Ctrl-C), or None without checkpoints or when
+    the folder cannot be listed."""
+    if checkpoint is None:
+        return None
+    try:
+        store = CheckpointStore(checkpoint.checkpoint_dir)
+        for name in store.names():
+            if store.storage.exists(name, MANIFEST_NAME):
+                return store.storage.child(name).url
+    except OSError:
+        return None
+    return None
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training was stopped by Ctrl-C (SIGINT); what was reached and saved.
+
+    A ``KeyboardInterrupt``: code catching that still catches it. ``str()`` is one line
+    for the console.
+
+    Args:
+        epoch: the 1-based epoch in progress.
+        step: optimizer steps done by this worker (the checkpoints' step count).
+        checkpoint: URL of the newest complete checkpoint, or None.
+        metrics_path: the metrics.json holding the finished epochs, or None when it
+            could not be written.
+    """
+
+    def __init__(self, epoch: int, step: int, checkpoint: str | None,
+                 metrics_path: str | None) -> None:
+        self.epoch, self.step = epoch, step
+        self.checkpoint, self.metrics_path = checkpoint, metrics_path
+        super().__init__(self._line())
+
+    def _line(self) -> str:
+        saved = (f"metrics of the finished epochs in {self.metrics_path}"
+                 if self.metrics_path else "no metrics written")
+        resume = (f"newest checkpoint {self.checkpoint} (run the same command again to "
+                  "resume from it)" if self.checkpoint else
+                  "no checkpoint to resume from (set runner.checkpoint to have one)")
+        return f"interrupted in epoch {self.epoch} at step {self.step}; {saved}; {resume}"
+
+    def __str__(self) -> str:
+        return self._line()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.epoch, self.step, self.checkpoint, self.metrics_path))
+
+
+def evaluate(model: nn.Module, reader: Reader) -> dict[str, float]:
+    """AUC, log loss and COPC of ``model`` on every example of ``reader``; no table
+    writes.
+
+    Returns:
+        ``{"auc", "logloss", "copc", "examples"}`` (:mod:`psfleet.metrics`).
+    """
+    model.eval()
+    labels, probs = [], []
+    with torch.no_grad():
+        for batch in reader:
+            labels.append(batch.labels.numpy())
+            probs.append(torch.sigmoid(model(*model_inputs(batch))).numpy())
+    model.train()
+    y, p = np.concatenate(labels), np.concatenate(probs)
+    return {"auc": auc(y, p), "logloss": log_loss(y, p), "copc": copc(y, p),
+            "examples": int(y.size)}
+
+
+@dataclass
+class Progress:
+    """Where the run is and what worker 0 measured so far (for metrics.json, also on
+    Ctrl-C). The trainer updates it as it goes."""
+
+    epoch: int = 0  # 0-based epoch in progress (runner.epochs: the final evaluation)
+    batch: int = 0  # batches done in it
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    valid: list[dict[str, Any]] | None = None
+    malformed: MalformedTally = field(default_factory=MalformedTally)
+    started: float = field(default_factory=time.perf_counter)
+
+
+def run_metrics(config: TrainConfig, progress: Progress, reader: Reader | None,
+                recorder: RunRecorder | None, epochs_run: int) -> dict[str, Any]:
+    """metrics.json's content so far (module docstring); ``test``, ``curves`` and
+    ``interrupted`` are None. The job's examples/s counts ``epochs_run`` epochs of
+    every worker's lines (``reader.total_lines``) over the wall time since
+    ``progress.started``."""
+    runner = config.runner
+    workers = fleet.worker_num()
+    train_wall = time.perf_counter() - progress.started
+    all_examples = epochs_run * (reader.total_lines if reader is not None else 0)
+    return {
+        "model": runner.model, "sync_mode": runner.sync_mode,
+        "server_num": fleet.server_num(), "worker_num": workers,
+        "batch_size": runner.batch_size, "global_batch": runner.batch_size * workers,
+        "epochs": progress.epochs, "train_wall_s": train_wall,
+        "examples_per_s": all_examples / train_wall, "test": None, "valid": progress.valid,
+        "malformed_lines": progress.malformed.summary(),
+        "tensorboard": str(recorder.log_dir) if recorder is not None else None,
+        "curves": None, "interrupted": None,
+    }
+
+
+def record_interrupt(config: TrainConfig, progress: Progress, reader: Reader | None,
+                     step: int, recorder: RunRecorder | None) -> TrainingInterrupted:
+    """Worker 0 on Ctrl-C: write metrics.json (the finished epochs, ``interrupted``)
+    atomically, log one line, and return the exception to raise. No RPC: the servers
+    may be stopping. A failed write is logged (the exception's metrics_path is None).
+
+    Args:
+        reader: the training reader (None if not built yet).
+        step: the optimizer steps done.
+    """
+    runner = config.runner
+    epoch = min(progress.epoch + 1, runner.epochs)
+    checkpoint = newest_checkpoint(runner.checkpoint)
+    progress.malformed.observe("train", reader)
+    metrics = run_metrics(config, progress, reader, recorder, len(progress.epochs))
+    metrics["interrupted"] = {"epoch": epoch, "step": step, "batch": progress.batch,
+                              "checkpoint": checkpoint}
+    path: str | None = None
+    try:
+        path = str(write_json_atomic(runner.model_save_path / METRICS_NAME, metrics))
+    except OSError as exc:
+        logger.error("interrupted; metrics.json could not be written: %s", exc)
+    interrupted = TrainingInterrupted(epoch, step, checkpoint, path)
+    logger.warning("%s", interrupted)
+    return interrupted
+
+
+def finish_run(config: TrainConfig, model: nn.Module, progress: Progress, reader: Reader,
+               readers: dict[str, Reader | None], recorder: RunRecorder | None
+               ) -> dict[str, Any]:
+    """Worker 0 after the last barrier (every push applied, dense values refreshed):
+    the last validation (at ``runner.epochs``), the test evaluation, the curves,
+    metrics.json (atomically) and the export (``runner.inference_model_path``).
+
+    Args:
+        readers: ``{"valid", "test"}`` readers (None when not configured).
+
+    Returns:
+        The metrics written.
+
+    Raises:
+        OSError: metrics.json cannot be written (a failing plot is only a warning).
+    """
+    runner = config.runner
+    metrics = run_metrics(config, progress, reader, recorder, runner.epochs)
+    valid_reader, test_reader = readers["valid"], readers["test"]
+    if valid_reader is not None and progress.valid is not None:
+        progress.valid.append({"epoch": runner.epochs, **evaluate(model, valid_reader)})
+        if recorder is not None:
+            recorder.evaluation("valid", progress.valid[-1], runner.epochs)
+    metrics["test"] = evaluate(model, test_reader) if test_reader is not None else None
+    if recorder is not None and metrics["test"] is not None:
+        recorder.evaluation("test", metrics["test"], runner.epochs)
+    out = runner.model_save_path
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        metrics["curves"] = str(plot_curves(
+            out / CURVES_NAME, progress.epochs, progress.valid, metrics["test"],
+            runner.epochs, f"{runner.model}, {runner.sync_mode}, "
+            f"{metrics['server_num']}x{metrics['worker_num']}"))
+    except Exception as exc:  # noqa: BLE001 - a plot must not lose the run's metrics
+        logger.warning("curves.png could not be drawn: %s", exc)
+    write_json_atomic(out / METRICS_NAME, metrics)
+    logger.info("metrics written to %s; curves %s; TensorBoard %s; malformed lines "
+                "skipped: %s", out / METRICS_NAME, metrics["curves"], metrics["tensorboard"],
+                progress.malformed.describe())
+    if runner.inference_model_path is not None:  # after the evaluation: same values
+        sample = next(iter(test_reader if test_reader is not None else reader), None)
+        export_trained_model(config, model, metrics, sample)
+    return metrics
