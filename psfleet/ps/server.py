@@ -2,7 +2,8 @@
 
 :func:`start_server` serves a :class:`~psfleet.ps.service.TableService` in this
 process and returns at once; :func:`run_server` serves until a worker sends ``Stop``
-or the process gets SIGTERM.
+or the process gets SIGTERM, and serves the server's Prometheus metrics beside gRPC
+(``psfleet.ps.metrics_exporter``, docs/monitoring.md).
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from pathlib import Path
 
 from psfleet import env
+from psfleet.ps.metrics_exporter import MetricsExporter, metrics_port_from_env
 from psfleet.ps.service import TableService
 from psfleet.ps.types import ServerLimits
 from psfleet.rpc import RpcConfig, RunningServer, serve
@@ -37,43 +40,66 @@ def start_server(host: str, port: int, config: RpcConfig,
 def run_server(host: str, port: int, config: RpcConfig,
                endpoint_file: Path | None = None, preload_dir: Path | str | None = None,
                recover: tuple[str, int] | None = None,
-               job_worker_num: int | None = None) -> None:
+               job_worker_num: int | None = None,
+               server_index: int | None = None) -> None:
     """Serve until a worker sends Stop or the process gets SIGTERM/SIGINT. Blocks.
+
+    Also serves the server's metrics over HTTP at ``/metrics`` (Prometheus), on the
+    port ``PSFLEET_METRICS_PORT`` gives (default 0: a free one; ``off``: none); its
+    ``host:port`` is logged and written to ``endpoint_file`` after the gRPC endpoint.
+    Both stop when the server stops.
 
     Args:
         host: address to bind.
         port: port to bind; 0 asks the OS for a free one.
         config: rpc settings.
-        endpoint_file: where to write the bound ``host:port`` once listening.
+        endpoint_file: where to write the bound ``host:port`` (and the metrics
+            endpoint's) once listening (``psfleet.rpc.endpoint_file``).
         preload_dir: a save to load each table from when it is created.
         recover: ``(checkpoint_dir, server_index)``: a restarted server first
             re-creates its tables from the newest complete checkpoint there
             (:meth:`TableService.recover`), then listens.
         job_worker_num: the job's worker count, when known (requests naming another
             are refused); None: fixed by the first Barrier or sync push.
+        server_index: this server's index, for the metrics; None: the one in
+            ``recover``, else ``PSFLEET_SERVER_INDEX``, else unknown (-1).
 
     The request limits are :class:`~psfleet.ps.types.ServerLimits`, raised through
     ``PSFLEET_SERVER_LIMITS``.
 
     Raises:
-        ConfigError: the port cannot be bound, or PSFLEET_SERVER_LIMITS is malformed.
+        ConfigError: the port (or the metrics port) cannot be bound, or
+            PSFLEET_SERVER_LIMITS or PSFLEET_METRICS_PORT is malformed.
         DataError: ``recover`` names a checkpoint without this server's tables.
     """
+    started_s = time.monotonic()
     limits = ServerLimits.parse(env.read("PSFLEET_SERVER_LIMITS") or "")
+    metrics_port = metrics_port_from_env()
+    if server_index is None:
+        server_index = recover[1] if recover is not None else env.int_var(
+            None, "PSFLEET_SERVER_INDEX", 0)
     service = TableService(config.deadline_s, preload_dir, limits, job_worker_num)
     if recover is not None:
         service.recover(*recover)
     service, server = start_server(host, port, config, service)
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, frame: service.stop_requested.set())
-    if endpoint_file is not None:
-        write_endpoint_file(endpoint_file, server.host, server.port)
+    exporter: MetricsExporter | None = None
     try:
+        if metrics_port is not None:
+            exporter = MetricsExporter.start(service, server.host, metrics_port,
+                                             -1 if server_index is None else server_index,
+                                             started_s)
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda signum, frame: service.stop_requested.set())
+        if endpoint_file is not None:
+            write_endpoint_file(endpoint_file, server.host, server.port,
+                                None if exporter is None else exporter.endpoint)
         while not service.stop_requested.wait(0.5):
             pass
     finally:
         service.close()  # a blocked Barrier or sync push would keep the process alive
+        if exporter is not None:
+            exporter.close()
         server.stop(grace_s=2.0)
         stats = {tid: len(t) for tid, t in service.tables.items()}
         logger.info("server %s stopped; rows per table: %s", server.endpoint, stats)

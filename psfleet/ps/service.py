@@ -35,6 +35,7 @@ from psfleet.ps.request_checks import (
     check_table_config,
     count_non_finite,
 )
+from psfleet.ps.request_counters import RequestCounters
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.sync_rounds import SyncRounds
 from psfleet.ps.types import (
@@ -81,6 +82,8 @@ class TableService:
     ``InvalidRequestError`` and changes nothing; out of memory raises
     ``ResourceExhaustedError`` naming the table (rows created all or none per shard;
     a push spanning shards may have reached those before the failing one).
+    ``counters`` (:class:`~psfleet.ps.request_counters.RequestCounters`) counts the
+    pulls and pushes served, per table (the server's /metrics reads them).
     """
 
     def __init__(self, barrier_timeout_s: float = 180.0,
@@ -97,6 +100,7 @@ class TableService:
         self._gate = PushGate()
         self._barrier = Barrier()
         self._ledger = PushLedger()
+        self.counters = RequestCounters()
         self._barrier_timeout_s = barrier_timeout_s
         self._sparse_rounds: SyncRounds[tuple[np.ndarray, np.ndarray]] = SyncRounds(
             barrier_timeout_s)
@@ -191,7 +195,9 @@ class TableService:
         table = self._table(table_id, SparseTable)
         check_pull_size(table_id, keys.size, table.dim, self.limits)
         with self._memory_guard("pull", table_id):
-            return table.pull(keys, create=create)
+            rows = table.pull(keys, create=create)
+        self.counters.count_pull(table_id, keys.size)
+        return rows
 
     def push_sparse(self, push: PushMeta, keys: np.ndarray, values: np.ndarray) -> None:
         """Apply a push of float32[N, dim] gradients (or GEO deltas) of keys uint64[N]
@@ -209,6 +215,7 @@ class TableService:
         apply = self._sparse_push_modes[push.mode]
         with self._memory_guard("push", push.table_id):
             self._ledger.run_once(*push.push_id, lambda: apply(push, table, keys, values))
+        self.counters.count_push(push.table_id, keys.size)
 
     def _check_push(self, push: PushMeta, values: np.ndarray) -> None:
         what = f"push to table {push.table_id}"
@@ -223,7 +230,9 @@ class TableService:
         Raises InvalidRequestError when ``worker_index`` is outside the job's."""
         table = self._table(table_id, DenseTable)
         self._workers.check_index(f"dense pull of table {table_id}", worker_index)
-        return table.pull(worker_index)
+        values = table.pull(worker_index)
+        self.counters.count_pull(table_id, values.size)
+        return values
 
     def push_dense(self, push: PushMeta, values: np.ndarray) -> None:
         """Apply a push of float32[n] gradients (or deltas) to dense table
@@ -234,6 +243,7 @@ class TableService:
         apply = self._dense_push_modes[push.mode]
         with self._memory_guard("push", push.table_id):
             self._ledger.run_once(*push.push_id, lambda: apply(push, table, values))
+        self.counters.count_push(push.table_id, values.size)
 
     # -- push modes: one method each (APPLY async, SYNC rounds, DELTA geo) --------------
     def _sparse_apply(self, push: PushMeta, table: SparseTable,
