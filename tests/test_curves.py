@@ -102,14 +102,16 @@ def test_one_process_run_writes_event_file_png_and_validates_each_epoch(
                                                      "tensorboard"]
 
 
-def test_async_one_server_two_workers_validates_mid_training(
-        run_cli: RunCli, repo_root: Path, tmp_path: Path, criteo_dir: Path) -> None:
+@pytest.mark.parametrize("mode", ["async", "geo"])
+def test_one_server_two_workers_validate_mid_training(
+        run_cli: RunCli, repo_root: Path, tmp_path: Path, criteo_dir: Path, mode: str) -> None:
     out = tmp_path / "out"
 
     metrics = _train(run_cli, repo_root, out, f"runner.valid_data_dir={criteo_dir / 'dev.csv'}",
+                     f"runner.sync_mode={mode}", "runner.geo_step=10",
                      "cluster.server_num=1", "cluster.worker_num=2", timeout=240)
 
-    assert metrics["worker_num"] == 2 and metrics["sync_mode"] == "async"
+    assert metrics["worker_num"] == 2 and metrics["sync_mode"] == mode
     valid = metrics["valid"]
     assert [v["epoch"] for v in valid] == [1, 2]
     assert all(v["examples"] == 409 for v in valid)
@@ -119,3 +121,28 @@ def test_async_one_server_two_workers_validates_mid_training(
     assert [s for s, _ in scalars["valid/auc"]] == [1, 2]
     assert Path(metrics["curves"]).read_bytes()[:8] == PNG_SIGNATURE
     assert_no_processes_mentioning(str(out))
+
+
+def test_sync_validation_equals_one_process_with_the_global_batch(
+        run_cli: RunCli, repo_root: Path, tmp_path: Path,
+        data_slice: Callable[..., Path]) -> None:
+    """Oracle: sync mode, 2 workers x batch 64 trains as one process with batch 128
+    (worker k reads lines k, k+2, ...: the union of the workers' step-j batches is the
+    process's step-j batch), so each epoch's validation, the mid-training one included,
+    sees the same parameters: every push of both workers applied."""
+    train, dev = data_slice(2048), data_slice(409, source="dev.csv")
+    common = (f"runner.train_data_dir={train}", f"runner.test_data_dir={dev}",
+              f"runner.valid_data_dir={dev}", "runner.shuffle=false",
+              "runner.sync_mode=sync")
+    alone = _train(run_cli, repo_root, tmp_path / "alone", *common, "runner.batch_size=128",
+                   "cluster.server_num=0", "cluster.worker_num=1")
+    job = _train(run_cli, repo_root, tmp_path / "job", *common, "runner.batch_size=64",
+                 "cluster.server_num=1", "cluster.worker_num=2", timeout=240)
+
+    assert [v["epoch"] for v in job["valid"]] == [v["epoch"] for v in alone["valid"]] == [1, 2]
+    for got, want in zip(job["valid"], alone["valid"], strict=True):
+        assert got["examples"] == want["examples"] == 409
+        assert got["auc"] == pytest.approx(want["auc"], abs=1e-4)
+        assert got["logloss"] == pytest.approx(want["logloss"], abs=1e-5)
+        assert got["copc"] == pytest.approx(want["copc"], rel=1e-4)
+    assert job["valid"][0]["auc"] != job["valid"][1]["auc"]
