@@ -128,12 +128,18 @@ def main() -> None:
     records: dict[str, list[dict[str, Any]]] = {}
     timings: dict[str, float] = {"data (cached: ~0 s)": data_s}
     commands: list[str] = []
+    failed: list[str] = []
     for name, argv in script_commands(args):
         if only and name not in only:
             continue
         commands.append("python " + " ".join(argv))
         log(f"run_all: {commands[-1]}")
-        records[name], timings[name] = run_script(argv, timeout_s=1800)
+        try:
+            records[name], timings[name] = run_script(argv, timeout_s=1800)
+        except (SystemExit, subprocess.TimeoutExpired) as exc:  # keep the others' figures
+            failed.append(f"{name}: {exc}")
+            log(f"run_all: FAILED {failed[-1]}; going on with the other scripts")
+            continue
         log(f"run_all: {name} took {timings[name]:.0f} s")
     total_s = time.perf_counter() - start
     report = {"records": records, "machine": machine,
@@ -148,6 +154,9 @@ def main() -> None:
     (args.cache_dir / "last_run.json").write_text(json.dumps(report, indent=1))
     write_report(args.out, **report)
     log(f"run_all: wrote {args.out} in {total_s:.0f} s")
+    if failed:
+        raise SystemExit("run_all: these scripts failed (their sections say 'not run'): "
+                         + "; ".join(failed))
 
 
 if __name__ == "__main__":
