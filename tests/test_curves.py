@@ -7,22 +7,30 @@ malformed lines in metrics.json; through ``psfleet train`` on the real Criteo sa
   every scalar (tags, counts, values equal to metrics.json's), the PNG opens, the last
   validation equals the test evaluation (same data, same final parameters), and the
   5 malformed lines added to the training slice are counted.
-- The example's own cluster (1 server x 2 workers, async) with validation after each
-  epoch: every worker meets for the mid-training validation, and the model validates
-  above AUC 0.6.
+- The example's own cluster (1 server x 2 workers, async and GEO; 2 collective ranks)
+  with validation after each epoch: every worker meets for the mid-training
+  validation, and the model validates above AUC 0.6.
+- Sync mode, 2 workers x batch 64, validates each epoch exactly as one process with
+  batch 128 (the sync oracle).
+- SIGINT to a 1x2 job with checkpoints, after its second checkpoint: metrics.json holds
+  the finished epochs and ``interrupted`` names the newest complete checkpoint.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import matplotlib.image
+import psutil
 import pytest
-from conftest import assert_no_processes_mentioning
+from conftest import assert_no_processes_mentioning, clean_env, kill_processes
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -102,14 +110,14 @@ def test_one_process_run_writes_event_file_png_and_validates_each_epoch(
                                                      "tensorboard"]
 
 
-@pytest.mark.parametrize("mode", ["async", "geo"])
-def test_one_server_two_workers_validate_mid_training(
-        run_cli: RunCli, repo_root: Path, tmp_path: Path, criteo_dir: Path, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "servers"), [("async", 1), ("geo", 1), ("collective", 0)])
+def test_two_workers_validate_mid_training(run_cli: RunCli, repo_root: Path, tmp_path: Path,
+                                           criteo_dir: Path, mode: str, servers: int) -> None:
     out = tmp_path / "out"
 
     metrics = _train(run_cli, repo_root, out, f"runner.valid_data_dir={criteo_dir / 'dev.csv'}",
                      f"runner.sync_mode={mode}", "runner.geo_step=10",
-                     "cluster.server_num=1", "cluster.worker_num=2", timeout=240)
+                     f"cluster.server_num={servers}", "cluster.worker_num=2", timeout=240)
 
     assert metrics["worker_num"] == 2 and metrics["sync_mode"] == mode
     valid = metrics["valid"]
@@ -146,3 +154,44 @@ def test_sync_validation_equals_one_process_with_the_global_batch(
         assert got["logloss"] == pytest.approx(want["logloss"], abs=1e-5)
         assert got["copc"] == pytest.approx(want["copc"], rel=1e-4)
     assert job["valid"][0]["auc"] != job["valid"][1]["auc"]
+
+
+def test_sigint_to_a_job_keeps_the_finished_epochs_and_names_the_newest_checkpoint(
+        repo_root: Path, tmp_path: Path, criteo_dir: Path) -> None:
+    out, checkpoints = tmp_path / "out", tmp_path / "ck"
+    argv = [sys.executable, "-m", "psfleet.cli.main", "train",
+            "-m", str(repo_root / "examples" / "criteo_dnn" / "config.yaml"),
+            "-o", f"runner.model_save_path={out}", "-o", "runner.epochs=60",
+            "-o", f"runner.valid_data_dir={criteo_dir / 'dev.csv'}",
+            "-o", f"runner.checkpoint={{checkpoint_dir: {checkpoints}, epoch_interval: 1}}",
+            "-o", "hyper_parameters.fc_sizes=[32]"]
+    log = (tmp_path / "console.txt").open("w")
+    proc = subprocess.Popen(argv, env=clean_env(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:  # the first checkpoint is taken at the start, the second after epoch 1
+        deadline = time.monotonic() + 120
+        while not (checkpoints / "ckpt-000002-step29" / "manifest.json").is_file():
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                (tmp_path / "console.txt").read_text()[-3000:])
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            kill_processes([psutil.Process(proc.pid), *psutil.Process(proc.pid).children(True)])
+            proc.wait()
+        log.close()
+
+    assert code == 130, (tmp_path / "console.txt").read_text()[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    interrupted = metrics["interrupted"]
+    newest = max(p for p in checkpoints.iterdir() if (p / "manifest.json").is_file())
+    assert interrupted["checkpoint"] == str(newest)
+    assert interrupted["epoch"] >= 2 and interrupted["step"] >= 29
+    finished = interrupted["epoch"] - 1
+    assert [e["epoch"] for e in metrics["epochs"]] == list(range(1, finished + 1))
+    assert [v["epoch"] for v in metrics["valid"]] == list(range(1, finished + 1))
+    assert interrupted["step"] == 29 * finished + interrupted["batch"]  # 29 batches/epoch
+    assert metrics["test"] is None
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file
+    assert_no_processes_mentioning(str(tmp_path))

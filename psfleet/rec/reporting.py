@@ -210,7 +210,7 @@ class Progress:
     """Where the run is and what worker 0 measured so far (for metrics.json, also on
     Ctrl-C). The trainer updates it as it goes."""
 
-    epoch: int = 0  # 0-based epoch in progress (runner.epochs: the final evaluation)
+    epoch: int = 0  # 0-based epoch in progress: epochs finished (runner.epochs: all)
     batch: int = 0  # batches done in it
     epochs: list[dict[str, Any]] = field(default_factory=list)
     valid: list[dict[str, Any]] | None = None

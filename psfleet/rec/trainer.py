@@ -343,6 +343,7 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
                                  start_batch=start_batch, after_batch=after_batch,
                                  progress=progress, recorder=recorder)
         progress.epochs.append(stats)
+        progress.epoch, progress.batch = epoch + 1, 0  # the next one, if any
         if first:
             progress.malformed.observe("train", reader)
         if recorder is not None:
