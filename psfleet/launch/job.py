@@ -266,8 +266,9 @@ class Job:
 
     def _interrupted(self, signum: int) -> int:
         self._stop_signal = signal.Signals(signum)
-        logger.warning(
-            "fleetrun received %s; forwarding it to all processes and stopping the job",
+        # INFO: the caller reports the interruption (psfleet train: one line).
+        logger.info(
+            "received %s; forwarding it to all processes and stopping the job",
             self._stop_signal.name,
         )
         return 128 + signum

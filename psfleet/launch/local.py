@@ -18,6 +18,7 @@ from typing import BinaryIO
 from psfleet.errors import ConfigError, LaunchError
 from psfleet.launch._signals import SignalCatcher
 from psfleet.launch.cluster import JobLayout, plan_job
+from psfleet.launch.console import ConsoleFilter
 from psfleet.launch.endpoints import clean_endpoint_dir
 from psfleet.launch.job import EXIT_FAILURE, Job
 from psfleet.launch.restarts import RestartPolicy
@@ -26,7 +27,6 @@ from psfleet.launch.types import LaunchConfig, ProcessSpec
 __all__ = ["launch_local", "run_job", "run_workers", "EXIT_FAILURE"]
 
 logger = logging.getLogger(__name__)
-
 
 
 def launch_local(
@@ -40,6 +40,7 @@ def launch_local(
     python_executable: str | None = None,
     tee_worker_0: bool = True,
     max_restarts: int = 0,
+    tee_stream: BinaryIO | None = None,
 ) -> int:
     """Run ``server_num`` servers and ``worker_num`` workers on this host; return the exit code.
 
@@ -59,6 +60,9 @@ def launch_local(
         tee_worker_0: also copy worker 0's output to this process's stdout.
         max_restarts: restarts allowed per server and per worker when it fails
             (:mod:`psfleet.launch.restarts`); 0: the first failure ends the job.
+        tee_stream: where worker 0's output is copied; this process's stdout when
+            None. A :class:`~psfleet.launch.console.ConsoleFilter` shows only what the
+            console level asks for, and nothing once a signal stops the job.
 
     Returns:
         0 when every worker exited 0; 1 when a child failed or a server never reported
@@ -78,7 +82,7 @@ def launch_local(
         tee_worker_0=tee_worker_0,
         python_executable=python_executable or sys.executable,
     )
-    return run_job(config, max_restarts=max_restarts)
+    return run_job(config, tee_stream, max_restarts=max_restarts)
 
 
 def run_job(config: LaunchConfig, tee_stream: BinaryIO | None = None,
@@ -156,7 +160,11 @@ def run_workers(
 
 
 def _run(job: Job) -> int:
-    """Run ``job`` with signals caught; stop every child whatever happens."""
+    """Run ``job`` with signals caught; stop every child whatever happens.
+
+    After SIGINT / SIGTERM a :class:`ConsoleFilter` tee is silenced before the
+    children are signalled: what they print while stopping stays in their logs.
+    """
     with SignalCatcher() as signals:
         try:
             return job.run(signals)
@@ -164,4 +172,6 @@ def _run(job: Job) -> int:
             logger.error("fleetrun: %s", e)
             return EXIT_FAILURE
         finally:
+            if signals.signum is not None and isinstance(job.tee_stream, ConsoleFilter):
+                job.tee_stream.suppress()
             job.stop_all(signals)

@@ -44,6 +44,11 @@ Options:
                                 each (default 0: the first failure ends the job). See
                                 "Restarts" below.
     -m, --module                run the argument as a module, like ``python -m``.
+    -q, --quiet                 fleetrun's own messages: errors only (the output of the
+                                first worker is still copied; see Logs).
+    -v, --verbose               fleetrun's own messages down to DEBUG (e.g. each child's
+                                command line).
+    --version                   print ``psfleet VERSION`` and exit.
 
     --servers and --workers go together, and exclude --server_num, --worker_num and
     --start_port; --node_ip needs them.
@@ -111,7 +116,8 @@ Start-up, multi-node (--servers / --workers, run on every node):
     enclosing job (the ``PADDLE_*`` / ``PSFLEET_*`` role variables above and torchrun's
     ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
     ``MASTER_PORT``), plus ``PYTHONUNBUFFERED=1`` unless set. fleetrun itself reads
-    ``PSFLEET_LOG_LEVEL`` (default INFO) for its own messages, which go to stderr.
+    ``PSFLEET_LOG_LEVEL`` (default INFO; -q: ERROR, -v: DEBUG) for its own messages,
+    which go to stderr.
 
 Logs:
     Each child's stdout and stderr go to ``DIR/serverlog.i`` and ``DIR/workerlog.k``
@@ -231,6 +237,7 @@ from pathlib import Path
 from psfleet import env
 from psfleet.errors import ConfigError
 from psfleet.launch.collective import CollectiveOptions, run_collective
+from psfleet.launch.console import version_text
 from psfleet.launch.hosts import split_list
 from psfleet.launch.local import EXIT_FAILURE, run_job
 from psfleet.launch.restarts import check_max_restarts
@@ -310,6 +317,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="restart a failed server or worker up to N times each (default 0)",
     )
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument(
+        "-q", "--quiet", action="store_true", help="fleetrun's own messages: errors only"
+    )
+    verbosity.add_argument(
+        "-v", "--verbose", action="store_true", help="fleetrun's own messages: DEBUG details"
+    )
+    parser.add_argument("--version", action="version", version=version_text())
     parser.add_argument(
         "-m",
         "--module",
@@ -394,18 +409,19 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     return config
 
 
-def _configure_logging() -> None:
+def _configure_logging(quiet: bool = False, verbose: bool = False) -> None:
+    """fleetrun's messages to stderr at PSFLEET_LOG_LEVEL, ERROR with -q, DEBUG with -v."""
     level_name = (env.read("PSFLEET_LOG_LEVEL") or "INFO").upper()
     level = logging.getLevelName(level_name)
     if not isinstance(level, int):
         level = logging.INFO
     logging.basicConfig(
-        level=level,
+        level=logging.ERROR if quiet else logging.DEBUG if verbose else level,
         stream=sys.stderr,
         format="[fleetrun] %(asctime)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
-    if level_name != logging.getLevelName(level):
+    if level_name != logging.getLevelName(level) and not quiet:
         logger.warning(
             "PSFLEET_LOG_LEVEL=%r is not a logging level (DEBUG, INFO, WARNING, ERROR); using INFO",
             level_name,
@@ -416,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``fleetrun``; returns the exit code (see the module docstring)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    _configure_logging()
+    _configure_logging(args.quiet, args.verbose)
     try:
         config = config_from_args(args)
         collective = collective_from_args(args)
