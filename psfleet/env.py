@@ -181,7 +181,13 @@ VARIABLES: tuple[EnvVar, ...] = (
         "Collective mode: how long one collective operation (all-reduce, all-gather, barrier) "
         "may wait for the other ranks, seconds.",
     ),
-    EnvVar("PSFLEET_LOG_LEVEL", "INFO", "Logging level of psfleet's loggers."),
+    EnvVar(
+        "PSFLEET_LOG_LEVEL",
+        "INFO",
+        "Logging level of psfleet's loggers: what each process of a job writes to its log "
+        "file, and fleetrun's own messages. The console of psfleet train shows WARNING and "
+        "up (-q: ERROR, -v: INFO or this level when lower).",
+    ),
     EnvVar(
         "PSFLEET_RESTART_NUM",
         "0",

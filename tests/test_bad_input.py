@@ -197,7 +197,7 @@ def test_malformed_lines_are_counted_skipped_and_named(
     data.write_text("".join(good[:300] + bad + good[300:]))
     out = tmp_path / "out"
 
-    r = run_cli(_local(config, out, data), timeout=60)
+    r = run_cli([*_local(config, out, data), "-v"], timeout=60)  # -v: the INFO counts
 
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"{data}:301" in r.stderr  # the first malformed line, by file:line

@@ -2,10 +2,11 @@
 
 Usage::
 
-    psfleet train -m CONFIG.yaml [-o section.key=value ...]
+    psfleet train -m CONFIG.yaml [-o section.key=value ...] [-q | -v]
     psfleet datagen criteo --rows N --seed S --out FILE [--test_rows M --test_out FILE2]
     psfleet datagen multihot --rows N --seed S --out FILE.csv [--test_rows M --test_out FILE2]
     psfleet predict -m CONFIG.yaml --model DIR --data FILE [--out SCORES.tsv]
+    psfleet --version
 
 ``train`` reads a PaddleRec-style YAML (see README.md "The YAML runner"). With
 ``cluster.server_num`` >= 1 it starts the whole local job itself (servers and
@@ -16,6 +17,17 @@ workers, through the same launcher as ``fleetrun``, logs in
 with ``server_num: 0`` it trains in this process against
 in-process tables (the single-machine reference). Inside a job (the launcher set
 TRAINING_ROLE) it runs this process's role.
+
+What ``train`` shows: one start line (model, mode, servers x workers, data files, log
+folder), the progress bar of worker 0, warnings and errors, and the final line (test
+AUC, examples/s, where metrics.json is). ``-v`` adds every INFO log line (the role and
+strategy of each process, endpoints, epochs, checkpoints); ``-q`` shows errors and the
+final line only. A local job's log files (``<model_save_path>/log``) always keep the
+INFO lines (``PSFLEET_LOG_LEVEL``): the console filters worker 0's copied output
+(:class:`psfleet.launch.console.ConsoleFilter`). Ctrl-C (SIGINT) or SIGTERM stops
+training in every process and ends with one line: the epoch and step reached, where
+the metrics so far are, and the newest checkpoint with the command that resumes from
+it (or that there is none); no traceback (:mod:`psfleet.cli.console`).
 
 ``predict`` scores a data file offline (no server) with a model exported by
 ``fleet.save_inference_model`` or ``runner.inference_model_path``, prints AUC, log
@@ -31,18 +43,37 @@ variable-length) columns, ``label,n1..n4,c1..c6,hist,tags,genres``, whose hidden
 pools the multi-valued ids by their mean (:mod:`psfleet.data.synthetic_multihot`).
 
 Exit codes: 0 success; 1 the job failed (the first failure is printed with its log);
-2 a bad config, argument or data file (the message names it).
+2 a bad config, argument or data file (the message names it); 130 interrupted by
+SIGINT (Ctrl-C); 143 stopped by SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import logging
+import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import BinaryIO, cast
 
 from psfleet import env, logs
+from psfleet.cli.console import (
+    close_progress_bars,
+    exit_now,
+    quiet_stderr,
+    received_signal,
+    report_interrupt,
+    set_console_level,
+    signals_interrupt,
+    start_summary,
+    stdout_buffer,
+)
 from psfleet.errors import ConfigError, DataError, PsfleetError
+from psfleet.launch.console import plural, version_text
 
 __all__ = ["main"]
 
@@ -53,44 +84,73 @@ def _in_job() -> bool:
                for name in ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE", "WORLD_SIZE"))
 
 
-def _train(config_path: Path, overrides: Sequence[str]) -> int:
+def _train(args: argparse.Namespace) -> int:
+    from psfleet.launch.console import ConsoleFilter, console_level
     from psfleet.rec.config import load_config
     from psfleet.rec.preflight import check_before_start
 
+    started = time.time()
+    in_job = _in_job()
+    # A job's processes write details to their logs (PSFLEET_LOG_LEVEL) unless told
+    # -q / -v themselves; the console of the command the user ran shows the level asked.
+    if not in_job or args.quiet or args.verbose:
+        detail = logging.getLogger("psfleet").getEffectiveLevel()
+        set_console_level(console_level(args.quiet, args.verbose, detail))
+    level = console_level(args.quiet, args.verbose)
     # Every check runs here, before any process starts: the config's own rules on
     # load, then its data files and model name.
-    config = load_config(config_path, overrides)
+    config = load_config(args.config, args.override)
     check_before_start(config)
     cluster = config.cluster
     collective = config.runner.sync_mode == "collective"
-    command = ["-m", "psfleet.cli.main", "train", "-m", str(config_path.resolve())]
-    for assignment in overrides:
+    command = ["-m", "psfleet.cli.main", "train", "-m", str(args.config.resolve())]
+    for assignment in args.override:
         command += ["-o", assignment]
-    if collective and cluster.worker_num > 1 and not _in_job():
-        from psfleet.launch import launch_collective
-
+    log_dir = config.runner.model_save_path / "log"
+    if not in_job and ((collective and cluster.worker_num > 1) or cluster.server_num >= 1):
         logs.set_role("launcher")
-        log_dir = config.runner.model_save_path / "log"
-        print(f"psfleet: starting a collective job of {cluster.worker_num} ranks; logs in "
-              f"{log_dir}", flush=True)
-        return launch_collective(command, cluster.worker_num, log_dir)
-    if cluster.server_num >= 1 and not _in_job():
-        from psfleet.launch import launch_local
+        console = ConsoleFilter(stdout_buffer(), level)
+        tee = cast(BinaryIO, console)
+        if collective:
+            from psfleet.launch import CollectiveOptions, LaunchConfig, run_collective
 
-        logs.set_role("launcher")
-        log_dir = config.runner.model_save_path / "log"
-        print(f"psfleet: starting {cluster.server_num} servers x {cluster.worker_num} workers;"
-              f" logs in {log_dir}", flush=True)
-        from psfleet.fleet.server_wait import server_wait_timeout_s
+            where = plural(cluster.worker_num, "rank")
+            launch: Callable[[], int] = functools.partial(run_collective, LaunchConfig(
+                command=tuple(command), worker_num=cluster.worker_num, log_dir=log_dir,
+                python_executable=sys.executable), CollectiveOptions(
+                nproc_per_node=cluster.worker_num), tee_stream=tee)
+        else:
+            from psfleet.fleet.server_wait import server_wait_timeout_s
+            from psfleet.launch import launch_local
 
-        return launch_local(command,
-                            cluster.server_num, cluster.worker_num, log_dir,
-                            server_wait_timeout_s=server_wait_timeout_s(
-                                cluster.server_wait_timeout_s),
-                            max_restarts=cluster.max_restarts)
+            where = (f"{plural(cluster.server_num, 'server')} x "
+                     f"{plural(cluster.worker_num, 'worker')}")
+            launch = functools.partial(
+                launch_local, command, cluster.server_num, cluster.worker_num, log_dir,
+                server_wait_timeout_s=server_wait_timeout_s(cluster.server_wait_timeout_s),
+                max_restarts=cluster.max_restarts, tee_stream=tee)
+        if not args.quiet:
+            print(f"{start_summary(config, where)}; logs in {log_dir}", flush=True)
+        code = launch()
+        if code - 128 in (signal.SIGINT, signal.SIGTERM):
+            console.end_line()
+            return report_interrupt(config, args.config, args.override, code - 128,
+                                    started)
+        return code
     from psfleet.rec.trainer import train
 
-    metrics = train(config)
+    if not in_job and not args.quiet:
+        print(start_summary(config, "in this process (cluster.server_num 0)"), flush=True)
+    try:
+        with quiet_stderr(args.quiet and not in_job):
+            metrics = train(config)
+    except KeyboardInterrupt as exc:
+        signum = received_signal(exc)
+        if in_job:  # the launcher reports it; this process's log says why it stopped
+            logging.getLogger("psfleet.cli").info("stopped by %s", signal.Signals(signum).name)
+            exit_now(128 + signum)
+        close_progress_bars()
+        return report_interrupt(config, args.config, args.override, signum, started, exc)
     if metrics is not None:
         test = metrics["test"]
         summary = (f"test auc {test['auc']:.4f}, logloss {test['logloss']:.4f} on "
@@ -147,11 +207,17 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``psfleet`` argument parser."""
     parser = argparse.ArgumentParser(prog="psfleet", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=version_text())
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train the model a YAML config describes")
     train.add_argument("-m", "--config", required=True, type=Path, help="the YAML config")
     train.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. -o cluster.server_num=0")
+    verbosity = train.add_mutually_exclusive_group()
+    verbosity.add_argument("-q", "--quiet", action="store_true",
+                           help="errors only (and the final result line)")
+    verbosity.add_argument("-v", "--verbose", action="store_true",
+                           help="details: every INFO log line (also in the job's logs)")
     datagen = commands.add_parser("datagen", help="write synthetic data sets")
     generators = datagen.add_subparsers(dest="generator", required=True)
     for name, kind, text, layout in (
@@ -193,7 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.setup_logging()
     try:
         if args.command == "train":
-            return _train(args.config, args.override)
+            # A server keeps the default handlers (SIGTERM ends it: nothing to save); a
+            # worker or the command the user ran stops training as on Ctrl-C.
+            role = env.read("TRAINING_ROLE") or env.read("PADDLE_TRAINING_ROLE")
+            with (contextlib.nullcontext() if role == "PSERVER" else signals_interrupt()):
+                return _train(args)
         if args.command == "datagen":
             return _datagen(args)
         if args.command == "predict":
@@ -204,6 +274,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PsfleetError as exc:
         print(f"psfleet: failed: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:  # before training started, or not training
+        signum = received_signal(exc)
+        print(f"psfleet: interrupted ({signal.Signals(signum).name}) before training "
+              "started", file=sys.stderr)
+        return 128 + signum
     return 2
 
 

@@ -107,7 +107,11 @@ class Fleet:
         role = self._role
         logs.set_role(f"server:{role.server_index}" if role.role is Role.SERVER
                       else f"worker:{role.worker_index}")
-        logger.info("fleet.init: %s, strategy %s", role, self.strategy.model_dump())
+        # The effective settings, once, in the log (a console shows them with -v).
+        where = (f"server {role.server_index}, binds {role.bind_endpoint}"
+                 if role.role is Role.SERVER else f"worker {role.worker_index} of "
+                 f"{role.worker_num}, servers {','.join(role.server_endpoints) or 'none'}")
+        logger.info("fleet.init: %s; strategy %s", where, self.strategy.model_dump())
 
     def _init_collective(self, role_maker: RoleMaker | None,
                          strategy: DistributedStrategy | None) -> None:
