@@ -8,8 +8,9 @@
   ("1 server x 2 workers"), the progress bar and the final line, no INFO record and no
   role/strategy dump, while the log files keep the INFO lines; ``-q`` shows no INFO, no
   summary and no progress bar; ``-v`` shows the INFO lines.
-- SIGINT to the launcher of a running job, SIGTERM to a one-process run: exit 130 / 143
-  with one ``interrupted`` line, no traceback, nothing left running.
+- SIGINT to the launcher of a running job, SIGTERM to a one-process run with
+  checkpoints: exit 130 / 143 with one ``interrupted`` line (no checkpoint / the newest
+  one and the resume command), no traceback, nothing left running.
 """
 
 from __future__ import annotations
@@ -244,14 +245,18 @@ def _interrupt(argv: list[str], signum: signal.Signals, started_when: str,
 
 
 def _assert_one_interrupted_line(stdout: str, stderr: str, signum: signal.Signals,
-                                 out: Path) -> str:
+                                 out: Path, checkpoints: Path | None = None) -> str:
     both = stdout + stderr
     assert "Traceback" not in both and "KeyboardInterrupt" not in both, both[-4000:]
     lines = [line for line in both.replace("\r", "\n").splitlines() if "interrupted" in line]
     assert len(lines) == 1, both[-4000:]
     (line,) = lines
     assert line.startswith(f"psfleet: interrupted ({signum.name})"), line
-    assert "no checkpoint (set runner.checkpoint to resume)" in line
+    if checkpoints is None:
+        assert "no checkpoint (set runner.checkpoint to resume)" in line
+    else:  # the newest complete one, and the command that resumes from it
+        newest = max(p for p in checkpoints.iterdir() if (p / "manifest.json").is_file())
+        assert f"newest checkpoint {newest} (resume: psfleet train -m " in line, line
     metrics = out / "metrics.json"
     if metrics.is_file():  # written by the trainer when it stopped
         assert f"metrics so far in {metrics}" in line
@@ -282,14 +287,15 @@ def test_sigint_to_a_job_ends_with_one_line(repo_root: Path, tmp_path: Path,
 @pytest.mark.slow
 def test_sigterm_to_one_process_ends_with_one_line(repo_root: Path, tmp_path: Path,
                                                    criteo_dir: Path) -> None:
-    out = tmp_path / "out"
+    out, checkpoints = tmp_path / "out", tmp_path / "ck"
     argv = [sys.executable, "-m", "psfleet.cli.main",
             *_train_args(repo_root, out, criteo_dir / "train.csv", "-o", "runner.epochs=50",
                          "-o", "runner.batch_size=32", "-o", "cluster.server_num=0",
-                         "-o", "cluster.worker_num=1")]
+                         "-o", "cluster.worker_num=1", "-o",
+                         f"runner.checkpoint={{checkpoint_dir: {checkpoints}, epoch_interval: 1}}")]
 
-    code, stdout, stderr = _interrupt(argv, signal.SIGTERM, "epoch 1/50")
+    code, stdout, stderr = _interrupt(argv, signal.SIGTERM, "epoch 2/50")  # 2 checkpoints
 
     assert code == 143, stdout[-3000:] + stderr[-3000:]
-    _assert_one_interrupted_line(stdout, stderr, signal.SIGTERM, out)
+    _assert_one_interrupted_line(stdout, stderr, signal.SIGTERM, out, checkpoints)
     assert_no_processes_mentioning(str(tmp_path))
