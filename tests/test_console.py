@@ -1,6 +1,7 @@
 """What a user sees on the console (issue 16, items 5 and 6).
 
-- ``--version`` of ``psfleet`` and ``fleetrun`` (fleetrun's without importing torch).
+- ``--version`` of ``psfleet`` and ``fleetrun`` (fleetrun's without importing torch);
+  fleetrun's own messages: none with ``-q``, INFO by default, DEBUG too with ``-v``.
 - The console filter of worker 0's copied output: log records below the console level
   are dropped (split anywhere across writes, also after a progress bar), the rest
   passes at once; quiet mode keeps errors and the CLI's own lines.
@@ -62,6 +63,23 @@ def test_version_of_fleetrun_without_torch() -> None:
 
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [VERSION, "torch imported: False exit 0"]
+
+
+@pytest.mark.parametrize("flag", ["-q", "", "-v"])
+def test_fleetrun_quiet_and_verbose(tmp_path: Path, repo_root: Path, flag: str) -> None:
+    script = repo_root / "tests" / "launch_scripts" / "ps_job.py"
+    argv = [sys.executable, "-m", "psfleet.launch.main", *([flag] if flag else []),
+            "--server_num=1", "--worker_num=1", f"--log_dir={tmp_path / 'log'}",
+            str(script), "--out_dir", str(tmp_path)]
+
+    r = run_command(argv, timeout=60)
+
+    assert r.returncode == 0, r.stderr
+    own = [line for line in r.stderr.splitlines() if line.startswith("[fleetrun]")]
+    levels = {line.split()[2] for line in own}  # [fleetrun] HH:MM:SS LEVEL message
+    assert levels == {"-q": set(), "": {"INFO"}, "-v": {"INFO", "DEBUG"}}[flag], r.stderr
+    assert any("job succeeded" in line for line in own) == (flag != "-q")
+    assert_no_processes_mentioning(str(tmp_path))
 
 
 # -- the console filter -----------------------------------------------------------------
