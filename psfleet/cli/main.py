@@ -6,6 +6,7 @@ Usage::
     psfleet datagen criteo --rows N --seed S --out FILE [--test_rows M --test_out FILE2]
     psfleet datagen multihot --rows N --seed S --out FILE.csv [--test_rows M --test_out FILE2]
     psfleet predict -m CONFIG.yaml --model DIR --data FILE [--out SCORES.tsv]
+    psfleet status LOG_DIR | ENDPOINT[,ENDPOINT...]
     psfleet --version
 
 ``train`` reads a PaddleRec-style YAML (see README.md "The YAML runner"). With
@@ -34,6 +35,9 @@ it (or that there is none); no traceback (:mod:`psfleet.cli.console`).
 loss and the example count, and with ``--out`` writes ``label<TAB>probability`` per
 example; CONFIG is the config the model was trained with.
 
+``status`` prints, per server and table of a running job, rows, memory and pull/push
+rates (docs/monitoring.md).
+
 ``datagen criteo`` writes synthetic raw Criteo TSV from a hidden model with a known
 optimum (:mod:`psfleet.data.synthetic`), prints the optimum AUC and positive rate of
 each file and writes them to ``FILE.json``. ``--test_out`` gets rows of the same
@@ -61,6 +65,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from psfleet import env, logs
+from psfleet.cli import status as status_cli
 from psfleet.cli.console import (
     close_progress_bars,
     exit_now,
@@ -250,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the inference model directory (path or fsspec URL)")
     predict.add_argument("--data", required=True, type=Path, help="a data file or directory")
     predict.add_argument("--out", type=Path, help="write label<TAB>probability per example")
+    status_cli.add_arguments(commands.add_parser(
+        "status", help="rows, memory and request rates of a running job's servers",
+        description=status_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     return parser
 
 
@@ -268,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _datagen(args)
         if args.command == "predict":
             return _predict(args)
+        if args.command == "status":
+            return status_cli.run(args)
     except (ConfigError, DataError) as exc:
         print(f"psfleet: error: {exc}", file=sys.stderr)
         return 2
