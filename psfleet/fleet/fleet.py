@@ -202,7 +202,7 @@ class Fleet:
         # The worker count is not passed: a server's environment may not give it (the
         # seeds' variables default to 1); the first Barrier or sync push fixes it.
         run_server(host, port, self.rpc_config, role.endpoint_file, self._preload_dir,
-                   recover)
+                   recover, server_index=role.server_index)
 
     # -- worker -----------------------------------------------------------------------
     def distributed_model(self, model: nn.Module) -> nn.Module:
