@@ -19,8 +19,9 @@ Cli = Callable[..., CompletedProcess[str]]
 def test_queue_dataset_with_pipe_command_trains_on_slot_format(
         run_cli: Cli, repo_root: Path, tmp_path: Path) -> None:
     config = repo_root / "examples" / "criteo_slot_queue" / "config.yaml"
-    result = run_cli(["train", "-m", str(config), "-o", f"runner.model_save_path={tmp_path}",
-                      "-o", "cluster.server_num=0", "-o", "cluster.worker_num=1"], timeout=180)
+    result = run_cli(["train", "-v", "-m", str(config), "-o",
+                      f"runner.model_save_path={tmp_path}", "-o", "cluster.server_num=0",
+                      "-o", "cluster.worker_num=1"], timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert [e["examples"] for e in metrics["epochs"]] == [80, 80]

@@ -160,9 +160,13 @@ def _train(args: argparse.Namespace) -> int:
         test = metrics["test"]
         summary = (f"test auc {test['auc']:.4f}, logloss {test['logloss']:.4f} on "
                    f"{test['examples']} examples; " if test else "")
+        skipped = "".join(
+            f"; skipped {n['malformed']:,} malformed of {n['lines']:,} {name} lines"
+            for name, n in (metrics.get("malformed_lines") or {}).items() if n["malformed"])
+        curves = f", curves in {metrics['curves']}" if metrics.get("curves") else ""
         print(f"psfleet: {summary}{metrics['examples_per_s']:,.0f} examples/s, "
-              f"train wall time {metrics['train_wall_s']:.1f} s; metrics in "
-              f"{config.runner.model_save_path / 'metrics.json'}", flush=True)
+              f"train wall time {metrics['train_wall_s']:.1f} s{skipped}; metrics in "
+              f"{config.runner.model_save_path / 'metrics.json'}{curves}", flush=True)
     return 0
 
 

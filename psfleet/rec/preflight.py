@@ -5,7 +5,7 @@ allowed values and the cross-field rules). What needs the file system or the mod
 registry is checked here, by ``psfleet train`` before it starts a job (and again,
 cheaply, by each process of the job):
 
-- every ``runner.train_data_dir`` / ``runner.test_data_dir`` path exists, a folder
+- every ``runner.train_data_dir`` / ``test_data_dir`` / ``valid_data_dir`` path exists, a folder
   holds at least one data file, and no data file is empty (0 bytes or only blank
   lines: a worker would train on nothing) or compressed (gzip, bzip2, xz, zstd, zip:
   every line would be skipped as malformed) unless a ``runner.pipe_command``
@@ -117,6 +117,8 @@ def check_before_start(config: TrainConfig) -> None:
                                    runner.pipe_command)
     test_files = check_data_files("runner.test_data_dir", runner.test_data_dir,
                                   runner.pipe_command)
+    valid_files = check_data_files("runner.valid_data_dir", runner.valid_data_dir,
+                                   runner.pipe_command)
     if not runner.split_file_list:
         try:
             plan_share(train_files, 0, config.cluster.worker_num, split_file_list=False)
@@ -129,7 +131,8 @@ def check_before_start(config: TrainConfig) -> None:
     if runner.pipe_command is None:
         parser = make_parser(runner.parser, parser_options(runner))
         for field, files in (("runner.train_data_dir", train_files),
-                             ("runner.test_data_dir", test_files)):
+                             ("runner.test_data_dir", test_files),
+                             ("runner.valid_data_dir", valid_files)):
             for file in files:
                 _check_first_lines(parser, field, file)
     build_runner_model(config)  # a model that rejects the tables names the key
