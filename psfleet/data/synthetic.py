@@ -71,6 +71,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -105,6 +106,7 @@ __all__ = [
     "ZIPF_EXPONENT",
     "DatagenResult",
     "check_generator_args",
+    "write_data_file",
     "generate_criteo",
     "true_probabilities",
 ]
@@ -139,6 +141,39 @@ class DatagenResult:
 def _chunks(model: HiddenModel, rows: int, split: str) -> Iterator[Chunk]:
     for chunk, first in enumerate(range(0, rows, CHUNK_ROWS)):
         yield model.draw_chunk(split, chunk, min(CHUNK_ROWS, rows - first))
+
+
+class HashingWriter:
+    """A binary file handle that also hashes what is written (SHA-256)."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle = handle
+        self.digest = hashlib.sha256()
+
+    def write(self, data: bytes) -> None:
+        """Write ``data`` and add it to :attr:`digest`."""
+        self.digest.update(data)
+        self.handle.write(data)
+
+
+@contextlib.contextmanager
+def write_data_file(out: Path) -> Iterator[HashingWriter]:
+    """Write a generated file atomically: to ``out.tmp``, renamed to ``out`` when the
+    block ends; on an error the temporary file is removed and ``out`` left as it was.
+
+    Raises:
+        DataError: ``out.tmp`` cannot be written or renamed (names ``out``).
+    """
+    tmp_path = Path(f"{out}.tmp")
+    try:
+        with open(tmp_path, "wb") as handle:
+            yield HashingWriter(handle)
+        os.replace(tmp_path, out)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp_path.unlink(missing_ok=True)
+        raise DataError(f"cannot write {str(out)!r}: {exc.strerror or exc}; check that "
+                        "its directory exists and is writable") from exc
 
 
 def check_generator_args(rows: int, seed: int, split: str) -> None:
@@ -203,25 +238,14 @@ def generate_criteo(rows: int, seed: int, out: Path, *, split: str = "train") ->
     check_generator_args(rows, seed, split)
     out = Path(out)
     meta_path = Path(f"{out}.json")
-    tmp_path = Path(f"{out}.tmp")
-    digest = hashlib.sha256()
     labels: list[npt.NDArray[np.int8]] = []
     probs: list[npt.NDArray[np.float64]] = []
-    try:
-        with open(tmp_path, "wb") as handle:  # fails fast, before the model is built
-            model = HiddenModel(seed)
-            for chunk in _chunks(model, rows, split):
-                data = model.format_chunk(chunk)
-                digest.update(data)
-                handle.write(data)
-                labels.append(chunk.labels)
-                probs.append(chunk.probs)
-        os.replace(tmp_path, out)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp_path.unlink(missing_ok=True)
-        raise DataError(f"cannot write {str(out)!r}: {exc.strerror or exc}; check that "
-                        "its directory exists and is writable") from exc
+    with write_data_file(out) as writer:  # fails fast, before the model is built
+        model = HiddenModel(seed)
+        for chunk in _chunks(model, rows, split):
+            writer.write(model.format_chunk(chunk))
+            labels.append(chunk.labels)
+            probs.append(chunk.probs)
     all_labels = np.concatenate(labels)
     result = DatagenResult(
         path=out,
@@ -231,7 +255,7 @@ def generate_criteo(rows: int, seed: int, out: Path, *, split: str = "train") ->
         optimum_auc=auc(all_labels, np.concatenate(probs)),
         positive_rate=float(all_labels.mean()),
         vocab_sizes=VOCAB_SIZES,
-        sha256=digest.hexdigest(),
+        sha256=writer.digest.hexdigest(),
     )
     meta = {"rows": rows, "seed": seed, "split": split, "optimum_auc": result.optimum_auc,
             "positive_rate": result.positive_rate, "vocab_sizes": list(VOCAB_SIZES),

@@ -81,10 +81,7 @@ Speed and memory
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,7 +111,7 @@ from psfleet.data._multihot_model import (
     MultihotChunk,
     MultihotModel,
 )
-from psfleet.data.synthetic import DatagenResult, check_generator_args
+from psfleet.data.synthetic import DatagenResult, check_generator_args, write_data_file
 from psfleet.errors import ConfigError, DataError
 from psfleet.metrics import auc
 
@@ -269,38 +266,26 @@ def generate_multihot(rows: int, seed: int, out: Path, *, split: str = "train"
     """
     check_generator_args(rows, seed, split)
     out = Path(out)
-    meta_path, tmp_path = Path(f"{out}.json"), Path(f"{out}.tmp")
-    digest = hashlib.sha256()
+    meta_path = Path(f"{out}.json")
     labels: list[npt.NDArray[np.int8]] = []
     probs: list[npt.NDArray[np.float64]] = []
     id_counts = np.zeros(len(BAG_NAMES), dtype=np.int64)
     empty_counts = np.zeros(len(BAG_NAMES), dtype=np.int64)
-    try:
-        with open(tmp_path, "wb") as handle:  # fails fast, before the model is built
-            header = (MULTIHOT_COLUMNS.delimiter.join(MULTIHOT_COLUMNS.names) + "\n").encode()
-            digest.update(header)
-            handle.write(header)
-            model = MultihotModel(seed)
-            for chunk in _chunks(model, rows, split):
-                data = format_rows(chunk.labels, chunk.numeric_ticks, chunk.single,
-                                   chunk.bag_ids, chunk.bag_lengths)
-                digest.update(data)
-                handle.write(data)
-                labels.append(chunk.labels)
-                probs.append(chunk.probs)
-                id_counts += [int(lengths.sum()) for lengths in chunk.bag_lengths]
-                empty_counts += [int((lengths == 0).sum()) for lengths in chunk.bag_lengths]
-        os.replace(tmp_path, out)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp_path.unlink(missing_ok=True)
-        raise DataError(f"cannot write {str(out)!r}: {exc.strerror or exc}; check that "
-                        "its directory exists and is writable") from exc
+    with write_data_file(out) as writer:  # fails fast, before the model is built
+        writer.write((MULTIHOT_COLUMNS.delimiter.join(MULTIHOT_COLUMNS.names) + "\n").encode())
+        model = MultihotModel(seed)
+        for chunk in _chunks(model, rows, split):
+            writer.write(format_rows(chunk.labels, chunk.numeric_ticks, chunk.single,
+                                     chunk.bag_ids, chunk.bag_lengths))
+            labels.append(chunk.labels)
+            probs.append(chunk.probs)
+            id_counts += [int(lengths.sum()) for lengths in chunk.bag_lengths]
+            empty_counts += [int((lengths == 0).sum()) for lengths in chunk.bag_lengths]
     all_labels = np.concatenate(labels)
     result = DatagenResult(path=out, rows=rows, seed=seed, split=split,
                            optimum_auc=auc(all_labels, np.concatenate(probs)),
                            positive_rate=float(all_labels.mean()),
-                           vocab_sizes=_VOCAB_SIZES, sha256=digest.hexdigest())
+                           vocab_sizes=_VOCAB_SIZES, sha256=writer.digest.hexdigest())
     columns = MULTIHOT_COLUMNS
     meta = {"rows": rows, "seed": seed, "split": split, "optimum_auc": result.optimum_auc,
             "positive_rate": result.positive_rate, "vocab_sizes": list(_VOCAB_SIZES),
