@@ -36,6 +36,7 @@ init_server = _fleet.init_server
 run_server = _fleet.run_server
 init_worker = _fleet.init_worker
 stop_worker = _fleet.stop_worker
+reset = _fleet.reset
 barrier_worker = _fleet.barrier_worker
 distributed_optimizer = _fleet.distributed_optimizer
 distributed_model = _fleet.distributed_model
@@ -82,6 +83,7 @@ __all__ = [
     "join",
     "load_checkpoint",
     "load_model",
+    "reset",
     "rule_from_optimizer",
     "run_server",
     "save_inference_model",

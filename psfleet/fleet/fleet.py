@@ -68,6 +68,9 @@ class Fleet:
     """
 
     def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
         self._role: RoleInfo | None = None
         self.strategy = DistributedStrategy()
         self.rpc_config = RpcConfig()
@@ -315,6 +318,29 @@ class Fleet:
             self._runtime.stop()
         self._hooks.close()
         self._runtime = self._persistence = None
+
+    def reset(self) -> None:
+        """Forget this process's run, so that :meth:`init` can start another one (the
+        Python API's ``psfleet.train`` called twice in one process).
+
+        After :meth:`stop_worker` this only clears the role, strategy, optimizer and
+        model. A run that ended early (an exception before stop_worker) still holds its
+        worker runtime: its communicator is stopped (pending pushes are sent if the
+        servers still answer; a failure is logged, not raised) and its connections are
+        closed; its servers are not stopped (the launcher ends a failed job's servers).
+        A collective rank leaves its process group.
+        """
+        runtime = self._runtime
+        if runtime is not None:
+            try:
+                runtime.communicator.stop()
+            except Exception as exc:  # the run already failed; say why this did too
+                logger.warning("fleet.reset: pending pushes not sent: %s", exc)
+            finally:
+                runtime.client.close()
+        if self._hooks.is_collective and torch.distributed.is_initialized():
+            self._hooks.close()
+        self._clear()
 
     # -- saving and loading (psfleet.fleet.persistence.Persistence) --------------------
     def _require_persistence(self) -> Persistence:
