@@ -2,7 +2,17 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "train", "predict"]
+
+
+def __getattr__(name: str) -> object:
+    """``psfleet.train`` and ``psfleet.predict`` (:mod:`psfleet.api`), imported on first
+    use so that ``import psfleet`` stays light (a launched child imports it first)."""
+    if name in ("train", "predict"):
+        from psfleet import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'psfleet' has no attribute {name!r}")
 
 # A process fleetrun started dies with it, also when fleetrun is SIGKILLed.
 from psfleet.launcher_guard import watch_launcher_from_env as _watch_launcher  # noqa: E402

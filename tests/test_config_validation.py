@@ -25,7 +25,8 @@ from psfleet.ps.types import (
     SlicingConfig,
     SparseTableConfig,
 )
-from psfleet.rec.config import TrainConfig, load_config
+from psfleet.rec.config import TrainConfig
+from psfleet.rec.config_load import load_config
 from psfleet.rec.preflight import check_before_start, check_data_files
 from psfleet.types import MODES, Mode, Role
 

@@ -32,7 +32,7 @@ from psfleet.export import load_inference_model
 from psfleet.fleet import Fleet, Role, UserDefinedRoleMaker
 from psfleet.metrics import auc, log_loss
 from psfleet.nn import EmbeddingTableSpec, FeatureEmbeddings
-from psfleet.rec.config import load_config
+from psfleet.rec.config_load import load_config
 from psfleet.rec.features import model_inputs
 from psfleet.rec.models import build_model
 from psfleet.rec.predict import predict

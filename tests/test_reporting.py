@@ -28,7 +28,7 @@ from psfleet.metrics import copc
 from psfleet.rec import readers as readers_module
 from psfleet.rec import reporting as reporting_module
 from psfleet.rec import trainer as trainer_module
-from psfleet.rec.config import load_config
+from psfleet.rec.config_load import load_config
 from psfleet.rec.curves import RunRecorder
 from psfleet.rec.reporting import MalformedTally, TrainingInterrupted, write_json_atomic
 

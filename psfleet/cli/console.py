@@ -125,7 +125,7 @@ def interrupted_line(config: TrainConfig, command: str, signum: int, started: fl
             ``interrupted`` entry of metrics.json, when this run wrote one.
     """
     runner = config.runner
-    metrics_path = runner.model_save_path / "metrics.json"
+    metrics_path = runner.run_dir / "metrics.json"
     entry: dict[str, Any] | None = None
     if exc is not None and hasattr(exc, "epoch") and hasattr(exc, "step"):
         entry = {"epoch": exc.epoch, "step": exc.step,

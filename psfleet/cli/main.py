@@ -5,14 +5,15 @@ Usage::
     psfleet train -m CONFIG.yaml [-o section.key=value ...] [-q | -v]
     psfleet datagen criteo --rows N --seed S --out FILE [--test_rows M --test_out FILE2]
     psfleet datagen multihot --rows N --seed S --out FILE.csv [--test_rows M --test_out FILE2]
-    psfleet predict -m CONFIG.yaml --model DIR --data FILE [--out SCORES.tsv]
+    psfleet predict --model RUN_FOLDER --data FILE|DIR [--out SCORES.tsv]
+    psfleet predict -m CONFIG.yaml --model MODEL_DIR --data FILE|DIR [--out SCORES.tsv]
     psfleet status LOG_DIR | ENDPOINT[,ENDPOINT...]
     psfleet --version
 
 ``train`` reads a PaddleRec-style YAML (see README.md "The YAML runner"). With
 ``cluster.server_num`` >= 1 it starts the whole local job itself (servers and
 workers, through the same launcher as ``fleetrun``, logs in
-``<model_save_path>/log``); with ``runner.sync_mode: collective`` and
+``<run folder>/log``); with ``runner.sync_mode: collective`` and
 ``cluster.worker_num`` > 1 it starts a local collective job of that many ranks
 (``fleetrun --mode collective``; also runs under ``torchrun``, which sets WORLD_SIZE);
 with ``server_num: 0`` it trains in this process against
@@ -23,17 +24,19 @@ What ``train`` shows: one start line (model, mode, servers x workers, data files
 folder), the progress bar of worker 0, warnings and errors, and the final line (test
 AUC, examples/s, where metrics.json is). ``-v`` adds every INFO log line (the role and
 strategy of each process, endpoints, epochs, checkpoints); ``-q`` shows errors and the
-final line only. A local job's log files (``<model_save_path>/log``) always keep the
+final line only. A local job's log files (``<run folder>/log``) always keep the
 INFO lines (``PSFLEET_LOG_LEVEL``): the console filters worker 0's copied output
 (:class:`psfleet.launch.console.ConsoleFilter`). Ctrl-C (SIGINT) or SIGTERM stops
 training in every process and ends with one line: the epoch and step reached, where
 the metrics so far are, and the newest checkpoint with the command that resumes from
 it (or that there is none); no traceback (:mod:`psfleet.cli.console`).
 
-``predict`` scores a data file offline (no server) with a model exported by
-``fleet.save_inference_model`` or ``runner.inference_model_path``, prints AUC, log
-loss and the example count, and with ``--out`` writes ``label<TAB>probability`` per
-example; CONFIG is the config the model was trained with.
+``predict`` scores data offline (no server) with a model ``train`` exported (into the
+run folder by default, :mod:`psfleet.rec.run_folder`) or ``fleet.save_inference_model``
+wrote, prints AUC, log loss, the example count and the files read, and with ``--out``
+writes ``label<TAB>probability`` per example. Given a run folder (or the
+``model_save_path`` holding ``latest``) it reads the run's ``config.yaml`` and
+``model/``; given a model folder, ``-m`` names the config it was trained with.
 
 ``status`` prints, per server and table of a running job, rows, memory and pull/push
 rates (docs/monitoring.md).
@@ -55,12 +58,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO, cast
 
@@ -90,9 +92,9 @@ def _in_job() -> bool:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from psfleet.api import job_launcher, prepare
     from psfleet.launch.console import ConsoleFilter, console_level
-    from psfleet.rec.config import load_config
-    from psfleet.rec.preflight import check_before_start
+    from psfleet.rec.config_load import load_config
 
     started = time.time()
     in_job = _in_job()
@@ -102,50 +104,33 @@ def _train(args: argparse.Namespace) -> int:
         detail = logging.getLogger("psfleet").getEffectiveLevel()
         set_console_level(console_level(args.quiet, args.verbose, detail))
     level = console_level(args.quiet, args.verbose)
-    # Every check runs here, before any process starts: the config's own rules on
-    # load, then its data files and model name.
-    config = load_config(args.config, args.override)
-    check_before_start(config)
-    cluster = config.cluster
-    collective = config.runner.sync_mode == "collective"
-    command = ["-m", "psfleet.cli.main", "train", "-m", str(args.config.resolve())]
-    for assignment in args.override:
-        command += ["-o", assignment]
-    log_dir = config.runner.model_save_path / "log"
-    if not in_job and ((collective and cluster.worker_num > 1) or cluster.server_num >= 1):
+    if in_job:  # the command that started the job checked the config and named the run
+        config = load_config(args.config, args.override)
+    else:
+        # Every check runs here, before any process starts: the config's own rules on
+        # load, then its data files, model name and run folder.
+        config = prepare(args.config, args.override)
+    overrides = list(args.override)
+    if config.runner.run_name is not None and not any(
+            o.startswith("runner.run_name=") for o in overrides):
+        overrides.append(f"runner.run_name={config.runner.run_name}")  # resumes this run
+    run_dir = config.runner.run_dir
+    console = ConsoleFilter(stdout_buffer(), level)
+    launch = None if in_job else job_launcher(config, cast(BinaryIO, console))
+    if launch is not None:
         logs.set_role("launcher")
-        console = ConsoleFilter(stdout_buffer(), level)
-        tee = cast(BinaryIO, console)
-        if collective:
-            from psfleet.launch import CollectiveOptions, LaunchConfig, run_collective
-
-            where = plural(cluster.worker_num, "rank")
-            launch: Callable[[], int] = functools.partial(run_collective, LaunchConfig(
-                command=tuple(command), worker_num=cluster.worker_num, log_dir=log_dir,
-                python_executable=sys.executable), CollectiveOptions(
-                nproc_per_node=cluster.worker_num), tee_stream=tee)
-        else:
-            from psfleet.fleet.server_wait import server_wait_timeout_s
-            from psfleet.launch import launch_local
-
-            where = (f"{plural(cluster.server_num, 'server')} x "
-                     f"{plural(cluster.worker_num, 'worker')}")
-            launch = functools.partial(
-                launch_local, command, cluster.server_num, cluster.worker_num, log_dir,
-                server_wait_timeout_s=server_wait_timeout_s(cluster.server_wait_timeout_s),
-                max_restarts=cluster.max_restarts, tee_stream=tee)
         if not args.quiet:
-            print(f"{start_summary(config, where)}; logs in {log_dir}", flush=True)
-        code = launch()
+            print(f"{start_summary(config, launch[1])}; run folder {run_dir}", flush=True)
+        code = launch[0]()
         if code - 128 in (signal.SIGINT, signal.SIGTERM):
             console.end_line()
-            return report_interrupt(config, args.config, args.override, code - 128,
-                                    started)
+            return report_interrupt(config, args.config, overrides, code - 128, started)
         return code
     from psfleet.rec.trainer import train
 
     if not in_job and not args.quiet:
-        print(start_summary(config, "in this process (cluster.server_num 0)"), flush=True)
+        print(f"{start_summary(config, 'in this process (cluster.server_num 0)')}; run "
+              f"folder {run_dir}", flush=True)
     try:
         with quiet_stderr(args.quiet and not in_job):
             metrics = train(config)
@@ -155,7 +140,7 @@ def _train(args: argparse.Namespace) -> int:
             logging.getLogger("psfleet.cli").info("stopped by %s", signal.Signals(signum).name)
             exit_now(128 + signum)
         close_progress_bars()
-        return report_interrupt(config, args.config, args.override, signum, started, exc)
+        return report_interrupt(config, args.config, overrides, signum, started, exc)
     if metrics is not None:
         test = metrics["test"]
         summary = (f"test auc {test['auc']:.4f}, logloss {test['logloss']:.4f} on "
@@ -164,21 +149,27 @@ def _train(args: argparse.Namespace) -> int:
             f"; skipped {n['malformed']:,} malformed of {n['lines']:,} {name} lines"
             for name, n in (metrics.get("malformed_lines") or {}).items() if n["malformed"])
         curves = f", curves in {metrics['curves']}" if metrics.get("curves") else ""
+        model = f", model in {metrics['export']}" if metrics.get("export") else ""
+        stopped = metrics.get("early_stopped")
+        early = (f"; stopped early after epoch {stopped['epoch']} (best valid "
+                 f"{stopped['metric']} {stopped['best']:.4f} at epoch {stopped['best_epoch']})"
+                 if stopped else "")
         print(f"psfleet: {summary}{metrics['examples_per_s']:,.0f} examples/s, "
               f"train wall time {metrics['train_wall_s']:.1f} s{skipped}; metrics in "
-              f"{config.runner.model_save_path / 'metrics.json'}{curves}", flush=True)
+              f"{run_dir / 'metrics.json'}{curves}{model}{early}", flush=True)
     return 0
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from psfleet.rec.config import load_config
-    from psfleet.rec.predict import predict
+    from psfleet.api import predict
 
-    config = load_config(args.config, args.override)
-    result = predict(config, args.model, args.data, args.out)
+    result = predict(args.model, args.data, args.config, args.out, args.override)
     written = f"; scores in {args.out}" if args.out is not None else ""
+    files = result["files"]
+    read = files[0] if len(files) == 1 else f"{plural(len(files), 'file')} of {args.data}"
     print(f"psfleet: predict auc {result['auc']:.6f}, logloss {result['logloss']:.6f} on "
-          f"{result['examples']} examples of {args.data}{written}", flush=True)
+          f"{result['examples']} examples of {read} with the model in {result['model_dir']}"
+          f"{written}", flush=True)
     return 0
 
 
@@ -251,12 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
                                help=f"a test {kind}: same hidden model, independent rows")
     predict = commands.add_parser(
         "predict", help="score a data file with an exported model, no server")
-    predict.add_argument("-m", "--config", required=True, type=Path,
-                         help="the YAML config the model was trained with")
+    predict.add_argument("-m", "--config", type=Path,
+                         help="the YAML config the model was trained with (default: the "
+                              "run folder's config.yaml)")
     predict.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                          help="override a config value")
     predict.add_argument("--model", required=True,
-                         help="the inference model directory (path or fsspec URL)")
+                         help="a run folder (or model_save_path: its latest run), or an "
+                              "inference model directory (path or fsspec URL) with -m")
     predict.add_argument("--data", required=True, type=Path, help="a data file or directory")
     predict.add_argument("--out", type=Path, help="write label<TAB>probability per example")
     status_cli.add_arguments(commands.add_parser(
@@ -279,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "datagen":
             return _datagen(args)
         if args.command == "predict":
+            set_console_level(logging.WARNING)  # the result line, warnings and errors
             return _predict(args)
         if args.command == "status":
             return status_cli.run(args)

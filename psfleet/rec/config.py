@@ -17,17 +17,14 @@ initializers) are declared once, in ``psfleet.types`` and ``psfleet.ps.types``.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -44,13 +41,34 @@ from psfleet.nn.types import Pooling
 from psfleet.ps.types import Initializer, OptimizerClass
 from psfleet.types import Mode
 
-__all__ = ["RunnerConfig", "OptimizerConfig", "TableConfig", "HyperParameters",
-           "ClusterConfig", "TrainConfig", "load_config", "check_equal_steps_reader",
+__all__ = ["EarlyStoppingConfig", "RunnerConfig", "OptimizerConfig", "TableConfig",
+           "HyperParameters", "ClusterConfig", "TrainConfig", "check_equal_steps_reader",
            "check_tables", "parser_options", "parser_schema"]
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EarlyStoppingConfig(_Section):
+    """``runner.early_stopping``: stop training when validation stops improving.
+
+    After each validation (every ``runner.valid_interval`` epochs) worker 0 compares
+    ``metric`` with the best so far; after ``patience`` validations in a row without an
+    improvement of at least ``min_delta``, every worker stops at that epoch's end and
+    the run finishes as usual (test evaluation, export). The rule of Keras'
+    ``EarlyStopping`` callback (``monitor``, ``patience``, ``min_delta``); the model
+    kept is the last one, not the best.
+
+    Attributes:
+        metric: ``auc`` (higher is better) or ``logloss`` (lower is better).
+        patience: validations without improvement before stopping (>= 1).
+        min_delta: the smallest change that counts as an improvement (>= 0).
+    """
+
+    metric: Literal["auc", "logloss"] = "auc"
+    patience: int = Field(2, ge=1)
+    min_delta: float = Field(0.0, ge=0)
 
 
 class RunnerConfig(_Section):
@@ -74,8 +92,12 @@ class RunnerConfig(_Section):
         geo_step: steps between GEO syncs (PaddleRec's default 400).
         thread_num: CPU threads of each worker's torch ops.
         print_interval: steps between progress-bar refreshes.
-        model_save_path: output directory (metrics.json, logs, ``tensorboard/`` event
-            files and ``curves.png`` of worker 0).
+        model_save_path: the folder of the run folders: each run writes
+            ``<model_save_path>/<run_name>/`` (config.yaml, metrics.json, logs,
+            ``tensorboard/``, ``curves.png``, ``model/``) and points
+            ``<model_save_path>/latest`` at it (:mod:`psfleet.rec.run_folder`).
+        run_name: the run folder's name (default: the start time, YYYYmmdd-HHMMSS);
+            naming an existing, unfinished run continues it.
         reader_type: ``DataLoader`` (torch DataLoader over the in-memory reader),
             ``QueueDataset`` (streamed, not shuffled) or ``InMemoryDataset``
             (in memory, shuffled, optional global shuffle); see psfleet.data.
@@ -95,7 +117,7 @@ class RunnerConfig(_Section):
         global_shuffle: InMemoryDataset: exchange examples among workers after loading
             (through ``exchange_dir``).
         exchange_dir: directory shared by all workers for global_shuffle and sync-mode
-            counts (default ``<model_save_path>/exchange``; on several machines a
+            counts (default ``<run folder>/exchange``; on several machines a
             shared file system).
         dataset_debug: log reader timing (parse time, queue wait, lines/s) per pass.
         strict: stop at the first malformed line instead of skipping it.
@@ -109,9 +131,12 @@ class RunnerConfig(_Section):
             step_interval}`` (``CheckpointConfig``; optional). With it, a run resumes
             from the newest complete checkpoint in ``checkpoint_dir`` (a relative path
             is relative to the YAML file) and writes checkpoints as configured.
-        inference_model_path: when set, worker 0 exports the trained model there for
-            serving after the test evaluation (``fleet.save_inference_model``; score
-            it with ``psfleet predict``). Unset: no export.
+        export_model: worker 0 exports the trained model for serving after the test
+            evaluation (``fleet.save_inference_model``; score it with ``psfleet
+            predict``), to ``inference_model_path``.
+        inference_model_path: where the export goes (default ``<run folder>/model``).
+        early_stopping: stop training when the validation metric stops improving
+            (``EarlyStoppingConfig``; needs ``valid_data_dir``).
     """
 
     train_data_dir: Path | list[Path]
@@ -144,7 +169,31 @@ class RunnerConfig(_Section):
     seed: int = Field(0, ge=0)
     shuffle: bool = True
     checkpoint: CheckpointConfig | None = None
+    export_model: bool = True
     inference_model_path: Path | None = None
+    run_name: str | None = None
+    early_stopping: EarlyStoppingConfig | None = None
+
+    @field_validator("run_name")
+    @classmethod
+    def _one_folder_name(cls, name: str | None) -> str | None:
+        if name is not None and (name in ("", ".", "..", "latest") or "/" in name
+                                 or "\\" in name or name.startswith(".")):
+            raise ValueError("not a folder name: use letters, digits, '-', "
+                             "'_' (no '/', not 'latest', not starting with '.')")
+        return name
+
+    @property
+    def run_dir(self) -> Path:
+        """This run's folder, ``<model_save_path>/<run_name>`` (``run`` when unnamed:
+        :mod:`psfleet.rec.run_folder`)."""
+        return self.model_save_path / (self.run_name or "run")
+
+    @property
+    def model_dir(self) -> Path:
+        """Where the exported model goes: ``inference_model_path``, else
+        ``<run folder>/model``."""
+        return self.inference_model_path or self.run_dir / "model"
 
     @property
     def needs_equal_steps(self) -> bool:
@@ -172,6 +221,9 @@ class RunnerConfig(_Section):
             if field != used and getattr(self, field) is not None:
                 raise ConfigError(f"runner.{field}: not used by runner.parser: {self.parser}; "
                                   f"remove it (or set the parser that reads it)")
+        if self.early_stopping is not None and self.valid_data_dir is None:
+            raise ConfigError("runner.early_stopping: needs runner.valid_data_dir (the "
+                              "validation data whose metric it watches)")
         if self.global_shuffle and self.reader_type != "InMemoryDataset":
             raise ConfigError(f"runner.global_shuffle: needs runner.reader_type: "
                               f"InMemoryDataset (got {self.reader_type})")
@@ -339,121 +391,3 @@ def check_tables(tables: Sequence[TableConfig] | None, schema: FeatureSchema) ->
         check_table_features(schema, tables)
     except ConfigError as exc:
         raise ConfigError(f"hyper_parameters.tables: {exc}") from None
-
-
-def _unknown_key(loc: tuple[int | str, ...]) -> str:
-    """``section.key: unknown key``, with the closest known key and the known keys of
-    that section (README.md's runner table explains them)."""
-    path = ".".join(str(p) for p in loc)
-    model: Any = TrainConfig
-    for part in loc[:-1]:
-        is_model = isinstance(model, type) and issubclass(model, BaseModel)
-        field = model.model_fields.get(str(part)) if is_model else None
-        model = field.annotation if field is not None else None
-    if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        return f"{path}: unknown key (check its spelling against README.md)"
-    known = sorted(f.alias or name for name, f in model.model_fields.items())
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"{path}: unknown key; {hint}the keys are {', '.join(known)}"
-
-
-def _format(error: ValidationError) -> str:
-    lines = []
-    for e in error.errors():
-        path = ".".join(str(p) for p in e["loc"])
-        value = e.get("input")
-        if e["type"] == "extra_forbidden":
-            lines.append(_unknown_key(e["loc"]))
-        elif e["type"] == "literal_error":
-            allowed = e.get("ctx", {}).get("expected", "")
-            lines.append(f"{path}: {value!r} is not one of {allowed}")
-        elif e["type"] == "missing":
-            lines.append(f"{path}: required")
-        elif isinstance(e.get("ctx", {}).get("error"), ConfigError):
-            lines.append(str(e["ctx"]["error"]))  # a cross-field rule: names its fields
-        elif e["type"] == "value_error" and isinstance(value, dict):
-            # a section's own rule: its message names the key; the section is not shown
-            lines.append(f"{path}: {e['msg'].removeprefix('Value error, ')}")
-        else:
-            lines.append(f"{path}: {value!r}: {e['msg']}")
-    return "; ".join(lines)
-
-
-def _resolve(value: Path | list[Path] | None, base: Path) -> Path | list[Path] | None:
-    if value is None:
-        return None
-    if isinstance(value, list):
-        return [base / v for v in value]
-    return base / value
-
-
-def _resolve_checkpoint(checkpoint: CheckpointConfig | None,
-                        base: Path) -> CheckpointConfig | None:
-    """A local relative ``checkpoint_dir`` becomes relative to the YAML's folder."""
-    if checkpoint is None or "://" in checkpoint.checkpoint_dir:
-        return checkpoint
-    return checkpoint.model_copy(update={
-        "checkpoint_dir": str(base / checkpoint.checkpoint_dir)})
-
-
-def _override(raw: dict[str, Any], assignment: str) -> None:
-    """Apply one ``section.key=value`` (value parsed as YAML) to the raw mapping."""
-    path, sep, text = assignment.partition("=")
-    keys = [k for k in path.strip().split(".") if k]
-    if not sep or not keys:
-        raise ConfigError(f"-o {assignment!r}: expected KEY.PATH=VALUE, "
-                          "e.g. -o cluster.server_num=0")
-    node = raw
-    for key in keys[:-1]:
-        child = node.setdefault(key, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"-o {assignment!r}: {key!r} is not a section")
-        node = child
-    try:
-        node[keys[-1]] = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"-o {assignment!r}: the value is not YAML: {exc}") from None
-
-
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Read and validate a YAML config; relative paths become relative to its folder.
-
-    Args:
-        path: the YAML file.
-        overrides: ``section.key=value`` assignments applied before validation
-            (``psfleet train -o``), e.g. ``cluster.server_num=0``.
-
-    Raises:
-        ConfigError: the file is missing or not YAML, an override is malformed, or a
-            field is unknown or invalid (the message names the file and every field
-            path at fault).
-    """
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"config file {str(file)!r} does not exist; pass -m PATH.yaml")
-    try:
-        raw = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{file}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{file}: expected a mapping with runner / hyper_parameters / "
-                          "cluster sections")
-    for assignment in overrides:
-        _override(raw, assignment)
-    try:
-        config = TrainConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(f"{file}: {_format(exc)}") from None
-    base = file.resolve().parent
-    runner = config.runner.model_copy(update={
-        "train_data_dir": _resolve(config.runner.train_data_dir, base),
-        "test_data_dir": _resolve(config.runner.test_data_dir, base),
-        "valid_data_dir": _resolve(config.runner.valid_data_dir, base),
-        "model_save_path": base / config.runner.model_save_path,
-        "exchange_dir": _resolve(config.runner.exchange_dir, base),
-        "pipe_cwd": _resolve(config.runner.pipe_cwd, base) or base,
-        "checkpoint": _resolve_checkpoint(config.runner.checkpoint, base),
-        "inference_model_path": _resolve(config.runner.inference_model_path, base),
-    })
-    return config.model_copy(update={"runner": runner})

@@ -1,9 +1,9 @@
 """Worker 0's curves of a run: TensorBoard scalars and a PNG of loss and AUC per epoch.
 
-- ``<model_save_path>/tensorboard/``: event files of :class:`RunRecorder`
+- ``<run folder>/tensorboard/``: event files of :class:`RunRecorder`
   (``torch.utils.tensorboard.SummaryWriter``); every run into the same folder adds a
   new event file, as TensorBoard does. View with
-  ``tensorboard --logdir <model_save_path>/tensorboard``. Scalars (tag: x axis):
+  ``tensorboard --logdir <run folder>/tensorboard``. Scalars (tag: x axis):
 
   ==========================================  ==============================================
   ``train/loss``                              mean loss of the batches since the last point,
@@ -19,7 +19,7 @@
   ``test/copc``
   ==========================================  ==============================================
 
-- ``<model_save_path>/curves.png``: :func:`plot_curves`, loss and AUC per epoch (train,
+- ``<run folder>/curves.png``: :func:`plot_curves`, loss and AUC per epoch (train,
   valid, test), drawn on matplotlib's Agg canvas without pyplot (the process's
   matplotlib backend is untouched), written under a temporary name and renamed.
 """

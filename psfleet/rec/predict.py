@@ -1,7 +1,7 @@
 """Export after training and offline scoring of an exported model (``psfleet predict``).
 
 :func:`export_trained_model` is what the runner's worker 0 calls after the test
-evaluation when ``runner.inference_model_path`` is set: ``fleet.save_inference_model``
+evaluation (``runner.export_model``, on by default): ``fleet.save_inference_model``
 with the model name, hyper-parameters and test metrics as manifest metadata.
 
 :func:`predict` scores a data file with an exported model, with no server and no
@@ -20,20 +20,20 @@ import torch
 from torch import nn
 
 from psfleet import fleet
-from psfleet.data import Batch, list_data_files
+from psfleet.data import Batch
 from psfleet.errors import ConfigError, DataError
 from psfleet.export import InferenceManifest, load_inference_model
 from psfleet.metrics import auc, log_loss
 from psfleet.rec.config import TrainConfig, parser_schema
 from psfleet.rec.features import DEFAULT_TABLE, model_inputs, table_specs
-from psfleet.rec.readers import build_test_reader
+from psfleet.rec.readers import build_test_reader, data_files
 
 __all__ = ["export_trained_model", "predict", "check_compatible"]
 
 
 def export_trained_model(config: TrainConfig, model: nn.Module, metrics: dict[str, Any],
                          sample: Batch | None) -> None:
-    """Export ``model`` to ``runner.inference_model_path`` (worker 0, after training).
+    """Export ``model`` to ``runner.model_dir`` (worker 0, after training).
 
     Args:
         config: the job's config.
@@ -42,10 +42,8 @@ def export_trained_model(config: TrainConfig, model: nn.Module, metrics: dict[st
         sample: any batch of the data (its shapes define the model's inputs); None
             takes the model's ``num_slots`` / ``num_dense``.
     """
-    path = config.runner.inference_model_path
-    if path is None:
-        return
     runner = config.runner
+    path = runner.model_dir
     metadata: dict[str, object] = {
         "model": runner.model, "sync_mode": runner.sync_mode,
         "hyper_parameters": config.hyper_parameters.model_dump(mode="json", by_alias=True),
@@ -104,19 +102,21 @@ def _write_scores(out: Path, labels: np.ndarray, probs: np.ndarray) -> None:
         raise DataError(f"--out {str(out)!r}: cannot be written: {exc}") from None
 
 
-def predict(config: TrainConfig, model_dir: str, data: Path,
+def predict(config: TrainConfig, model_dir: str, data: Path | list[Path],
             out: Path | None = None) -> dict[str, Any]:
     """Score ``data`` with the exported model in ``model_dir``; no server needed.
 
     Args:
         config: the config the model was trained with (reader and model checks).
         model_dir: the inference model directory (local path or fsspec URL).
-        data: a data file or directory, in the runner's test-data format.
+        data: a data file or directory (or a list of them), in the runner's
+            test-data format.
         out: if given, write one ``label<TAB>probability`` line per example there,
             in file order.
 
     Returns:
-        ``{"auc", "logloss", "examples"}``.
+        ``{"auc", "logloss", "examples", "files"}`` (``files``: the data files read, in
+        order).
 
     Raises:
         DataError: the model directory, a file of it or the data is missing or
@@ -126,7 +126,7 @@ def predict(config: TrainConfig, model_dir: str, data: Path,
     model = load_inference_model(model_dir)
     check_compatible(model.manifest, config, model_dir)
     try:
-        list_data_files(data)
+        files = [str(f) for f in data_files(data)]
     except DataError as exc:
         raise DataError(f"--data: {exc}") from None
     # The runner's test reader (same parser and options as the in-training evaluation).
@@ -149,4 +149,5 @@ def predict(config: TrainConfig, model_dir: str, data: Path,
     y, p = np.concatenate(labels), np.concatenate(probs)
     if out is not None:
         _write_scores(out, y, p)
-    return {"auc": auc(y, p), "logloss": log_loss(y, p), "examples": int(y.size)}
+    return {"auc": auc(y, p), "logloss": log_loss(y, p), "examples": int(y.size),
+            "files": files}

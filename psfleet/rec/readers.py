@@ -50,7 +50,7 @@ from psfleet.rec.config import (
     parser_options,
 )
 
-__all__ = ["build_test_reader", "build_train_reader", "data_files"]
+__all__ = ["exchange_dir", "build_test_reader", "build_train_reader", "data_files"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +71,17 @@ def _dataset_kwargs(runner: RunnerConfig, worker_index: int, worker_num: int) ->
             "debug": runner.dataset_debug, "pipe_cwd": runner.pipe_cwd}
 
 
+def exchange_dir(runner: RunnerConfig) -> Path:
+    """The folder every worker of the job shares: ``runner.exchange_dir``, default
+    ``<run folder>/exchange``."""
+    return runner.exchange_dir or runner.run_dir / "exchange"
+
+
 @contextmanager
 def _exchange(runner: RunnerConfig, config: TrainConfig, worker_index: int,
               worker_num: int) -> Iterator[FileExchange]:
     """A FileExchange whose barrier is server 0's (or torch.distributed's)."""
-    directory = runner.exchange_dir or runner.model_save_path / "exchange"
+    directory = exchange_dir(runner)
     endpoints = fleet.server_endpoints()
     if endpoints:
         from psfleet.ps import RemoteClient

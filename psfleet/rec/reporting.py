@@ -1,13 +1,16 @@
 """What worker 0 reports of a run: the evaluations, ``metrics.json`` (written
 atomically), the malformed lines its passes skipped, and the record of a Ctrl-C.
 
-``metrics.json`` (in ``runner.model_save_path``) holds: ``model``, ``sync_mode``,
+``metrics.json`` (in the run folder, :mod:`psfleet.rec.run_folder`) holds: ``run_name``,
+``model``, ``sync_mode``,
 ``server_num``, ``worker_num``, ``batch_size``, ``global_batch``; ``epochs`` (per epoch:
 loss, train AUC, examples, examples/s, wall time); ``train_wall_s`` and the job's
 ``examples_per_s``; ``test`` and each ``valid`` entry (AUC, log loss, COPC, examples;
 ``valid`` is None without ``runner.valid_data_dir``); ``malformed_lines`` (per data
 set: malformed lines skipped, lines read, passes, the first bad ``file:line``);
-``tensorboard`` and ``curves`` (paths, :mod:`psfleet.rec.curves`); ``interrupted``
+``tensorboard`` and ``curves`` (paths, :mod:`psfleet.rec.curves`); ``export`` (the
+exported model's folder, None when not exported); ``early_stopped`` (None, or
+``{"epoch", "metric", "best", "best_epoch"}``); ``interrupted``
 (None, or ``{"epoch", "step", "batch", "checkpoint"}`` after Ctrl-C). It is written
 under a temporary name and renamed, so a reader never sees a partial file; NaN and
 infinities become null.
@@ -216,6 +219,7 @@ class Progress:
     valid: list[dict[str, Any]] | None = None
     malformed: MalformedTally = field(default_factory=MalformedTally)
     started: float = field(default_factory=time.perf_counter)
+    early_stopped: dict[str, Any] | None = None  # rec.early_stopping.EarlyStopping.stopped
 
 
 def run_metrics(config: TrainConfig, progress: Progress, reader: Reader | None,
@@ -229,14 +233,15 @@ def run_metrics(config: TrainConfig, progress: Progress, reader: Reader | None,
     train_wall = time.perf_counter() - progress.started
     all_examples = epochs_run * (reader.total_lines if reader is not None else 0)
     return {
-        "model": runner.model, "sync_mode": runner.sync_mode,
+        "run_name": runner.run_name, "model": runner.model, "sync_mode": runner.sync_mode,
         "server_num": fleet.server_num(), "worker_num": workers,
         "batch_size": runner.batch_size, "global_batch": runner.batch_size * workers,
         "epochs": progress.epochs, "train_wall_s": train_wall,
         "examples_per_s": all_examples / train_wall, "test": None, "valid": progress.valid,
         "malformed_lines": progress.malformed.summary(),
         "tensorboard": str(recorder.log_dir) if recorder is not None else None,
-        "curves": None, "interrupted": None,
+        "curves": None, "export": None, "early_stopped": progress.early_stopped,
+        "interrupted": None,
     }
 
 
@@ -259,7 +264,7 @@ def record_interrupt(config: TrainConfig, progress: Progress, reader: Reader | N
                               "checkpoint": checkpoint}
     path: str | None = None
     try:
-        path = str(write_json_atomic(runner.model_save_path / METRICS_NAME, metrics))
+        path = str(write_json_atomic(runner.run_dir / METRICS_NAME, metrics))
     except OSError as exc:
         logger.error("interrupted; metrics.json could not be written: %s", exc)
     interrupted = TrainingInterrupted(epoch, step, checkpoint, path)
@@ -271,8 +276,10 @@ def finish_run(config: TrainConfig, model: nn.Module, progress: Progress, reader
                readers: dict[str, Reader | None], recorder: RunRecorder | None
                ) -> dict[str, Any]:
     """Worker 0 after the last barrier (every push applied, dense values refreshed):
-    the last validation (at ``runner.epochs``), the test evaluation, the curves,
-    metrics.json (atomically) and the export (``runner.inference_model_path``).
+    the last validation (at the last epoch trained, ``progress.epoch``), the test
+    evaluation, the curves, metrics.json (atomically) and the export
+    (``runner.export_model``, to ``runner.model_dir``; metrics.json is written again
+    with its path once it is complete).
 
     Args:
         readers: ``{"valid", "test"}`` readers (None when not configured).
@@ -284,21 +291,23 @@ def finish_run(config: TrainConfig, model: nn.Module, progress: Progress, reader
         OSError: metrics.json cannot be written (a failing plot is only a warning).
     """
     runner = config.runner
-    metrics = run_metrics(config, progress, reader, recorder, runner.epochs)
+    done = progress.epoch
+    metrics = run_metrics(config, progress, reader, recorder, done)
     valid_reader, test_reader = readers["valid"], readers["test"]
-    if valid_reader is not None and progress.valid is not None:
-        progress.valid.append({"epoch": runner.epochs, **evaluate(model, valid_reader)})
+    if (valid_reader is not None and progress.valid is not None
+            and not (progress.valid and progress.valid[-1]["epoch"] == done)):
+        progress.valid.append({"epoch": done, **evaluate(model, valid_reader)})
         if recorder is not None:
-            recorder.evaluation("valid", progress.valid[-1], runner.epochs)
+            recorder.evaluation("valid", progress.valid[-1], done)
     metrics["test"] = evaluate(model, test_reader) if test_reader is not None else None
     if recorder is not None and metrics["test"] is not None:
-        recorder.evaluation("test", metrics["test"], runner.epochs)
-    out = runner.model_save_path
+        recorder.evaluation("test", metrics["test"], done)
+    out = runner.run_dir
     out.mkdir(parents=True, exist_ok=True)
     try:
         metrics["curves"] = str(plot_curves(
             out / CURVES_NAME, progress.epochs, progress.valid, metrics["test"],
-            runner.epochs, f"{runner.model}, {runner.sync_mode}, "
+            done, f"{runner.model}, {runner.sync_mode}, "
             f"{metrics['server_num']}x{metrics['worker_num']}"))
     except Exception as exc:  # noqa: BLE001 - a plot must not lose the run's metrics
         logger.warning("curves.png could not be drawn: %s", exc)
@@ -306,7 +315,9 @@ def finish_run(config: TrainConfig, model: nn.Module, progress: Progress, reader
     logger.info("metrics written to %s; curves %s; TensorBoard %s; malformed lines "
                 "skipped: %s", out / METRICS_NAME, metrics["curves"], metrics["tensorboard"],
                 progress.malformed.describe())
-    if runner.inference_model_path is not None:  # after the evaluation: same values
+    if runner.export_model:  # after the evaluation: same values
         sample = next(iter(test_reader if test_reader is not None else reader), None)
         export_trained_model(config, model, metrics, sample)
+        metrics["export"] = str(runner.model_dir)
+        write_json_atomic(out / METRICS_NAME, metrics)
     return metrics

@@ -6,12 +6,15 @@ model, and then either serves tables (server) or trains on its share of the data
 After the last epoch every worker flushes its pushes, and worker 0 evaluates the
 test data on the final parameters and writes ``metrics.json`` to the output folder.
 
-Worker 0 also records the run (:mod:`psfleet.rec.reporting`): TensorBoard scalars in
-``<model_save_path>/tensorboard/``, ``curves.png`` at the end, and the malformed lines
+Worker 0 opens the run folder (:mod:`psfleet.rec.run_folder`: ``config.yaml``, the
+``latest`` link) and records the run there (:mod:`psfleet.rec.reporting`): TensorBoard
+scalars in ``tensorboard/``, ``curves.png`` at the end, the export, and the malformed lines
 its passes skipped. With ``runner.valid_data_dir`` the job validates every
 ``runner.valid_interval`` epochs and after the last one: every worker flushes its
 pushes and meets the others, worker 0 evaluates on the tables as they are then (no
-push changes them meanwhile: the others wait at a second barrier), in every mode.
+push changes them meanwhile: the others wait at a second barrier), in every mode; with
+``runner.early_stopping`` it also decides whether every worker stops there
+(:mod:`psfleet.rec.early_stopping`).
 On Ctrl-C worker 0 writes ``metrics.json`` with the finished epochs and an
 ``interrupted`` entry and raises :class:`~psfleet.rec.reporting.TrainingInterrupted`.
 """
@@ -38,8 +41,9 @@ from psfleet.nn import FeatureEmbeddings, Prefetch, SparseEmbedding, use_prefetc
 from psfleet.ps.types import OPTIMIZER_CLASSES
 from psfleet.rec.config import TrainConfig
 from psfleet.rec.curves import TENSORBOARD_DIR, RunRecorder
+from psfleet.rec.early_stopping import EarlyStopping
 from psfleet.rec.features import build_runner_model, model_inputs, prefetchers
-from psfleet.rec.readers import build_test_reader, build_train_reader
+from psfleet.rec.readers import build_test_reader, build_train_reader, exchange_dir
 from psfleet.rec.reporting import (
     Progress,
     TrainingInterrupted,
@@ -47,6 +51,7 @@ from psfleet.rec.reporting import (
     finish_run,
     record_interrupt,
 )
+from psfleet.rec.run_folder import open_run_folder
 
 __all__ = ["train", "evaluate", "OPTIMIZERS"]
 
@@ -220,8 +225,8 @@ def _resume(checkpoint: CheckpointConfig | None, reader: Reader,
     return resumed
 
 
-def _validate(model: nn.Module, optimizer: DistributedOptimizer,
-              reader: Reader | None) -> dict[str, float] | None:
+def _validate(model: nn.Module, optimizer: DistributedOptimizer, reader: Reader | None,
+              early: EarlyStopping | None, epoch: int) -> tuple[dict[str, float] | None, bool]:
     """Validation during training; every worker calls it at the same point.
 
     Each worker flushes its pushes and meets the others (every push of the job is
@@ -232,12 +237,16 @@ def _validate(model: nn.Module, optimizer: DistributedOptimizer,
     one extra delta exchange; the others wait for the evaluation at most the barrier
     timeout (the RPC deadline).
 
+    With ``early``, worker 0 decides whether training stops after ``epoch`` and
+    publishes the decision before the second barrier; the others read it after.
+
     Returns:
-        :func:`evaluate`'s metrics on worker 0; None elsewhere.
+        :func:`evaluate`'s metrics on worker 0 (None elsewhere), and whether every
+        worker stops training now.
     """
     fleet.flush()
     fleet.barrier_worker()
-    result = None
+    result, stop = None, False
     if reader is not None:
         own = optimizer.flat_values()
         optimizer.refresh()
@@ -245,8 +254,13 @@ def _validate(model: nn.Module, optimizer: DistributedOptimizer,
             result = evaluate(model, reader)
         finally:
             optimizer.install(own)
+        if early is not None:
+            stop = early.observe(epoch, result)
+            early.publish(epoch, stop)
     fleet.barrier_worker()
-    return result
+    if early is not None and reader is None:
+        stop = early.read(epoch)
+    return result, stop
 
 
 def _valid_reader(config: TrainConfig) -> Reader | None:
@@ -266,7 +280,7 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
     alone against in-process tables.
 
     Returns:
-        On worker 0, the metrics written to ``<model_save_path>/metrics.json``;
+        On worker 0, the metrics written to ``<run folder>/metrics.json``;
         otherwise None.
 
     Raises:
@@ -291,8 +305,10 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         fleet.run_server()
         return None
     first = fleet.worker_index() == 0
+    if first:
+        open_run_folder(config)
     progress = Progress(valid=[] if runner.valid_data_dir is not None else None)
-    recorder = RunRecorder(runner.model_save_path / TENSORBOARD_DIR) if first else None
+    recorder = RunRecorder(runner.run_dir / TENSORBOARD_DIR) if first else None
     readers: dict[str, Reader | None] = {}
     try:
         return _work(config, model, optimizer, progress, recorder, readers)
@@ -328,8 +344,11 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
             progress.malformed.observe(name, built)
     fleet.init_worker()
     tally = _CheckpointTally(checkpoint)
+    early = (EarlyStopping(runner.early_stopping, exchange_dir(runner), workers)
+             if runner.early_stopping is not None else None)
     resume = _resume(checkpoint, reader, share, tally)
     progress.started = time.perf_counter()
+    progress.epoch = resume.epoch
     for epoch in range(resume.epoch, runner.epochs):
         after_batch = None
         if checkpoint is not None:
@@ -356,7 +375,7 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
                     stats["auc"], stats["examples"], stats["examples_per_s"], stats["wall_s"])
         if (runner.valid_data_dir is not None and epoch + 1 < runner.epochs
                 and (epoch + 1) % runner.valid_interval == 0):  # the last one: below
-            valid = _validate(model, optimizer, readers.get("valid"))
+            valid, stop = _validate(model, optimizer, readers.get("valid"), early, epoch + 1)
             if valid is not None and progress.valid is not None:
                 progress.valid.append({"epoch": epoch + 1, **valid})
                 logger.info("epoch %d/%d: valid auc %.4f, logloss %.5f, copc %.4f on %d "
@@ -364,7 +383,9 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
                             valid["logloss"], valid["copc"], valid["examples"])
                 if recorder is not None:
                     recorder.evaluation("valid", progress.valid[-1], epoch + 1)
-    progress.epoch = runner.epochs
+            if stop:
+                progress.early_stopped = early.stopped if early is not None else None
+                break
     epochs = progress.epochs
     if epochs and not any(stats["examples"] for stats in epochs):
         raise DataError(
