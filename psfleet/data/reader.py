@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from psfleet.data.batching import batches_per_epoch, memory_batches
+from psfleet.data.compression import open_data_file
 from psfleet.data.criteo import parse_lines
 from psfleet.data.types import Batch, ParsedChunk
 from psfleet.errors import ConfigError, DataError
@@ -35,7 +36,10 @@ def list_data_files(path: str | Path) -> list[Path]:
 
     Returns:
         ``[path]`` for a file; the directory's regular files not starting with ``.``,
-        sorted by name, for a directory (subdirectories are not searched).
+        sorted by name, for a directory (subdirectories are not searched). Compressed
+        files are listed like the others: the readers decompress ``.gz``, ``.bz2``,
+        ``.xz``, ``.lzma`` and ``.zst`` files and reject ``.zip`` when they open them
+        (:mod:`psfleet.data.compression`).
 
     Raises:
         DataError: if ``path`` does not exist or the directory holds no data file.
@@ -58,7 +62,8 @@ def list_data_files(path: str | Path) -> list[Path]:
 
 
 def _read_lines(path: Path) -> list[str]:
-    """All lines of ``path`` without their ``\\n`` (invalid UTF-8 bytes become U+FFFD)."""
+    """All lines of ``path`` without their ``\\n`` (invalid UTF-8 bytes become U+FFFD);
+    a compressed file is decompressed (:func:`psfleet.data.compression.open_data_file`)."""
     if path.is_dir():
         raise DataError(
             f"data file {str(path)!r} is a directory; pass its files, e.g. list_data_files(path)"
@@ -66,7 +71,8 @@ def _read_lines(path: Path) -> list[str]:
     if not path.is_file():
         raise DataError(f"data file {str(path)!r} does not exist; check the path")
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with open_data_file(path) as stream:
+            text = stream.read().decode("utf-8", errors="replace")
     except OSError as exc:
         raise DataError(f"data file {str(path)!r} cannot be read: {exc}") from exc
     lines = text.split("\n")

@@ -6,6 +6,10 @@ standard output is read instead (PaddleRec's ``cat FILE | pipe_command``). A com
 that exits non-zero stops the read with its exit code, the file name and the end of
 its standard error. Parquet files are read in row groups of ``chunk_rows`` rows.
 
+A ``.gz``, ``.bz2``, ``.xz``, ``.lzma`` or ``.zst`` text file is decompressed as it is
+read, also before a pipe_command (the command reads its text, as in PaddlePaddle);
+``.zip`` and unsuffixed compressed files are DataErrors (:mod:`psfleet.data.compression`).
+
 With ``split_file_list: True`` only this worker's lines (rows) are kept
 (:mod:`psfleet.data.split`); the line numbers of the kept lines travel with the chunk
 for messages.
@@ -17,12 +21,20 @@ import contextlib
 import logging
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 import numpy as np
 
+from psfleet.data.compression import (
+    ByteStream,
+    check_parquet_file,
+    check_pipe_input,
+    codec_of,
+    open_data_file,
+)
 from psfleet.data.split import WorkerShare
 from psfleet.data.types import RawChunk
 from psfleet.errors import ConfigError, DataError
@@ -35,6 +47,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_CHUNK_BYTES = 4 << 20
 DEFAULT_CHUNK_ROWS = 16_384
 _STDERR_TAIL_BYTES = 4000
+_FEED_BYTES = 1 << 20
 
 
 def _check_file(path: Path) -> None:
@@ -46,7 +59,7 @@ def _check_file(path: Path) -> None:
         raise DataError(f"data file {str(path)!r} is empty (no lines); remove it from the list")
 
 
-def _blocks(stream: IO[bytes], chunk_bytes: int) -> Iterator[bytes]:
+def _blocks(stream: ByteStream, chunk_bytes: int) -> Iterator[bytes]:
     """Blocks of whole lines (each ends with ``\\n``, except a last unterminated line)."""
     rest = b""
     while True:
@@ -99,8 +112,9 @@ def iter_text_chunks(path: Path, position: int, share: WorkerShare,
         path: the file.
         position: its 0-based position in the job's file list (the split rule uses it).
         share: this worker's share (:func:`psfleet.data.split.plan_share`).
-        pipe_command: a shell command; if given, the file is its standard input and
-            its standard output is read instead.
+        pipe_command: a shell command; if given, the file (its decompressed text for
+            a codec suffix) is its standard input and its standard output is read
+            instead.
         chunk_bytes: target bytes per chunk (whole lines).
         header: the first line of the file (of the pipe's output) is a header: it is
             passed along with every chunk, not parsed as data, nor split.
@@ -110,15 +124,17 @@ def iter_text_chunks(path: Path, position: int, share: WorkerShare,
         Chunks in file order. Closing the generator early kills the pipe command.
 
     Raises:
-        DataError: the file is missing or unreadable; the pipe command cannot start
-            or exits non-zero (names the command, the file, the exit code and the end
-            of its standard error).
+        DataError: the file is missing or unreadable, a ``.zip`` or an unsuffixed
+            compressed file (without pipe_command), corrupt or truncated compressed
+            data; the pipe command cannot start or exits non-zero (names the command,
+            the file, the exit code and the end of its standard error).
+        ConfigError: the pipe_command decompresses a file psfleet decompresses.
     """
     _check_file(path)
     source = str(path)
     if pipe_command is None:
         try:
-            with path.open("rb") as f:
+            with open_data_file(path) as f:
                 yield from _chunks(_blocks(f, chunk_bytes), source, position, share,
                                    header)
         except OSError as exc:
@@ -128,17 +144,49 @@ def iter_text_chunks(path: Path, position: int, share: WorkerShare,
                              pipe_cwd)
 
 
+class _Feeder(threading.Thread):
+    """Writes the decompressed text of a file into a pipe command's standard input."""
+
+    def __init__(self, path: Path, sink: IO[bytes]) -> None:
+        super().__init__(name="psfleet-pipe-feed", daemon=True)
+        self.path, self.sink = path, sink
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with open_data_file(self.path) as text:
+                while block := text.read(_FEED_BYTES):
+                    self.sink.write(block)
+        except (BrokenPipeError, ValueError):
+            pass  # the command stopped reading (it exited, or was killed)
+        except BaseException as exc:  # raised in the reading thread after the pass
+            self.error = exc
+        finally:
+            with contextlib.suppress(OSError):
+                self.sink.close()
+
+
 def _piped_chunks(path: Path, position: int, share: WorkerShare, pipe_command: str,
                   chunk_bytes: int, header: bool, cwd: Path | None
                   ) -> Iterator[RawChunk]:
     source = f"{path} | {pipe_command}"
-    with path.open("rb") as stdin, tempfile.TemporaryFile() as stderr:
+    decompress = codec_of(path) is not None
+    if decompress:
+        check_pipe_input(path, pipe_command)
+    with contextlib.ExitStack() as stack:
+        stderr = stack.enter_context(tempfile.TemporaryFile())
+        stdin: IO[bytes] | int = (subprocess.PIPE if decompress
+                                  else stack.enter_context(path.open("rb")))
         try:
             proc = subprocess.Popen(pipe_command, shell=True, stdin=stdin,
                                     stdout=subprocess.PIPE, stderr=stderr, cwd=cwd)
         except OSError as exc:
             raise DataError(f"pipe_command {pipe_command!r} cannot start for data file "
                             f"{str(path)!r}: {exc}") from exc
+        feeder = None
+        if decompress and proc.stdin is not None:
+            feeder = _Feeder(path, proc.stdin)
+            feeder.start()
         finished = False
         try:
             if proc.stdout is None:  # cannot happen with stdout=PIPE; keeps mypy exact
@@ -154,11 +202,17 @@ def _piped_chunks(path: Path, position: int, share: WorkerShare, pipe_command: s
                 proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
+            if feeder is not None:
+                feeder.join()
+        if feeder is not None and feeder.error is not None:
+            raise feeder.error
         if code != 0:
             stderr.seek(0)
             text = stderr.read()[-_STDERR_TAIL_BYTES:].decode("utf-8", errors="replace")
+            note = (f" (psfleet decompressed the file by its {path.suffix} suffix: the "
+                    "command reads its text)" if decompress else "")
             raise DataError(f"pipe_command {pipe_command!r} failed on data file "
-                            f"{str(path)!r} with exit code {code}; its stderr:\n"
+                            f"{str(path)!r}{note} with exit code {code}; its stderr:\n"
                             f"{text.rstrip() or '(empty)'}")
 
 
@@ -167,12 +221,14 @@ def iter_parquet_chunks(path: Path, position: int, share: WorkerShare,
     """This worker's rows of one Parquet file, ``chunk_rows`` rows at a time.
 
     Raises:
-        DataError: the file is missing or not Parquet.
+        DataError: the file is missing, not Parquet, or has a codec suffix (``.gz``...:
+            Parquet compresses its own columns).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     _check_file(path)
+    check_parquet_file(path)
     try:
         parquet = pq.ParquetFile(path)
         row = 0

@@ -8,6 +8,13 @@
   Shifting by ``f`` spreads the leftover lines of each file over the workers; the rule
   needs no line counts, so it works on streams (``pipe_command`` output) too.
 
+A compressed file (``.gz``, ``.zst``, ... :mod:`psfleet.data.compression`) cannot be
+seeked, and the rule needs no seeking: with ``split_file_list: True`` every worker
+decompresses the whole file and keeps its lines (each file is decompressed
+``worker_num`` times in all, once per worker, in parallel); with ``False`` a file is
+decompressed by its one worker. Give a job several compressed files and
+``split_file_list: False`` when decompression is the bottleneck.
+
 Either way every line of every file is read by exactly one worker. All workers must
 pass the same file list in the same order.
 """
@@ -18,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from psfleet.data.compression import open_data_file
 from psfleet.errors import ConfigError, DataError
 
 __all__ = ["WorkerShare", "count_lines", "plan_share", "share_lines"]
@@ -93,14 +101,15 @@ def share_lines(line_count: int, file_position: int, worker_index: int, worker_n
 
 
 def count_lines(path: Path) -> int:
-    """Lines in a file (a last line without ``\\n`` counts). Reads it once, blocks.
+    """Lines in a file (a last line without ``\\n`` counts). Reads it once, blocks; a
+    compressed file is decompressed (:func:`psfleet.data.compression.open_data_file`).
 
     Raises:
-        DataError: the file cannot be read.
+        DataError: the file cannot be read, or is corrupt compressed data.
     """
     lines, last = 0, b"\n"
     try:
-        with path.open("rb") as f:
+        with open_data_file(path) as f:
             while block := f.read(_COUNT_BLOCK_BYTES):
                 lines += block.count(b"\n")
                 last = block[-1:]

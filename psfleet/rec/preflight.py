@@ -7,9 +7,12 @@ cheaply, by each process of the job):
 
 - every ``runner.train_data_dir`` / ``test_data_dir`` / ``valid_data_dir`` path exists, a folder
   holds at least one data file, and no data file is empty (0 bytes or only blank
-  lines: a worker would train on nothing) or compressed (gzip, bzip2, xz, zstd, zip:
-  every line would be skipped as malformed) unless a ``runner.pipe_command``
-  decompresses it;
+  lines, after decompression: a worker would train on nothing). ``.gz``, ``.bz2``,
+  ``.xz``, ``.lzma`` and ``.zst`` files are read decompressed (only their first block
+  is decompressed here); without a ``runner.pipe_command`` a ``.zip`` or a compressed
+  file without its suffix is a DataError, and a pipe_command that decompresses a
+  suffixed file (which reaches it as text) is a ConfigError
+  (:mod:`psfleet.data.compression`);
 - with ``runner.split_file_list: False`` there are at least ``cluster.worker_num``
   training files (each worker reads whole files);
 - the first lines of every data file parse with the configured parser (a column
@@ -27,6 +30,13 @@ from pathlib import Path
 import pyarrow as pa
 
 from psfleet.data import Parser, RawChunk, list_data_files, make_parser
+from psfleet.data.compression import (
+    ByteStream,
+    check_parquet_file,
+    check_pipe_input,
+    codec_of,
+    open_data_file,
+)
 from psfleet.data.split import plan_share
 from psfleet.errors import ConfigError, DataError
 from psfleet.rec.config import TrainConfig, parser_options
@@ -36,22 +46,17 @@ __all__ = ["check_before_start", "check_data_files"]
 
 _BLOCK_BYTES = 1 << 16
 
-#: Leading bytes of compressed files (no parser reads them; a pipe_command may).
-_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz",
-               b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
+def _open_text(path: Path, pipe_command: str | None) -> ByteStream:
+    """The lines of ``path`` as the parser (or the pipe_command) reads them."""
+    if pipe_command is not None and codec_of(path) is None:
+        return path.open("rb")  # the pipe_command reads the file as it is
+    return open_data_file(path)
 
 
-def _compression(path: Path) -> str | None:
-    """The compression format ``path`` starts with, or None."""
-    with path.open("rb") as file:
-        head = file.read(8)
-    return next((name for magic, name in _COMPRESSED.items() if head.startswith(magic)), None)
-
-
-def _holds_data(path: Path) -> bool:
+def _holds_data(path: Path, pipe_command: str | None) -> bool:
     """Whether ``path`` has a byte that is not ASCII whitespace (reads until the first
     such byte: one block for any real data file)."""
-    with path.open("rb") as file:
+    with _open_text(path, pipe_command) as file:
         while block := file.read(_BLOCK_BYTES):
             if block.strip():
                 return True
@@ -59,22 +64,25 @@ def _holds_data(path: Path) -> bool:
 
 
 def check_data_files(field: str, value: Path | list[Path] | None,
-                     pipe_command: str | None = None) -> list[Path]:
+                     pipe_command: str | None = None, parquet: bool = False) -> list[Path]:
     """The data files of a ``*_data_dir`` value, each checked to hold data.
 
     Args:
         field: the config field path, for messages (``runner.train_data_dir``).
         value: a file or folder, a list of them, or None (no files).
         pipe_command: the command the files are piped through, if any (it may
-            decompress them, so compressed files are allowed then).
+            decompress unsuffixed compressed files; suffixed ones reach it as text).
+        parquet: the files are Parquet (a codec suffix is then an error).
 
     Returns:
         The files, in order (a folder's sorted by name).
 
     Raises:
         DataError: a path does not exist, a folder holds no data file, or a file is
-            empty, only blank lines, or compressed with no pipe_command (names the
-            field and the file).
+            empty or only blank lines (after decompression), a ``.zip`` or an
+            unsuffixed compressed file with no pipe_command, corrupt compressed data,
+            or Parquet with a codec suffix (names the field and the file).
+        ConfigError: the pipe_command decompresses a suffixed file again.
     """
     paths = [] if value is None else [value] if isinstance(value, Path) else value
     files: list[Path] = []
@@ -86,19 +94,23 @@ def check_data_files(field: str, value: Path | list[Path] | None,
     for file in files:
         try:
             size = file.stat().st_size
-            blank = size > 0 and not _holds_data(file)
-            compression = None if pipe_command else _compression(file)
+            if parquet:
+                check_parquet_file(file)
+                blank = False
+            else:
+                if pipe_command is not None:
+                    check_pipe_input(file, pipe_command)
+                blank = size > 0 and not _holds_data(file, pipe_command)
+        except DataError as exc:
+            raise DataError(f"{field}: {exc}") from None
+        except ConfigError as exc:
+            raise ConfigError(f"runner.{exc} ({field})") from None
         except OSError as exc:
             raise DataError(f"{field}: data file {str(file)!r} cannot be read: {exc}") from None
         if size == 0 or blank:
             what = "0 bytes" if size == 0 else "only blank lines"
             raise DataError(f"{field}: data file {str(file)!r} is empty ({what}); remove it "
                             f"from {field} (or from its folder), or write the data into it")
-        if compression is not None:
-            raise DataError(f"{field}: data file {str(file)!r} is {compression}-compressed; "
-                            "the parsers read plain text (or Parquet): decompress it, or "
-                            "use runner.reader_type: QueueDataset with a runner.pipe_command "
-                            "that decompresses (e.g. 'zcat')")
     return files
 
 
@@ -107,18 +119,21 @@ def check_before_start(config: TrainConfig) -> None:
     (module docstring). Blocks while it reads the first block of each data file.
 
     Raises:
-        DataError: a missing or empty data path (names the field and the file).
-        ConfigError: too few files for ``split_file_list: False``, or an unknown model.
+        DataError: a missing, empty, unreadable or (zip, unsuffixed) compressed data
+            path (names the field and the file).
+        ConfigError: too few files for ``split_file_list: False``, an unknown model, or
+            a pipe_command that decompresses a file psfleet decompresses.
     """
     from psfleet.rec.models import list_models
 
     runner = config.runner
+    parquet = runner.parser == "parquet"
     train_files = check_data_files("runner.train_data_dir", runner.train_data_dir,
-                                   runner.pipe_command)
+                                   runner.pipe_command, parquet)
     test_files = check_data_files("runner.test_data_dir", runner.test_data_dir,
-                                  runner.pipe_command)
+                                  runner.pipe_command, parquet)
     valid_files = check_data_files("runner.valid_data_dir", runner.valid_data_dir,
-                                   runner.pipe_command)
+                                   runner.pipe_command, parquet)
     if not runner.split_file_list:
         try:
             plan_share(train_files, 0, config.cluster.worker_num, split_file_list=False)
@@ -140,11 +155,13 @@ def check_before_start(config: TrainConfig) -> None:
 
 def _check_first_lines(parser: Parser, field: str, file: Path) -> None:
     """Parse the header and first data line of ``file`` (the first row of Parquet),
-    so that a column the config names but the file lacks fails now.
+    so that a column the config names but the file lacks fails now. A compressed file
+    is decompressed only as far as its first lines.
 
     Raises:
         ConfigError: the parser rejects the file's columns (names the column, the
             field and the file).
+        DataError: the file's first block is corrupt compressed data.
     """
     if parser.kind == "parquet":
         import pyarrow.parquet as pq
@@ -152,9 +169,12 @@ def _check_first_lines(parser: Parser, field: str, file: Path) -> None:
         payload: bytes | pa.Table = pq.ParquetFile(file).read_row_group(0).slice(0, 1)
         header = None
     else:
-        with file.open("rb") as f:
-            header = f.readline().rstrip(b"\r\n") if parser.header else None
-            payload = f.readline()
+        try:
+            with open_data_file(file) as f:
+                header = f.readline().rstrip(b"\r\n") if parser.header else None
+                payload = f.readline()
+        except DataError as exc:
+            raise DataError(f"{field}: {exc}") from None
     try:
         parser.parse(RawChunk(str(file), 2 if header is not None else 1, 1, 1, 1, payload,
                               header), strict=False)
