@@ -22,7 +22,7 @@ a ``psfleet train`` command without ``runner.run_name``) uses the folder ``run``
 
 Naming an existing run folder (``-o runner.run_name=NAME``) continues that run: an
 interrupted or failed run resumes from its checkpoints (``runner.checkpoint``); a
-run that finished (its metrics.json has no ``interrupted`` entry) is an error,
+run that finished (its metrics.json's ``interrupted`` entry is null) is an error,
 since continuing would replace its results.
 
 Checkpoints stay where ``runner.checkpoint.checkpoint_dir`` says (relative to the
@@ -78,7 +78,7 @@ def _finished(metrics_path: Path) -> bool:
         metrics = json.loads(metrics_path.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(metrics, dict) and "interrupted" not in metrics
+    return isinstance(metrics, dict) and metrics.get("interrupted") is None
 
 
 def check_run_folder(config: TrainConfig) -> None:
