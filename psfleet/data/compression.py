@@ -38,7 +38,7 @@ import io
 import lzma
 import shlex
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import fsspec
 import zstandard
@@ -62,7 +62,21 @@ _DECOMPRESSORS = {"zcat", "gzcat", "gunzip", "bzcat", "bunzip2", "xzcat", "unxz"
 _DECOMPRESS_FLAG_COMMANDS = {"gzip", "pigz", "bzip2", "pbzip2", "xz", "lzma", "zstd"}
 _READ_BYTES = 1 << 18
 
-ByteStream = IO[bytes]
+_CODEC_ERRORS = (OSError, EOFError, lzma.LZMAError, zstandard.ZstdError, ValueError)
+
+
+class ByteStream(Protocol):
+    """What :func:`open_data_file` returns: a binary stream of the file's text."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> ByteStream: ...
+
+    def __exit__(self, *exc: Any) -> Any: ...
 
 
 def codec_of(path: Path) -> str | None:
@@ -189,34 +203,40 @@ class _ZstdReader(io.RawIOBase):
         super().close()
 
 
-class _Checked(io.RawIOBase):
-    """A decompressing stream whose codec errors become DataErrors naming the file."""
+class _Checked:
+    """A decompressing stream whose codec errors become DataErrors naming the file
+    (a thin proxy: the codec's stream is buffered already)."""
 
     def __init__(self, stream: Any, path: Path, codec: str) -> None:
-        super().__init__()
         self._stream, self._path, self._codec = stream, path, codec
 
-    def readable(self) -> bool:
-        return True
+    def _error(self, exc: BaseException) -> DataError:
+        return DataError(f"data file {str(self._path)!r} is not valid {self._codec} data "
+                         f"({exc}); check that it was written completely, or remove its "
+                         f"{self._path.suffix} suffix if it is not compressed")
 
-    def readinto(self, buffer: Any) -> int:
+    def read(self, size: int = -1) -> bytes:
         try:
-            data = self._stream.read(len(buffer))
-        except DataError:
-            raise
-        except (OSError, EOFError, lzma.LZMAError, zstandard.ZstdError, ValueError) as exc:
-            raise DataError(f"data file {str(self._path)!r} is not valid {self._codec} data "
-                            f"({exc}); check that it was written completely, or remove its "
-                            f"{self._path.suffix} suffix if it is not compressed") from exc
-        size = len(data)
-        buffer[:size] = data
-        return size
+            data: bytes = self._stream.read(size)
+        except _CODEC_ERRORS as exc:
+            raise self._error(exc) from exc
+        return data
+
+    def readline(self, size: int = -1) -> bytes:
+        try:
+            line: bytes = self._stream.readline(size)
+        except _CODEC_ERRORS as exc:
+            raise self._error(exc) from exc
+        return line
 
     def close(self) -> None:
-        try:
-            self._stream.close()
-        finally:
-            super().close()
+        self._stream.close()
+
+    def __enter__(self) -> _Checked:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def open_data_file(path: Path, buffer_bytes: int = 1 << 20) -> ByteStream:
@@ -224,7 +244,7 @@ def open_data_file(path: Path, buffer_bytes: int = 1 << 20) -> ByteStream:
 
     Args:
         path: the file.
-        buffer_bytes: read buffer of a decompressing stream.
+        buffer_bytes: read buffer of a ``.zst`` stream (the others buffer their own).
 
     Returns:
         A binary stream (``read``, ``readline``, context manager); close it.
@@ -239,11 +259,9 @@ def open_data_file(path: Path, buffer_bytes: int = 1 << 20) -> ByteStream:
         if codec is None:
             return path.open("rb")
         if codec == "zstd":
-            raw: Any = _ZstdReader(path.open("rb"), path)
-            checked = _Checked(raw, path, codec)
+            stream: Any = io.BufferedReader(_ZstdReader(path.open("rb"), path), buffer_bytes)
         else:
-            opened = fsspec.open(str(path), "rb", compression=codec)
-            checked = _Checked(opened.open(), path, codec)
+            stream = fsspec.open(str(path), "rb", compression=codec).open()
     except OSError as exc:
         raise DataError(f"data file {str(path)!r} cannot be read: {exc}") from exc
-    return io.BufferedReader(checked, buffer_bytes)
+    return _Checked(stream, path, codec)
