@@ -109,7 +109,55 @@ VARIABLES: tuple[EnvVar, ...] = (
         "300",
         "How long a worker waits for all servers to become ready, seconds.",
     ),
-    EnvVar("PSFLEET_AUTH_TOKEN", None, "Shared secret every remote call must carry, if set."),
+    EnvVar(
+        "PSFLEET_AUTH_TOKEN",
+        None,
+        "Shared secret every remote call to a server must carry (health checks excepted). "
+        "fleetrun generates one per job when unset (children get it in their environment; "
+        "LOG_DIR/.auth_token, mode 0600, while the job runs); a multi-node job needs the "
+        "same value on every node. A server without one serves on a loopback address only. "
+        "See docs/security.md.",
+    ),
+    EnvVar(
+        "PSFLEET_STORAGE_ROOTS",
+        None,
+        "Comma-separated folders or fsspec URL prefixes under which a server's Save and "
+        "Load may write and read (after resolving .. and symbolic links); others are "
+        "refused (PERMISSION_DENIED). Unset: the server's working folder; fleetrun sets "
+        "its working folder and --log_dir when unset.",
+    ),
+    EnvVar(
+        "PSFLEET_TLS_CERT",
+        None,
+        "Server: PEM certificate (chain) to serve TLS with, with PSFLEET_TLS_KEY. Set by "
+        "fleetrun --tls self-signed.",
+    ),
+    EnvVar("PSFLEET_TLS_KEY", None, "Server: PEM private key of PSFLEET_TLS_CERT."),
+    EnvVar(
+        "PSFLEET_TLS_CA",
+        None,
+        "Client: PEM CA certificate(s) the servers' certificates are verified with; set, "
+        "every channel to a server is TLS.",
+    ),
+    EnvVar(
+        "PSFLEET_TLS_CLIENT_CERT",
+        None,
+        "Client: PEM certificate presented to servers (mutual TLS), with "
+        "PSFLEET_TLS_CLIENT_KEY.",
+    ),
+    EnvVar("PSFLEET_TLS_CLIENT_KEY", None, "Client: PEM private key of PSFLEET_TLS_CLIENT_CERT."),
+    EnvVar(
+        "PSFLEET_TLS_CLIENT_CA",
+        None,
+        "Server: PEM CA certificate(s) of client certificates; set, a server refuses "
+        "clients without a certificate it signed (mutual TLS).",
+    ),
+    EnvVar(
+        "PSFLEET_TLS_SERVER_NAME",
+        None,
+        "Client: the name expected in the servers' certificates when it is not the host "
+        "of PADDLE_PSERVERS_IP_PORT_LIST (e.g. a DNS name while the list has IPs).",
+    ),
     EnvVar(
         "PSFLEET_METRICS_PORT",
         "0",

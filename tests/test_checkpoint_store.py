@@ -9,6 +9,7 @@ filesystem whose writes fail once a byte budget is spent (a full disk).
 from __future__ import annotations
 
 import logging
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -29,7 +30,10 @@ from psfleet.rpc import RpcConfig
 
 pytestmark = pytest.mark.service
 
-CONFIG = RpcConfig(deadline_s=20.0, max_retries=2, backoff_initial_s=0.05, server_threads=8)
+# The checkpoints go to pytest's tmp_path and memory filesystems: the servers may write
+# there (docs/security.md).
+CONFIG = RpcConfig(deadline_s=20.0, max_retries=2, backoff_initial_s=0.05, server_threads=8,
+                   storage_roots=(tempfile.gettempdir(), "memory://", "fullmem://"))
 SHAPES = [(40, 30), (30,)]
 TOTAL = sum(int(np.prod(s)) for s in SHAPES)
 

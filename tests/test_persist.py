@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -18,6 +19,8 @@ from psfleet.rpc import RpcConfig
 pytestmark = pytest.mark.service
 
 RULES = ["sgd", "adagrad", "adam"]
+# The saves go to pytest's tmp_path: the servers may write there (docs/security.md).
+SERVER_CONFIG = RpcConfig(storage_roots=(tempfile.gettempdir(),))
 SHAPES = [(40, 30), (30,), (30, 1)]
 
 
@@ -26,7 +29,7 @@ def servers(count: int) -> Iterator[RemoteClient]:
     with ExitStack() as stack:
         endpoints = []
         for _ in range(count):
-            _, server = start_server("127.0.0.1", 0, RpcConfig())
+            _, server = start_server("127.0.0.1", 0, SERVER_CONFIG)
             stack.callback(server.stop)
             endpoints.append(server.endpoint)
         client = RemoteClient(endpoints, RpcConfig())

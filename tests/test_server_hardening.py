@@ -38,7 +38,9 @@ from psfleet.rpc import messages as msg
 pytestmark = pytest.mark.service
 
 HOST = "127.0.0.1"
-CONFIG = RpcConfig(deadline_s=20.0, max_retries=1, backoff_initial_s=0.05, server_threads=8)
+# memory:// is a storage root so an undecodable Save reaches the decoding (docs/security.md).
+CONFIG = RpcConfig(deadline_s=20.0, max_retries=1, backoff_initial_s=0.05, server_threads=8,
+                   storage_roots=("memory://",))
 SGD = RuleConfig(name="sgd", learning_rate=0.5)
 DIM = 4
 KNOWN = np.arange(100, 110, dtype=np.uint64)

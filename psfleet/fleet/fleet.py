@@ -175,7 +175,8 @@ class Fleet:
             checkpoint_dir: where the job's checkpoints are (``CheckpointConfig``;
                 default ``PSFLEET_CHECKPOINT_DIR``). A server the launcher restarted
                 (``PSFLEET_RESTART_NUM`` > 0) re-creates its tables from the newest
-                complete checkpoint there before it listens.
+                complete checkpoint there before it listens. Its Save and Load may
+                use this folder besides ``PSFLEET_STORAGE_ROOTS`` (docs/security.md).
 
         Raises:
             ConfigError: this process is not a server, or ``dirname`` has no manifest.
@@ -188,6 +189,8 @@ class Fleet:
                                   "pass a folder written by fleet.save_persistables()")
             self._preload_dir = Path(dirname)
         self._checkpoint_dir = checkpoint_dir or env.read("PSFLEET_CHECKPOINT_DIR")
+        if self._checkpoint_dir is not None:  # workers' checkpoint Saves go there
+            self.rpc_config = self.rpc_config.with_storage_roots(str(self._checkpoint_dir))
 
     def run_server(self) -> None:
         """Serve tables until a worker's stop_worker() (or SIGTERM). Blocks."""

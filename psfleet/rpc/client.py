@@ -1,8 +1,11 @@
-"""Call one server: deadlines, bounded retries with backoff, auth, parallel calls.
+"""Call one server: deadlines, bounded retries with backoff, auth, TLS, parallel calls.
 
-:class:`RpcClient` is thread safe (one gRPC channel, shared). :meth:`RpcClient.start`
+:class:`RpcClient` is thread safe (one gRPC channel, shared; TLS when the config's
+``tls`` has a CA or client certificate, ``psfleet.rpc.tls``). :meth:`RpcClient.start`
 issues a call without blocking so a caller can fan out to every server at once and
-then collect the results (``PendingCall.result``).
+then collect the results (``PendingCall.result``). A server that is up but speaks the
+other protocol (TLS against plaintext) is named at the first failure, as a
+:class:`~psfleet.errors.ConfigError`, not retried as if it were down.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from psfleet.errors import (
 )
 from psfleet.rpc import psfleet_pb2_grpc as pb_grpc
 from psfleet.rpc.server import AUTH_METADATA_KEY
+from psfleet.rpc.tls import diagnose_tls_mismatch
 from psfleet.rpc.types import RpcConfig
 
 __all__ = ["RpcClient", "PendingCall", "wait_servers_ready"]
@@ -38,13 +42,24 @@ class RpcClient:
 
     Args:
         endpoint: ``host:port`` of the server.
-        config: deadline, retries, message limits, auth token.
+        config: deadline, retries, message limits, auth token, TLS files.
+
+    Raises:
+        ConfigError: a TLS file cannot be read (names the variable).
     """
 
     def __init__(self, endpoint: str, config: RpcConfig) -> None:
         self.endpoint = endpoint
         self.config = config
-        self._channel = grpc.insecure_channel(endpoint, options=config.channel_options())
+        tls = config.tls
+        options: list[tuple[str, Any]] = list(config.channel_options())
+        if tls is not None and tls.dials_tls:
+            if tls.server_name:
+                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            self._channel = grpc.secure_channel(endpoint, tls.channel_credentials(),
+                                                options=options)
+        else:
+            self._channel = grpc.insecure_channel(endpoint, options=options)
         self._stub = pb_grpc.ParameterServerStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._metadata: tuple[tuple[str, str], ...] = (
@@ -64,7 +79,9 @@ class RpcClient:
                 deadline passed (names endpoint and method).
             InvalidRequestError: the server rejected the request's content
                 (INVALID_ARGUMENT; also a ConfigError and a RemoteError).
-            ConfigError: the server rejected the auth token.
+            ConfigError: the server rejected the auth token (UNAUTHENTICATED), a Save
+                or Load folder outside its storage roots (PERMISSION_DENIED), or speaks
+                the other protocol (TLS or plaintext; its certificate not accepted).
             ResourceExhaustedError: the server ran out of memory on the request, or
                 a message exceeded the size limit (RESOURCE_EXHAUSTED).
             RemoteError: the server failed the request for another reason.
@@ -80,13 +97,25 @@ class RpcClient:
         return rpc.future(request, timeout=timeout_s, metadata=self._metadata)
 
     def is_serving(self, timeout_s: float = 2.0) -> bool:
-        """True when the server's health service answers SERVING within ``timeout_s``."""
+        """True when the server's health service answers SERVING within ``timeout_s``
+        (the health service needs no token; over TLS when the client speaks it)."""
         try:
             reply = self._health.Check(health_pb2.HealthCheckRequest(service=""),
                                        timeout=timeout_s)
         except grpc.RpcError:
             return False
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def check_protocol(self) -> None:
+        """Raise when the server is up but speaks the other protocol (TLS or not).
+
+        Raises:
+            ConfigError: the server wants TLS and this client speaks plaintext, or the
+                reverse (names the endpoint and the variable to set).
+        """
+        problem = diagnose_tls_mismatch(self.endpoint, self.config.tls)
+        if problem is not None:
+            raise ConfigError(problem)
 
     def close(self) -> None:
         """Close the channel; calls in flight fail."""
@@ -112,6 +141,8 @@ class PendingCall:
                 return self._future.result()
             except grpc.RpcError as exc:
                 code = exc.code()
+                if code == grpc.StatusCode.UNAVAILABLE and attempt == 0:
+                    self._client.check_protocol()  # up but the other protocol: no retry
                 remaining = self._deadline - time.monotonic()
                 if code not in _RETRYABLE or attempt == config.max_retries or remaining <= 0:
                     raise _translate(exc, self._client.endpoint, self._method) from None
@@ -130,7 +161,14 @@ def _translate(exc: grpc.RpcError, endpoint: str, method: str) -> Exception:
     details = exc.details() or ""
     where = f"{method} on server {endpoint}"
     if code == grpc.StatusCode.UNAVAILABLE:
+        if "CERTIFICATE_VERIFY_FAILED" in details.upper().replace(" ", "_"):
+            return ConfigError(
+                f"{where}: the server's TLS certificate was not accepted ({details}): "
+                "PSFLEET_TLS_CA must be the CA that signed it, and the certificate must "
+                "name the endpoint's host (or set PSFLEET_TLS_SERVER_NAME to a name it has)")
         return RpcError(f"{where}: server unavailable after retries ({details})")
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return ConfigError(f"{where} refused: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return RpcError(f"{where}: deadline exceeded ({details}); raise PSFLEET_RPC_DEADLINE_S "
                         "if the server is slow rather than dead")
@@ -157,6 +195,7 @@ def wait_servers_ready(clients: list[RpcClient], timeout_s: float,
 
     Raises:
         ServerNotReadyError: some servers were not ready in time (lists them).
+        ConfigError: a server is up but speaks the other protocol (TLS or plaintext).
     """
     deadline = time.monotonic() + timeout_s
     pending = list(clients)
@@ -164,6 +203,8 @@ def wait_servers_ready(clients: list[RpcClient], timeout_s: float,
         pending = [c for c in pending if not c.is_serving()]
         if not pending:
             return
+        for client in pending:
+            client.check_protocol()
         missing = [c.endpoint for c in pending]
         if time.monotonic() + retry_interval_s > deadline:
             raise ServerNotReadyError(

@@ -2,7 +2,10 @@
 
 The handler (``psfleet.ps.service.TableService``) implements one Python method per rpc of
 ``psfleet.proto``; this module adapts it to grpc, maps psfleet errors to status codes,
-checks the auth token, and binds the port (0: a free port chosen by the OS).
+applies the access rules of ``psfleet.rpc.access`` (the auth token on every call,
+UNAUTHENTICATED; Save and Load folders under the storage roots, PERMISSION_DENIED;
+no token: loopback only), serves TLS when configured (``psfleet.rpc.tls``), and binds
+the port (0: a free port chosen by the OS). docs/security.md.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from psfleet.errors import ConfigError, PsfleetError, RemoteError, ResourceExhaustedError
 from psfleet.rpc import psfleet_pb2 as pb
 from psfleet.rpc import psfleet_pb2_grpc as pb_grpc
+from psfleet.rpc.access import StorageRoots, check_bind
 from psfleet.rpc.types import RpcConfig
 
 __all__ = ["ServiceHandler", "RunningServer", "serve", "AUTH_METADATA_KEY"]
@@ -56,21 +60,54 @@ _METHODS = ("CreateTable", "PullSparse", "PushSparse", "PullDense", "PushDense",
             "Save", "Load", "Stats", "Stop")
 
 
-def _make_servicer(handler: ServiceHandler, auth_token: str | None) -> Any:
+#: The rpcs whose request names a folder the server reads or writes (field ``dirname``).
+_STORAGE_METHODS = frozenset(("Save", "Load"))
+
+
+class _Gate:
+    """The access checks of every call: token first, then the storage roots."""
+
+    def __init__(self, auth_token: str | None, roots: StorageRoots) -> None:
+        self._token = None if auth_token is None else auth_token.encode()
+        self._roots = roots
+        self._refused = 0
+        self._lock = threading.Lock()
+
+    def check(self, name: str, request: Any, context: grpc.ServicerContext) -> None:
+        """Abort the call (UNAUTHENTICATED / PERMISSION_DENIED) unless it may run."""
+        if self._token is not None:
+            sent = dict(context.invocation_metadata()).get(AUTH_METADATA_KEY)
+            # Constant time: the comparison must not tell how much of a guess is right.
+            if not isinstance(sent, str) or not hmac.compare_digest(sent.encode(),
+                                                                    self._token):
+                self._log_refusal(name, context.peer(), "missing or wrong auth token")
+                context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                              "missing or wrong auth token (set PSFLEET_AUTH_TOKEN to the "
+                              "job's token: the same value on every server and worker; "
+                              "a fleetrun job's is in LOG_DIR/.auth_token while it runs)")
+        if name in _STORAGE_METHODS:
+            refusal = self._roots.refusal(name, request.dirname)
+            if refusal is not None:
+                self._log_refusal(name, context.peer(), refusal)
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
+
+    def _log_refusal(self, name: str, peer: str, why: str) -> None:
+        with self._lock:
+            self._refused += 1
+            count = self._refused
+        # The first refusals in full; then one in 1000 (a scan must not flood the log).
+        if count <= 10 or count % 1000 == 0:
+            logger.warning("refused %s from %s (%d refused so far): %s", name, peer, count, why)
+
+
+def _make_servicer(handler: ServiceHandler, gate: _Gate) -> Any:
     """Build a ParameterServerServicer whose methods call ``handler``."""
 
     def wrap(name: str) -> Any:
         method = getattr(handler, name)
 
         def call(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
-            if auth_token is not None:
-                sent = dict(context.invocation_metadata()).get(AUTH_METADATA_KEY)
-                # Constant time: the comparison must not tell how much of a guess is right.
-                if not isinstance(sent, str) or not hmac.compare_digest(
-                        sent.encode(), auth_token.encode()):
-                    context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                  "missing or wrong auth token (set PSFLEET_AUTH_TOKEN "
-                                  "to the same value on every server and worker)")
+            gate.check(name, request, context)
             try:
                 return method(request)
             except ResourceExhaustedError as exc:
@@ -142,22 +179,29 @@ def serve(handler: ServiceHandler, host: str, port: int, config: RpcConfig) -> R
         handler: the service implementation.
         host: address to bind, e.g. ``127.0.0.1`` or ``0.0.0.0``.
         port: port to bind; 0 lets the OS choose (read it from the result).
-        config: thread count, message limits and auth token.
+        config: thread count, message limits, auth token, TLS files, storage roots.
 
     Raises:
-        ConfigError: the port cannot be bound (in use, or not allowed); names it.
+        ConfigError: the port cannot be bound (in use, or not allowed; names it), no
+            auth token and ``host`` is not a loopback address, or a TLS file cannot
+            be read (names the variable).
     """
+    check_bind(host, config.auth_token)
+    roots = StorageRoots.resolve(config.storage_roots)
+    tls = config.tls if config.tls is not None and config.tls.serves_tls else None
+    credentials = tls.server_credentials() if tls is not None else None
     options = [*config.channel_options(), ("grpc.so_reuseport", 0)]
     executor = futures.ThreadPoolExecutor(max_workers=config.server_threads,
                                           thread_name_prefix="psfleet-rpc")
     server = grpc.server(executor, options=options)
     pb_grpc.add_ParameterServerServicer_to_server(
-        _make_servicer(handler, config.auth_token), server)
+        _make_servicer(handler, _Gate(config.auth_token, roots)), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = (server.add_insecure_port(address) if credentials is None
+                 else server.add_secure_port(address, credentials))
     except RuntimeError as exc:
         raise ConfigError(
             f"cannot bind {address}: {exc}. The port is in use or not allowed; "
@@ -168,5 +212,12 @@ def serve(handler: ServiceHandler, host: str, port: int, config: RpcConfig) -> R
     server.start()
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    logger.info("Server listening on %s:%d", host, bound)
+    logger.info("Server listening on %s:%d (%s; auth token %s; Save/Load under %s)", host,
+                bound, "plaintext" if tls is None else
+                "TLS, client certificates required" if tls.client_ca else "TLS",
+                "required" if config.auth_token else "NOT SET", list(roots.roots))
+    if config.auth_token is None:
+        logger.warning("no PSFLEET_AUTH_TOKEN: any process on this machine can call this "
+                       "server (Stop, Save, Load, pushes); set PSFLEET_AUTH_TOKEN on every "
+                       "server and worker, or start the job with fleetrun, which makes one")
     return RunningServer(server, host, bound, health_servicer, executor)

@@ -7,10 +7,13 @@ classes of ``psfleet.proto`` re-exported as :mod:`psfleet.rpc.messages`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import os
+from dataclasses import dataclass, field
 
 from psfleet import env
 from psfleet.errors import ConfigError
+from psfleet.rpc.tls import TlsConfig
 
 __all__ = ["RpcConfig", "parse_endpoint", "DEFAULT_MAX_MESSAGE_BYTES"]
 
@@ -29,8 +32,13 @@ class RpcConfig:
         backoff_max_s: cap of the wait between retries, seconds.
         max_message_bytes: send and receive limit of one message, bytes.
         auth_token: shared secret sent as metadata with every call and checked by the
-            server; None disables the check.
+            server; None disables the check (a server then serves on loopback only,
+            ``psfleet.rpc.access``). Never shown in the config's repr.
         server_threads: handler threads of a server (a Barrier holds one per worker).
+        tls: TLS files of servers and clients (``psfleet.rpc.tls``); None: plaintext.
+        storage_roots: folders (paths or fsspec URL prefixes) a server's Save and Load
+            may use; None: the server's working folder
+            (``psfleet.rpc.access.StorageRoots``).
     """
 
     deadline_s: float = 180.0
@@ -38,8 +46,10 @@ class RpcConfig:
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 5.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    auth_token: str | None = None
+    auth_token: str | None = field(default=None, repr=False)
     server_threads: int = 32
+    tls: TlsConfig | None = None
+    storage_roots: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.deadline_s <= 0:
@@ -51,11 +61,12 @@ class RpcConfig:
 
     @classmethod
     def from_env(cls) -> RpcConfig:
-        """Build from ``PSFLEET_RPC_DEADLINE_S``, ``PSFLEET_RPC_MAX_RETRIES`` and
-        ``PSFLEET_AUTH_TOKEN``.
+        """Build from ``PSFLEET_RPC_DEADLINE_S``, ``PSFLEET_RPC_MAX_RETRIES``,
+        ``PSFLEET_AUTH_TOKEN``, ``PSFLEET_STORAGE_ROOTS`` and ``PSFLEET_TLS_*``.
 
         Raises:
-            ConfigError: the deadline is not a positive number.
+            ConfigError: the deadline is not a positive number, or the TLS variables
+                do not go together (names them).
         """
         raw = env.read("PSFLEET_RPC_DEADLINE_S")
         try:
@@ -68,7 +79,15 @@ class RpcConfig:
         if not retries_raw.isdigit():
             raise ConfigError(f"PSFLEET_RPC_MAX_RETRIES: {retries_raw!r} is not an integer >= 0")
         return cls(deadline_s=deadline, max_retries=int(retries_raw),
-                   auth_token=env.read("PSFLEET_AUTH_TOKEN"))
+                   auth_token=env.read("PSFLEET_AUTH_TOKEN"), tls=TlsConfig.from_env(),
+                   storage_roots=env.list_var(None, "PSFLEET_STORAGE_ROOTS"))
+
+    def with_storage_roots(self, *extra: str) -> RpcConfig:
+        """This config with ``extra`` folders added to the storage roots (to the
+        default, the working folder, when none are set)."""
+        roots = self.storage_roots or (os.getcwd(),)
+        return dataclasses.replace(
+            self, storage_roots=(*roots, *(r for r in extra if r not in roots)))
 
     def channel_options(self) -> list[tuple[str, int]]:
         """gRPC channel/server options raising the message-size limits."""
