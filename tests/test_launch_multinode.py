@@ -361,8 +361,13 @@ def _launchers() -> Iterator[list[subprocess.Popen[str]]]:
                 proc.communicate()
 
 
+JOB_TOKEN = "launchers-of-one-job-share-this-token"
+
+
 def _start(argv: Sequence[str], cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(list(argv), env=clean_env(), cwd=cwd, text=True,
+    # The launchers of one job share its token, as on real nodes (docs/security.md).
+    return subprocess.Popen(list(argv), env=clean_env({"PSFLEET_AUTH_TOKEN": JOB_TOKEN}),
+                            cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
 

@@ -108,13 +108,17 @@ def two_hosts() -> Iterator[Hosts]:
                 _ip("netns", "del", ns)  # also removes the veth pair
 
 
+JOB_TOKEN = secrets.token_urlsafe(32)
+
+
 def _fleetrun() -> list[str]:
     script = Path(sys.executable).parent / "fleetrun"
     return [str(script)] if script.is_file() else [sys.executable, "-m", "psfleet.launch.main"]
 
 
 def _child_env() -> dict[str, str]:
-    env = clean_env()
+    # A job across nodes needs one token exported on every node (docs/security.md).
+    env = clean_env({"PSFLEET_AUTH_TOKEN": JOB_TOKEN})
     for name in PROXY_VARIABLES:
         env.pop(name, None)
         env.pop(name.upper(), None)

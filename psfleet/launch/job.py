@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import BinaryIO
 
 from psfleet.launch._signals import SignalCatcher
@@ -38,7 +38,11 @@ _TAIL_LINES = 20
 
 
 class Job:
-    """The children of one job and the steps that drive them (one thread)."""
+    """The children of one job and the steps that drive them (one thread).
+
+    ``environ`` is what the servers and workers inherit (``os.environ`` when None;
+    the launcher adds the job's token, roots and TLS files, ``psfleet.launch.security``).
+    """
 
     def __init__(
         self,
@@ -48,8 +52,10 @@ class Job:
         make_spec: Callable[[int, bool], ProcessSpec] | None = None,
         *,
         restart_policy: RestartPolicy | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
+        self._environ = environ
         self._restarts = restart_policy or RestartPolicy(0)
         self._endpoints: dict[int, str] = {}
         self._make_spec = make_spec
@@ -75,7 +81,8 @@ class Job:
         for i in layout.local_servers:
             if signals.signum is not None:
                 return self._interrupted(signals.signum)
-            self.servers.append(self._start(server_spec(config, i, layout=layout)))
+            self.servers.append(self._start(server_spec(config, i, self._environ,
+                                                              layout=layout)))
         endpoints: list[str] | int
         if layout.endpoints_known:
             # Fixed ports, possibly on other nodes: the workers wait for the servers.
@@ -94,7 +101,8 @@ class Job:
                 return self._interrupted(signals.signum)
             tee = config.tee_worker_0 and k == layout.local_workers[0]
             spec = (self._make_spec(k, tee) if self._make_spec is not None
-                    else worker_spec(config, k, endpoints, layout=layout, tee=tee))
+                    else worker_spec(config, k, endpoints, self._environ, layout=layout,
+                                     tee=tee))
             self.workers.append(self._start(spec))
         if not self.workers:
             logger.info(

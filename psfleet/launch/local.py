@@ -22,6 +22,7 @@ from psfleet.launch.console import ConsoleFilter
 from psfleet.launch.endpoints import clean_endpoint_dir
 from psfleet.launch.job import EXIT_FAILURE, Job
 from psfleet.launch.restarts import RestartPolicy
+from psfleet.launch.security import prepare_security
 from psfleet.launch.types import LaunchConfig, ProcessSpec
 
 __all__ = ["launch_local", "run_job", "run_workers", "EXIT_FAILURE"]
@@ -41,6 +42,8 @@ def launch_local(
     tee_worker_0: bool = True,
     max_restarts: int = 0,
     tee_stream: BinaryIO | None = None,
+    tls: str | None = None,
+    storage_roots: Sequence[str | Path] = (),
 ) -> int:
     """Run ``server_num`` servers and ``worker_num`` workers on this host; return the exit code.
 
@@ -63,13 +66,23 @@ def launch_local(
         tee_stream: where worker 0's output is copied; this process's stdout when
             None. A :class:`~psfleet.launch.console.ConsoleFilter` shows only what the
             console level asks for, and nothing once a signal stops the job.
+        tls: ``"self-signed"``: every channel of the job is TLS with a pair made for
+            it in ``log_dir/tls/``; None: the ``PSFLEET_TLS_*`` variables apply
+            (``psfleet.launch.security``).
+        storage_roots: folders (paths or fsspec URL prefixes) the servers' Save and
+            Load may use besides the working folder and ``log_dir``, e.g. the job's
+            model and checkpoint folders.
+
+    The job's servers need a token: ``PSFLEET_AUTH_TOKEN``, or one generated for the
+    job and given to every child in its environment.
 
     Returns:
         0 when every worker exited 0; 1 when a child failed or a server never reported
         its endpoint (the root cause is logged); 128 + signum after SIGINT / SIGTERM.
 
     Raises:
-        ConfigError: an argument is out of range or ``log_dir`` cannot be created.
+        ConfigError: an argument is out of range, ``log_dir`` cannot be created, or
+            ``tls`` is not None or ``"self-signed"``.
         OSError: a child could not be started (after stopping the ones started).
     """
     config = LaunchConfig(
@@ -82,17 +95,25 @@ def launch_local(
         tee_worker_0=tee_worker_0,
         python_executable=python_executable or sys.executable,
     )
-    return run_job(config, tee_stream, max_restarts=max_restarts)
+    return run_job(config, tee_stream, max_restarts=max_restarts, tls=tls,
+                   storage_roots=storage_roots)
 
 
 def run_job(config: LaunchConfig, tee_stream: BinaryIO | None = None,
-            max_restarts: int = 0) -> int:
+            max_restarts: int = 0, *, tls: str | None = None,
+            storage_roots: Sequence[str | Path] = ()) -> int:
     """Run the job ``config`` describes; see :func:`launch_local` for the contract.
 
     Args:
         config: the validated launch configuration.
         tee_stream: where worker 0's output is copied; this process's stdout when None.
         max_restarts: restarts allowed per child (``fleetrun --max_restarts``).
+        tls: ``fleetrun --tls`` (see :func:`launch_local`).
+        storage_roots: extra Save/Load roots (see :func:`launch_local`).
+
+    Raises:
+        ConfigError: a bad value, or a job with processes on other nodes and no
+            ``PSFLEET_AUTH_TOKEN`` (``psfleet.launch.security``); nothing is started.
     """
     restart_policy = RestartPolicy(max_restarts)
     config = dataclasses.replace(config, log_dir=config.log_dir.resolve())
@@ -106,6 +127,11 @@ def run_job(config: LaunchConfig, tee_stream: BinaryIO | None = None,
         raise ConfigError(
             f"--log_dir: cannot create or clean {str(log_dir)!r} ({e}); give a writable directory"
         ) from e
+    try:
+        security = prepare_security(config, layout, tls=tls, storage_roots=storage_roots)
+    except OSError as e:
+        raise ConfigError(f"--log_dir: cannot write the job's token or TLS files to "
+                          f"{str(log_dir)!r} ({e}); give a writable directory") from e
     if config.is_multi_node:
         logger.info(
             "this node (%s) runs %s of a job of %d server(s) and %d worker(s): "
@@ -136,7 +162,11 @@ def run_job(config: LaunchConfig, tee_stream: BinaryIO | None = None,
         log_dir,
         f"; worker {layout.local_workers[0]}'s output follows" if tee else "",
     )
-    return _run(Job(config, layout, tee_stream, restart_policy=restart_policy))
+    try:
+        return _run(Job(config, layout, tee_stream, restart_policy=restart_policy,
+                        environ=security.child_environ()))
+    finally:
+        security.cleanup()
 
 
 def run_workers(

@@ -43,6 +43,10 @@ Options:
     --max_restarts N            restart a server or worker that fails, up to N times
                                 each (default 0: the first failure ends the job). See
                                 "Restarts" below.
+    --tls self-signed           every gRPC channel of the job is TLS, with a key (mode
+                                0600) and certificate for 127.0.0.1/localhost made in
+                                ``DIR/tls/`` (one-host jobs). Without it the children
+                                inherit ``PSFLEET_TLS_*``. See Security.
     -m, --module                run the argument as a module, like ``python -m``.
     -q, --quiet                 fleetrun's own messages: errors only (the output of the
                                 first worker is still copied; see Logs).
@@ -163,6 +167,20 @@ Exit codes and failure modes:
          kernel (parent-death signal) or notices within 0.25 s that its parent changed,
          writes ``launcher <pid> died; exiting`` to its log and SIGKILLs its process
          group (:mod:`psfleet.launcher_guard`; ``PSFLEET_LAUNCHER_PID``).
+
+Security (docs/security.md; ``psfleet.launch.security``):
+    Every call to a server needs the job's token. fleetrun passes
+    ``PSFLEET_AUTH_TOKEN`` on to its children, or, when it is unset, generates one for
+    the job (``secrets.token_urlsafe(32)``) and gives it to every child in its
+    environment, never on a command line or in a log; while the job runs it is also in
+    ``DIR/.auth_token`` (mode 0600) for tools such as ``psfleet status``. A multi-node
+    job needs the same token on every node: without ``PSFLEET_AUTH_TOKEN`` (and with
+    processes on other nodes) fleetrun exits 2 before starting anything, saying how to
+    make one. The servers' Save and Load may use only folders under
+    ``PSFLEET_STORAGE_ROOTS`` (comma-separated; default: fleetrun's working folder and
+    DIR); others are refused (PERMISSION_DENIED). ``--tls self-signed`` or the
+    ``PSFLEET_TLS_*`` variables make every channel TLS. Collective mode has no psfleet
+    server: its torch.distributed traffic is neither authenticated nor encrypted.
 
 Restarts (--max_restarts N > 0):
     A child that exits non-zero or is killed is restarted with the environment it
@@ -317,6 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="restart a failed server or worker up to N times each (default 0)",
     )
+    parser.add_argument(
+        "--tls",
+        choices=["self-signed"],
+        default=None,
+        help="self-signed: TLS on every channel, with a pair made in LOG_DIR/tls (one host)",
+    )
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument(
         "-q", "--quiet", action="store_true", help="fleetrun's own messages: errors only"
@@ -339,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _COLLECTIVE_FLAGS = ("nproc_per_node", "ips", "devices")
-_PS_FLAGS = ("server_num", "worker_num", "servers", "workers")
+_PS_FLAGS = ("server_num", "worker_num", "servers", "workers", "tls")
 
 
 def collective_from_args(args: argparse.Namespace) -> CollectiveOptions | None:
@@ -356,7 +380,7 @@ def collective_from_args(args: argparse.Namespace) -> CollectiveOptions | None:
             raise ConfigError(f"--{given[0]}: only in collective mode (--mode collective)")
         return None
     for flag in _PS_FLAGS:
-        if getattr(args, flag) is not None:
+        if getattr(args, flag, None) is not None:
             raise ConfigError(f"--{flag}: not in collective mode, which has no servers; use "
                               "--nproc_per_node (and --ips across nodes)")
     if getattr(args, "max_restarts", 0):
@@ -441,7 +465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if collective is not None:
             return run_collective(config, collective)
-        return run_job(config, max_restarts=check_max_restarts(args.max_restarts))
+        return run_job(config, max_restarts=check_max_restarts(args.max_restarts),
+                       tls=args.tls)
     except ConfigError as e:
         print(f"fleetrun: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -184,7 +184,8 @@ class ProcessSpec:
         role: server or worker.
         index: server index or worker index (``PADDLE_TRAINER_ID``).
         argv: the full argv, interpreter first.
-        env: the complete environment of the child.
+        env: the complete environment of the child (not in the repr: it holds the
+            job's token).
         log_path: where its stdout and stderr go.
         tee: also copy its output to the launcher's stdout.
     """
@@ -192,7 +193,7 @@ class ProcessSpec:
     role: Role
     index: int
     argv: tuple[str, ...]
-    env: Mapping[str, str]
+    env: Mapping[str, str] = field(repr=False)
     log_path: Path
     tee: bool = False
 
