@@ -154,6 +154,27 @@ def test_in_memory_readers_and_line_counts_decompress(tmp_path: Path, suffix: st
     assert count_lines(upper) == count_lines(plain) == 7200
 
 
+def test_total_lines_of_compressed_files_come_from_the_pass_not_a_recount(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = head(CRITEO_DIR / "dev.csv", 409, tmp_path / "dev.csv")
+    packed = compressed(plain, tmp_path / "packed", ".zst")
+    counted = InMemoryDataset(100, "criteo", worker_index=1, worker_num=2)
+    counted.set_filelist([plain])
+    counted.load_into_memory()
+    assert counted.total_lines == 409  # counted (plain files are read again)
+    memory = InMemoryDataset(100, "criteo", worker_index=1, worker_num=2)
+    memory.set_filelist([packed])
+
+    def no_recount(path: Path) -> int:
+        raise AssertionError(f"{path} decompressed again to count its lines")
+
+    monkeypatch.setattr("psfleet.data.dataset_base.count_lines", no_recount)
+    memory.load_into_memory()
+
+    assert memory.num_examples == counted.num_examples == 204  # lines 1, 3, ... of 409
+    assert memory.total_lines == 409
+
+
 def _share_examples(files: list[Path], worker: int, workers: int) -> ParsedChunk:
     share = plan_share(files, worker, workers, split_file_list=True)
     chunks = list(parse_share(share, make_parser("criteo"), chunk_bytes=1 << 16,

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from psfleet.data.compression import codec_of
 from psfleet.data.parsers import Parser, make_parser
 from psfleet.data.pipeline import PassStats, parse_share
 from psfleet.data.split import WorkerShare, count_lines, plan_share, share_lines
@@ -146,7 +147,8 @@ class DatasetBase:
         return self.pipe_command is None and self.parser.kind == "text"
 
     def line_counts(self) -> list[int]:
-        """Lines of each file (header lines included); reads the files once (cached).
+        """Lines of each file (header lines included); reads (and decompresses) the
+        files once (cached).
 
         Raises:
             ConfigError: the lines come through a pipe_command or from Parquet.
@@ -172,10 +174,15 @@ class DatasetBase:
         Exact for text files read directly (counted) and, after a complete pass, when
         every worker reads every file (split_file_list True); otherwise this worker's
         lines read in the last pass x worker_num (an estimate; 0 before any pass).
+        Compressed files are counted from a complete pass when that is exact (counting
+        would decompress them once more).
         """
+        last = self.last_pass
+        if (last is not None and last.complete and self.split_file_list
+                and any(codec_of(f) is not None for f in self._files)):
+            return last.read_lines
         if self.counts_known:
             return sum(self.line_counts())
-        last = self.last_pass
         if last is None or not last.complete:
             return 0
         if self.split_file_list:
