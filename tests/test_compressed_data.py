@@ -10,6 +10,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import lzma
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from psfleet.data import (
 )
 from psfleet.data.compression import check_pipe_input, open_data_file
 from psfleet.data.pipeline import parse_share
+from psfleet.data.sources import iter_text_chunks
 from psfleet.data.split import count_lines, plan_share
 from psfleet.errors import ConfigError, DataError
 from psfleet.rec.preflight import _check_first_lines, check_data_files
@@ -242,6 +244,21 @@ def test_pipe_command_reads_the_decompressed_text(tmp_path: Path) -> None:
     check_pipe_input(packed, "python3 reader.py")
 
 
+def test_closing_a_piped_compressed_read_early_stops_the_command_and_the_feed(
+        tmp_path: Path) -> None:
+    packed = tmp_path / "big.csv.gz"  # 35 MB of text: the feed is still writing
+    packed.write_bytes(gzip.compress((CRITEO_DIR / "train.csv").read_bytes() * 20, 1))
+    share = plan_share([packed], 0, 1, split_file_list=True)
+    chunks = iter_text_chunks(packed, 0, share, "cat", chunk_bytes=1 << 16)
+
+    first = next(chunks)
+    chunks.close()  # kills 'cat'; the feeder thread ends on the broken pipe
+
+    assert first.lines > 200 and first.first_line_no == 1
+    assert not [t for t in threading.enumerate() if t.name == "psfleet-pipe-feed"]
+    # (the autouse leak check fails the test if 'cat' is still running)
+
+
 def test_zip_unsuffixed_and_corrupt_files_are_data_errors_naming_the_file(
         tmp_path: Path) -> None:
     import zipfile
@@ -263,12 +280,17 @@ def test_zip_unsuffixed_and_corrupt_files_are_data_errors_naming_the_file(
              unsuffixed: "gzip-compressed but its name does not end with .gz; rename it "
                          "to dev_gz.csv.gz",
              truncated_gz: "not valid gzip data",
-             truncated_zst: "ends inside a zstd frame",
+             truncated_zst: "ends inside a zstd frame \\(truncated\\); copy or",
              not_gzip: "not valid gzip data .*remove its .gz suffix"}
     for path, message in cases.items():
         for read in (streamed, lambda p, parser: CriteoReader([p], 10)):
             with pytest.raises(DataError, match=f"'{path}'.*{message}"):
                 read(path, "criteo")
+
+    piped = QueueDataset(10, "criteo", pipe_command="cat")  # the feed fails, not 'cat'
+    piped.set_filelist([truncated_gz])
+    with pytest.raises(DataError, match=f"'{truncated_gz}'.*not valid gzip data"):
+        list(piped)
 
     packed_parquet = tmp_path / "dev.parquet.gz"
     pq.write_table(pa.table({"click": [1, 0], "c1": ["a", "b"]}), tmp_path / "dev.parquet")

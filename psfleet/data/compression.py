@@ -218,6 +218,8 @@ class _Checked:
     def read(self, size: int = -1) -> bytes:
         try:
             data: bytes = self._stream.read(size)
+        except DataError:
+            raise
         except _CODEC_ERRORS as exc:
             raise self._error(exc) from exc
         return data
@@ -225,6 +227,8 @@ class _Checked:
     def readline(self, size: int = -1) -> bytes:
         try:
             line: bytes = self._stream.readline(size)
+        except DataError:
+            raise
         except _CODEC_ERRORS as exc:
             raise self._error(exc) from exc
         return line

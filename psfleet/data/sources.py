@@ -48,6 +48,7 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 DEFAULT_CHUNK_ROWS = 16_384
 _STDERR_TAIL_BYTES = 4000
 _FEED_BYTES = 1 << 20
+_FEED_JOIN_S = 10.0
 
 
 def _check_file(path: Path) -> None:
@@ -156,9 +157,10 @@ class _Feeder(threading.Thread):
         try:
             with open_data_file(self.path) as text:
                 while block := text.read(_FEED_BYTES):
-                    self.sink.write(block)
-        except (BrokenPipeError, ValueError):
-            pass  # the command stopped reading (it exited, or was killed)
+                    try:
+                        self.sink.write(block)
+                    except (BrokenPipeError, ValueError):
+                        return  # the command stopped reading (it exited, or was killed)
         except BaseException as exc:  # raised in the reading thread after the pass
             self.error = exc
         finally:
@@ -202,9 +204,12 @@ def _piped_chunks(path: Path, position: int, share: WorkerShare, pipe_command: s
                 proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
-            if feeder is not None:
-                feeder.join()
-        if feeder is not None and feeder.error is not None:
+            if feeder is not None:  # ends with the command (broken pipe); a child of
+                feeder.join(_FEED_JOIN_S)  # it still holding stdin must not hang us
+                if feeder.is_alive():
+                    logger.warning("pipe_command %r: a process of it still holds its "
+                                   "standard input; not waiting for it", pipe_command)
+        if feeder is not None and not feeder.is_alive() and feeder.error is not None:
             raise feeder.error
         if code != 0:
             stderr.seek(0)
