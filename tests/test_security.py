@@ -210,6 +210,7 @@ def test_locations_are_normalised_before_the_check(tmp_path: Path) -> None:
     assert roots.refusal("Save", "s3://bucket/ck2") is not None
     assert roots.refusal("Load", "gs://bucket/ck") is not None
     assert StorageRoots.resolve(None).roots == (os.getcwd(),)
+    assert "not a usable folder name" in str(roots.refusal("Save", f"{tmp_path}/ck/\x00"))
 
 
 # -- TLS -----------------------------------------------------------------------------------
@@ -295,3 +296,24 @@ def test_self_signed_pair_key_is_private_and_names_the_local_host(tmp_path: Path
     again = write_self_signed_pair(tmp_path / "tls")  # replaced, still 0600
     assert again.key.stat().st_mode & 0o777 == 0o600
     assert again.cert.read_bytes() != cert.public_bytes(serialization.Encoding.PEM)
+
+
+def test_init_server_allows_its_checkpoint_and_model_folders(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from psfleet.fleet import Fleet, UserDefinedRoleMaker
+    from psfleet.types import Role
+
+    monkeypatch.delenv("PSFLEET_STORAGE_ROOTS", raising=False)
+    fleet = Fleet()
+    fleet.init(UserDefinedRoleMaker(0, Role.SERVER, 1, [f"{HOST}:6170"]))
+    try:
+        fleet.init_server(checkpoint_dir=str(tmp_path / "ck"),
+                          storage_roots=[tmp_path / "model"])
+        roots = fleet.rpc_config.storage_roots
+        assert roots == (os.getcwd(), str(tmp_path / "model"), str(tmp_path / "ck"))
+        resolved = StorageRoots.resolve(roots)
+        assert resolved.refusal("Save", str(tmp_path / "model" / "run" / "model")) is None
+        assert resolved.refusal("Save", str(tmp_path / "ck" / "ckpt-000001-step1")) is None
+        assert resolved.refusal("Save", str(tmp_path / "elsewhere")) is not None
+    finally:
+        fleet.reset()

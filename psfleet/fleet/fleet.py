@@ -25,6 +25,7 @@ nothing, so one script runs in both.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,8 @@ class Fleet:
 
     # -- server -----------------------------------------------------------------------
     def init_server(self, dirname: str | None = None,
-                    checkpoint_dir: str | None = None) -> None:
+                    checkpoint_dir: str | None = None,
+                    storage_roots: Sequence[str | Path] = ()) -> None:
         """Prepare the server. Tables are created by the workers at init_worker.
 
         Args:
@@ -177,6 +179,10 @@ class Fleet:
                 (``PSFLEET_RESTART_NUM`` > 0) re-creates its tables from the newest
                 complete checkpoint there before it listens. Its Save and Load may
                 use this folder besides ``PSFLEET_STORAGE_ROOTS`` (docs/security.md).
+            storage_roots: more folders (paths or fsspec URL prefixes) the workers'
+                Save and Load may use on this server, e.g. the job's model folder
+                (``save_persistables``); besides ``PSFLEET_STORAGE_ROOTS`` (default:
+                the working folder) and ``checkpoint_dir``.
 
         Raises:
             ConfigError: this process is not a server, or ``dirname`` has no manifest.
@@ -189,8 +195,11 @@ class Fleet:
                                   "pass a folder written by fleet.save_persistables()")
             self._preload_dir = Path(dirname)
         self._checkpoint_dir = checkpoint_dir or env.read("PSFLEET_CHECKPOINT_DIR")
-        if self._checkpoint_dir is not None:  # workers' checkpoint Saves go there
-            self.rpc_config = self.rpc_config.with_storage_roots(str(self._checkpoint_dir))
+        # The workers' checkpoint and model Saves go there (psfleet.rpc.access).
+        extra = [*map(str, storage_roots), *([str(self._checkpoint_dir)]
+                                             if self._checkpoint_dir is not None else [])]
+        if extra:
+            self.rpc_config = self.rpc_config.with_storage_roots(*extra)
 
     def run_server(self) -> None:
         """Serve tables until a worker's stop_worker() (or SIGTERM). Blocks."""

@@ -88,7 +88,10 @@ class StorageRoots:
         The message names the folder as given and as resolved, the roots, and how
         to allow it.
         """
-        protocol, path = split_location(dirname)
+        try:
+            protocol, path = split_location(dirname)
+        except (ValueError, OSError) as exc:  # e.g. an embedded NUL byte
+            return f"{method}: {dirname!r} is not a usable folder name ({exc})"
         if any(p == protocol and _is_under(path, r) for p, r in self.normalised):
             return None
         shown = path if protocol == "file" else f"{protocol}:/{path}"
