@@ -317,3 +317,16 @@ def test_init_server_allows_its_checkpoint_and_model_folders(
         assert resolved.refusal("Save", str(tmp_path / "elsewhere")) is not None
     finally:
         fleet.reset()
+
+
+def test_a_client_of_the_same_user_completes_its_config_from_the_log_folder(
+        tmp_path: Path) -> None:
+    from psfleet.launch.security import job_client_config
+
+    assert job_client_config(tmp_path, _config()) == _config()  # nothing there
+    (tmp_path / ".auth_token").write_text("tok\n")
+    pair = write_self_signed_pair(tmp_path / "tls")
+    filled = job_client_config(tmp_path, _config())
+    assert filled.auth_token == "tok" and filled.tls == TlsConfig(ca=str(pair.cert))
+    own = _config(auth_token="mine", tls=TlsConfig(ca="ca.pem"))
+    assert job_client_config(tmp_path, own) == own  # the caller's own settings win

@@ -24,6 +24,7 @@ docs/security.md gives the threat model.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -36,9 +37,11 @@ from psfleet.errors import ConfigError
 from psfleet.launch.cluster import JobLayout
 from psfleet.launch.tls import write_self_signed_pair
 from psfleet.launch.types import LaunchConfig
-from psfleet.rpc.tls import TLS_VARIABLES
+from psfleet.rpc.tls import TLS_VARIABLES, TlsConfig
+from psfleet.rpc.types import RpcConfig
 
-__all__ = ["JobSecurity", "prepare_security", "TLS_MODES", "TOKEN_FILE_NAME", "TLS_DIR_NAME"]
+__all__ = ["JobSecurity", "prepare_security", "job_client_config", "TLS_MODES",
+           "TOKEN_FILE_NAME", "TLS_DIR_NAME"]
 
 logger = logging.getLogger(__name__)
 
@@ -153,3 +156,21 @@ def prepare_security(config: LaunchConfig, layout: JobLayout, *, tls: str | None
                      PSFLEET_TLS_CA=str(pair.cert))
         logger.info("TLS: self-signed certificate %s (key %s, mode 0600)", pair.cert, pair.key)
     return JobSecurity(added, token_file)
+
+
+def job_client_config(log_dir: Path, config: RpcConfig) -> RpcConfig:
+    """``config`` completed from a running job's log folder, for a client of the same
+    user (``psfleet status LOG_DIR``): the generated token (``.auth_token``) when
+    ``config`` has none, and the self-signed certificate as the CA (``tls/cert.pem``)
+    when ``config`` has no TLS. Missing files leave ``config`` as it is.
+
+    Raises:
+        OSError: a file exists but cannot be read (e.g. another user's job).
+    """
+    token_file = log_dir / TOKEN_FILE_NAME
+    if config.auth_token is None and token_file.is_file():
+        config = dataclasses.replace(config, auth_token=token_file.read_text().strip())
+    cert = log_dir / TLS_DIR_NAME / "cert.pem"
+    if config.tls is None and cert.is_file():
+        config = dataclasses.replace(config, tls=TlsConfig(ca=str(cert)))
+    return config
