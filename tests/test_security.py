@@ -20,6 +20,7 @@ The launched jobs (generated token, TLS job end to end) are in test_security_job
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -240,11 +241,15 @@ def test_tls_server_serves_tls_clients_and_refuses_plaintext_clearly(tmp_path: P
             plain.close()
         assert not service.stop_requested.is_set()
         other = write_self_signed_pair(tmp_path / "other")
-        wrong_ca = RpcClient(endpoint, _config(auth_token=TOKEN, tls=TlsConfig(ca=str(other.cert))))
+        # Not retried either, even by a client that retries a restarting server long.
+        wrong_ca = RpcClient(endpoint, dataclasses.replace(_config(
+            auth_token=TOKEN, tls=TlsConfig(ca=str(other.cert))), max_retries=1000))
         try:
+            started = time.monotonic()
             with pytest.raises(ConfigError, match=r"TLS certificate was not accepted.*"
                                                   r"PSFLEET_TLS_CA must be the CA"):
                 wrong_ca.call("Stats", msg.StatsRequest())
+            assert time.monotonic() - started < 5.0
         finally:
             wrong_ca.close()
     # A TLS client against a plaintext server is named too.

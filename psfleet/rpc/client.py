@@ -144,7 +144,8 @@ class PendingCall:
                 if code == grpc.StatusCode.UNAVAILABLE and attempt == 0:
                     self._client.check_protocol()  # up but the other protocol: no retry
                 remaining = self._deadline - time.monotonic()
-                if code not in _RETRYABLE or attempt == config.max_retries or remaining <= 0:
+                if (code not in _RETRYABLE or attempt == config.max_retries or remaining <= 0
+                        or _certificate_refused(exc.details() or "")):
                     raise _translate(exc, self._client.endpoint, self._method) from None
                 logger.warning("%s on %s: %s; retry %d/%d in %.1f s", self._method,
                                self._client.endpoint, code.name, attempt + 1,
@@ -156,12 +157,18 @@ class PendingCall:
         raise AssertionError("unreachable")  # the loop returns or raises
 
 
+def _certificate_refused(details: str) -> bool:
+    """Whether a failure's details say the TLS handshake refused the server's
+    certificate (retrying cannot help)."""
+    return "CERTIFICATE_VERIFY_FAILED" in details.upper().replace(" ", "_")
+
+
 def _translate(exc: grpc.RpcError, endpoint: str, method: str) -> Exception:
     code = exc.code()
     details = exc.details() or ""
     where = f"{method} on server {endpoint}"
     if code == grpc.StatusCode.UNAVAILABLE:
-        if "CERTIFICATE_VERIFY_FAILED" in details.upper().replace(" ", "_"):
+        if _certificate_refused(details):
             return ConfigError(
                 f"{where}: the server's TLS certificate was not accepted ({details}): "
                 "PSFLEET_TLS_CA must be the CA that signed it, and the certificate must "
