@@ -268,6 +268,8 @@ def test_zip_unsuffixed_and_corrupt_files_are_data_errors_naming_the_file(
     archive = tmp_path / "dev.zip"
     with zipfile.ZipFile(archive, "w") as z:
         z.write(plain, "dev.csv")
+    zip_named_csv = tmp_path / "dev_zip.csv"
+    zip_named_csv.write_bytes(archive.read_bytes())
     unsuffixed = tmp_path / "dev_gz.csv"
     unsuffixed.write_bytes(gzip.compress(data))
     truncated_gz = tmp_path / "cut.csv.gz"
@@ -277,6 +279,7 @@ def test_zip_unsuffixed_and_corrupt_files_are_data_errors_naming_the_file(
     not_gzip = tmp_path / "plain.csv.gz"
     not_gzip.write_bytes(data)
     cases = {archive: "zip archive, not a stream of lines; unzip it",
+             zip_named_csv: "zip archive, not a stream of lines; unzip it",
              unsuffixed: "gzip-compressed but its name does not end with .gz; rename it "
                          "to dev_gz.csv.gz",
              truncated_gz: "not valid gzip data",

@@ -102,14 +102,18 @@ def check_text_file(path: Path, pipe_command: str | None = None) -> str | None:
     codec = codec_of(path)
     if codec is not None or pipe_command is not None:
         return codec
+    zip_error = DataError(f"data file {str(path)!r} is a zip archive, not a stream of "
+                          "lines; unzip it and list the extracted files (.gz and .zst files "
+                          "are read directly), or set a pipe_command that extracts it (e.g. "
+                          "'funzip')")
     if path.suffix.lower() in _ARCHIVES:
-        raise DataError(f"data file {str(path)!r} is a zip archive, not a stream of lines; "
-                        "unzip it and list the extracted files (or compress them with gzip "
-                        "or zstd: .gz and .zst files are read directly)")
+        raise zip_error
     try:
         found = _signature(path)
     except OSError as exc:
         raise DataError(f"data file {str(path)!r} cannot be read: {exc}") from exc
+    if found == "zip":
+        raise zip_error
     if found is not None:
         suffix = _SUFFIX_OF[found]
         raise DataError(f"data file {str(path)!r} is {found}-compressed but its name does "
