@@ -12,6 +12,7 @@ import threading
 import numpy as np
 
 from psfleet.errors import InvalidRequestError, RemoteError
+from psfleet.ps.request_checks import clip_text
 from psfleet.ps.rules import make_rule
 from psfleet.ps.types import DenseTableConfig
 
@@ -54,10 +55,12 @@ class DenseTable:
     def __init__(self, config: DenseTableConfig, init_values: np.ndarray) -> None:
         if init_values.size != config.size:
             raise InvalidRequestError(
-                f"dense table {config.name!r}: {init_values.size} initial values sent, "
+                f"dense table {clip_text(repr(config.name))}: {init_values.size} initial "
+                f"values sent, "
                 f"expected {config.size}"
             )
         self.config = config
+        self._label = clip_text(repr(config.name))  # the name as error messages quote it
         self.rule = make_rule(config.rule)
         self._lock = threading.Lock()
         self._w = np.array(init_values, dtype=np.float32).reshape(1, -1)
@@ -85,7 +88,7 @@ class DenseTable:
 
     def _check(self, values: np.ndarray, what: str) -> None:
         if values.size != self.config.size:
-            raise InvalidRequestError(f"dense table {self.config.name!r}: {values.size} {what} "
+            raise InvalidRequestError(f"dense table {self._label}: {values.size} {what} "
                               f"pushed, expected {self.config.size}")
 
     def push(self, grads: np.ndarray, worker_index: int | None = None) -> None:
@@ -125,7 +128,7 @@ class DenseTable:
         """
         self._check(values, "saved values")
         if state.size != self._state.shape[1]:
-            raise RemoteError(f"dense table {self.config.name!r}: saved optimizer state has "
+            raise RemoteError(f"dense table {self._label}: saved optimizer state has "
                               f"{state.size} floats, this rule needs {self._state.shape[1]}")
         with self._lock:
             self._w[0] = values

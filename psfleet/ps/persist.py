@@ -37,7 +37,7 @@ from typing import IO
 import numpy as np
 
 from psfleet.checkpoint.storage import FileDigest, Storage
-from psfleet.errors import DataError, RemoteError
+from psfleet.errors import ConfigError, DataError, RemoteError
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.routing import BucketRouter, bucket_of
 from psfleet.ps.sparse_table import SparseTable
@@ -59,7 +59,21 @@ Snapshot = dict[int, tuple[TableConfig, np.ndarray, np.ndarray]]
 
 
 def _storage(dirname: str | Path | Storage) -> Storage:
-    return dirname if isinstance(dirname, Storage) else Storage(dirname)
+    """``dirname`` as a Storage.
+
+    Raises:
+        ConfigError: an unknown protocol, or one whose fsspec package is not installed
+            (a request's dirname, so the server answers INVALID_ARGUMENT).
+    """
+    if isinstance(dirname, Storage):
+        return dirname
+    try:
+        return Storage(dirname)
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"{str(dirname)[:200]!r} is not a folder this process can use "
+                          f"({type(exc).__name__}: {exc}); give a local path or an fsspec "
+                          "URL of an installed filesystem (file://, memory://, s3:// with "
+                          "s3fs)") from None
 
 
 def snapshot_tables(tables: Mapping[int, Table]) -> Snapshot:
@@ -110,9 +124,11 @@ def write_snapshot(snapshot: Snapshot, dirname: str | Path | Storage, server_ind
         The digest (path relative to ``dirname``, bytes, SHA-256) of every file written.
 
     Raises:
-        RemoteError: a dense table's index is missing or of the wrong length.
+        RemoteError: a dense table's index is missing, of the wrong length or holds a
+            negative position.
         OSError: a file cannot be written (files written before stay complete; no
             file appears half-written under its final name).
+        ConfigError: ``dirname`` has an unknown protocol or one not installed.
     """
     storage = _storage(dirname)
     folder = f"server-{server_index}"
@@ -132,6 +148,9 @@ def write_snapshot(snapshot: Snapshot, dirname: str | Path | Storage, server_ind
             if index is None or index.size != a.size:
                 raise RemoteError(f"save: dense table {table_id} needs the flat index of its "
                                   f"{a.size} elements from the worker")
+            if index.size and int(index.min()) < 0:
+                raise RemoteError(f"save: dense table {table_id}: the worker's flat index "
+                                  f"holds {int(index.min())}; positions are >= 0")
             rel = f"{folder}/table-{table_id}.dense"
             buffer = io.BytesIO()
             np.savez(buffer, values=a, state=b, index=np.asarray(index, dtype="<i8"))
@@ -201,7 +220,16 @@ def saved_dense_index(dirname: str | Path | Storage, server_index: int,
                         ) from None
 
 
-def _read_header(handle: IO[bytes], where: str) -> tuple[int, int, int, int, np.ndarray]:
+def _read_header(handle: IO[bytes], where: str, file_bytes: int
+                 ) -> tuple[int, int, int, int, np.ndarray]:
+    """The header and bucket offsets of a ``.sparse`` file of ``file_bytes`` bytes.
+
+    Every size the header gives is checked against the file's size before anything
+    is read or allocated from it, and the offsets must rise from 0 to ``n``.
+
+    Raises:
+        DataError: not such a file, or truncated or damaged (names ``where``).
+    """
     raw = handle.read(_HEADER.size)
     if len(raw) != _HEADER.size:
         raise DataError(f"{where}: truncated (no header); the file is damaged")
@@ -209,8 +237,13 @@ def _read_header(handle: IO[bytes], where: str) -> tuple[int, int, int, int, np.
     if magic != _MAGIC or version != FORMAT_VERSION:
         raise DataError(f"{where}: not a psfleet sparse table file of format {FORMAT_VERSION}")
     need = 8 * (num_buckets + 1)
+    if _HEADER.size + need + n * (8 + 4 * width) != file_bytes:
+        raise DataError(f"{where}: {file_bytes} bytes, but its header says {num_buckets} "
+                        f"buckets and {n} rows of {width} floats; the file is truncated or "
+                        "damaged")
     offsets = np.frombuffer(handle.read(need), dtype="<i8")
-    if offsets.size != num_buckets + 1 or offsets[-1] != n:
+    if (offsets.size != num_buckets + 1 or offsets[0] != 0 or offsets[-1] != n
+            or (np.diff(offsets) < 0).any()):
         raise DataError(f"{where}: truncated or damaged bucket index")
     return dim, width, num_buckets, n, offsets
 
@@ -239,7 +272,8 @@ def _load_sparse(table: SparseTable, storage: Storage, files: list[str], server_
     for rel in files:
         where = f"{storage.url}/{rel}"
         with storage.open(rel) as handle:
-            dim, width, num_buckets, n, offsets = _read_header(handle, where)
+            dim, width, num_buckets, n, offsets = _read_header(handle, where,
+                                                               storage.size(rel))
             if dim != table.dim:
                 raise RemoteError(f"load: table {config.name!r} was saved with dim {dim}, "
                                   f"this model has dim {table.dim} ({where})")
@@ -265,18 +299,58 @@ def _load_sparse(table: SparseTable, storage: Storage, files: list[str], server_
     return loaded
 
 
+def _read_dense_part(storage: Storage, rel: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One server's ``.dense`` file: (index int64[n], values float32[n], state float32[m]).
+
+    Raises:
+        DataError: not an npz with those arrays (integer index, as many values as
+            positions), names the file.
+    """
+    where = f"{storage.url}/{rel}"
+    try:
+        with np.load(io.BytesIO(storage.read_bytes(rel))) as saved:
+            index, values, state = saved["index"], saved["values"], saved["state"]
+    except (ValueError, OSError, KeyError, EOFError) as exc:
+        raise DataError(f"{where}: not a readable dense table file ({exc})") from None
+    if (not np.issubdtype(index.dtype, np.integer) or index.ndim != 1
+            or values.shape != index.shape or state.ndim != 1):
+        raise DataError(f"{where}: damaged dense table file (index {index.dtype}"
+                        f"{list(index.shape)}, values {values.dtype}{list(values.shape)}, "
+                        f"state {state.dtype}{list(state.shape)}; expected int64[n], "
+                        "float32[n], float32[m])")
+    return (index.astype(np.int64, copy=False), values.astype(np.float32, copy=False),
+            state.astype(np.float32, copy=False))
+
+
+def _check_dense_cover(table: DenseTable, storage: Storage, files: list[str],
+                       indices: list[np.ndarray]) -> None:
+    """Check that the saved flat indices (int64 each) cover 0..n-1 exactly once, n their
+    total count, as the servers of one save do together; else (a negative, repeated or
+    out-of-range position: a damaged file, or files of several saves mixed) raise
+    DataError naming the files, before anything is allocated from them. O(n)."""
+    total = sum(i.size for i in indices)
+    covered = np.zeros(total, dtype=bool)
+    for positions in indices:
+        if positions.size and (int(positions.min()) < 0 or int(positions.max()) >= total):
+            break
+        covered[positions] = True
+    else:
+        if covered.all():
+            return
+    raise DataError(f"load: dense table {table.config.name!r}: the flat indices in "
+                    f"{[f'{storage.url}/{f}' for f in files]} do not cover positions 0.."
+                    f"{total - 1} once each; the files are damaged or of different saves")
+
+
 def _load_dense(table: DenseTable, storage: Storage, files: list[str], index: np.ndarray) -> int:
     rule = table.rule
     k, c = rule.element_states, rule.scalar_states
-    parts = []
-    for rel in files:
-        try:
-            with np.load(io.BytesIO(storage.read_bytes(rel))) as saved:
-                parts.append((saved["index"], saved["values"], saved["state"]))
-        except (ValueError, OSError, KeyError) as exc:
-            raise DataError(f"{storage.url}/{rel}: not a readable dense table file ({exc})"
-                            ) from None
-    total = max((int(p[0].max()) + 1 for p in parts if p[0].size), default=0)
+    parts = [_read_dense_part(storage, rel) for rel in files]
+    _check_dense_cover(table, storage, files, [p[0] for p in parts])
+    total = sum(p[0].size for p in parts)
+    if index.size and int(index.min()) < 0:
+        raise RemoteError(f"load: dense table {table.config.name!r}: the worker's flat index "
+                          f"holds {int(index.min())}; positions are >= 0")
     if index.size and int(index.max()) >= total:
         raise RemoteError(f"load: dense table {table.config.name!r} was saved with {total} "
                           f"elements; this model has more ({int(index.max()) + 1}). Load into "
@@ -314,8 +388,11 @@ def load_server(tables: Mapping[int, Table], dirname: str | Path | Storage, serv
         Rows (sparse) or elements (dense) loaded per table id.
 
     Raises:
-        DataError: a table has no saved file, or a file is truncated (names it).
-        RemoteError: the saved table does not fit (names the table and both values).
+        DataError: a table has no saved file, a file is truncated, or the saved dense
+            indices do not cover each position once (names the files).
+        RemoteError: the saved table does not fit (names the table and both values),
+            or ``dense_index`` holds a negative position.
+        ConfigError: ``dirname`` has an unknown protocol or one not installed.
     """
     storage = _storage(dirname)
     loaded = {}

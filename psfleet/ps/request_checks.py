@@ -14,6 +14,10 @@ Policies (documented here, applied by the service):
   is capped by ``ServerLimits.max_worker_num``. A ``worker_index`` must be below it.
 - **Table sizes.** A sparse table's dim, num_buckets and num_shards, and a dense
   table's size, must not exceed :class:`~psfleet.ps.types.ServerLimits`.
+- **Echoed text.** A message quotes a request's names (a table's, a barrier's) at most
+  :data:`MAX_ECHO_CHARS` characters long (:func:`clip_text`): gRPC sends the message
+  as a header, and a header above the client's limit (16 KiB by default) replaces the
+  status with RESOURCE_EXHAUSTED "Stream removed", losing the reason.
 - **Non-finite values.** A push (gradients or GEO deltas, sparse or dense) or a dense
   table's initial values containing NaN or +-Inf is rejected whole, nothing applied;
   the table's ``rejected_non_finite`` count in Stats grows by one. One NaN would
@@ -29,11 +33,21 @@ import numpy as np
 from psfleet.errors import InvalidRequestError
 from psfleet.ps.types import DenseTableConfig, ServerLimits, SparseTableConfig
 
-__all__ = ["JobWorkers", "check_table_config", "count_non_finite", "check_pull_size"]
+__all__ = ["JobWorkers", "check_table_config", "count_non_finite", "check_pull_size",
+           "clip_text", "MAX_ECHO_CHARS"]
+
+#: Characters of a request's text (a name) an error message quotes at most.
+MAX_ECHO_CHARS = 200
 
 _HOW_TO_RAISE = ("this server's limit (psfleet.ps.types.ServerLimits.{field}); a model that "
                  "needs more starts its servers with PSFLEET_SERVER_LIMITS={field}=... in "
                  "their environment (or TableService(limits=ServerLimits({field}=...)))")
+
+
+def clip_text(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """``text`` when at most ``limit`` characters, else its first ``limit`` characters,
+    ``...`` and its length, for quoting a request's text in an error message."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _over(what: str, value: int, field: str, limit: int) -> InvalidRequestError:
@@ -48,7 +62,7 @@ def check_table_config(table_id: int, config: SparseTableConfig | DenseTableConf
     Raises:
         InvalidRequestError: names the field, its value and the limit.
     """
-    what = f"table {table_id} ({config.name!r}):"
+    what = f"table {table_id} ({clip_text(repr(config.name))}):"
     if isinstance(config, SparseTableConfig):
         for field, value, limit in (("max_dim", config.dim, limits.max_dim),
                                     ("max_num_buckets", config.num_buckets,
@@ -107,6 +121,7 @@ class JobWorkers:
             InvalidRequestError: worker_num is 0, above the limit or differs from the
                 job's (names both), or worker_index >= worker_num.
         """
+        what = clip_text(what)
         if not 1 <= worker_num <= self._limits.max_worker_num:
             raise InvalidRequestError(
                 f"{what}: worker_num {worker_num} is not in 1..{self._limits.max_worker_num}"
@@ -131,6 +146,7 @@ class JobWorkers:
         Raises:
             InvalidRequestError: worker_index is out of range (names the bound).
         """
+        what = clip_text(what)
         bound = self.worker_num or self._limits.max_worker_num
         if worker_index >= bound:
             raise InvalidRequestError(

@@ -19,6 +19,7 @@ from psfleet.errors import InvalidRequestError, RemoteError
 from psfleet.ps.hash_index import HashIndex
 from psfleet.ps.hashing import init_rows, mix64
 from psfleet.ps.merge import sum_equal_keys
+from psfleet.ps.request_checks import clip_text
 from psfleet.ps.rules import make_rule
 from psfleet.ps.types import RESERVED_KEY, SparseTableConfig
 
@@ -64,6 +65,7 @@ class SparseTable:
 
     def __init__(self, config: SparseTableConfig) -> None:
         self.config = config
+        self._label = clip_text(repr(config.name))  # the name as error messages quote it
         self.dim = config.dim
         self.rule = make_rule(config.rule)
         self.state_width = self.rule.state_width(config.dim)
@@ -84,7 +86,7 @@ class SparseTable:
         index's slot both come from it.
         """
         if keys.size and (keys == np.uint64(RESERVED_KEY)).any():
-            raise InvalidRequestError(f"table {self.config.name!r}: key 2^64-1 is reserved")
+            raise InvalidRequestError(f"table {self._label}: key 2^64-1 is reserved")
         hashes = mix64(keys)
         if len(self._shards) == 1:
             return [(self._shards[0], np.arange(keys.size), hashes)]
@@ -136,7 +138,7 @@ class SparseTable:
     def _check_shape(self, keys: np.ndarray, values: np.ndarray, what: str) -> None:
         if values.shape != (keys.size, self.dim):
             raise InvalidRequestError(
-                f"table {self.config.name!r}: push of {keys.size} keys with {what} of "
+                f"table {self._label}: push of {keys.size} keys with {what} of "
                 f"shape {tuple(values.shape)}, expected ({keys.size}, {self.dim})"
             )
 
@@ -208,7 +210,7 @@ class SparseTable:
         width = self.dim + self.state_width
         if rows.shape != (keys.size, width):
             raise RemoteError(
-                f"table {self.config.name!r}: saved rows have shape {tuple(rows.shape)}, this "
+                f"table {self._label}: saved rows have shape {tuple(rows.shape)}, this "
                 f"table needs ({keys.size}, {width}) (dim {self.dim}, rule "
                 f"{self.config.rule.name!r}); load into a model with the saved config")
 
