@@ -44,7 +44,7 @@ from psfleet.logs import set_role, setup_logging
 from psfleet.ps.server import run_server
 from psfleet.rpc import RpcConfig
 setup_logging("INFO")
-set_role("[server:0]")
+set_role("server:0")
 run_server("127.0.0.1", 0, RpcConfig.from_env(), Path(sys.argv[1]), job_worker_num=1,
            server_index=0)
 """
