@@ -22,9 +22,12 @@ def _test_auc(stdout: str) -> float:
 
 @pytest.mark.slow
 def test_fleetrun_two_servers_two_workers(tmp_path: Path) -> None:
+    # Run from the job's folder: the servers save and load under fleetrun's working
+    # folder (PSFLEET_STORAGE_ROOTS' default, docs/security.md).
     result = run_command([sys.executable, "-m", "psfleet.launch.main", "--server_num=2",
                           "--worker_num=2", "--log_dir", str(tmp_path / "log"), str(EXAMPLE),
-                          "--epochs", "1", "--save_dir", str(tmp_path / "save")], timeout=240)
+                          "--epochs", "1", "--save_dir", str(tmp_path / "save")], timeout=240,
+                         cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     assert _test_auc(result.stdout) > 0.6
     saved = sorted(p.relative_to(tmp_path / "save").as_posix()
@@ -36,7 +39,7 @@ def test_fleetrun_two_servers_two_workers(tmp_path: Path) -> None:
     reloaded = run_command([sys.executable, "-m", "psfleet.launch.main", "--server_num=1",
                             "--worker_num=1", "--log_dir", str(tmp_path / "log2"),
                             str(EXAMPLE), "--epochs", "0", "--load_dir",
-                            str(tmp_path / "save")], timeout=240)
+                            str(tmp_path / "save")], timeout=240, cwd=tmp_path)
     assert reloaded.returncode == 0, reloaded.stderr[-4000:]
     assert _test_auc(reloaded.stdout) == _test_auc(result.stdout)
     assert_no_processes_mentioning(str(tmp_path))
