@@ -5,6 +5,7 @@ from psfleet.launch.collective import CollectiveOptions, launch_collective, run_
 from psfleet.launch.endpoints import read_endpoint
 from psfleet.launch.local import EXIT_FAILURE, launch_local, run_job
 from psfleet.launch.process import ChildProcess, describe_exit
+from psfleet.launch.security import job_client_config
 from psfleet.launch.types import LOCAL_HOST, LaunchConfig, ProcessSpec, Role
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "ProcessSpec",
     "Role",
     "describe_exit",
+    "job_client_config",
     "launch_collective",
     "launch_local",
     "plan_job",
