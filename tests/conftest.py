@@ -9,6 +9,8 @@
   :func:`require_shared_data`.
 - ``data_slice``: writes the first N lines of a Criteo file into ``tmp_path``.
 - ``run_cli``: runs ``python -m psfleet.cli.main ...`` in a clean environment.
+- :func:`run_folder`: the run folder a ``psfleet train`` run wrote under its
+  ``runner.model_save_path`` (where ``latest`` points).
 - :func:`clean_env`, :func:`run_command`, :func:`processes_mentioning` for tests that
   start processes themselves.
 """
@@ -192,6 +194,23 @@ def data_slice(criteo_dir: Path, tmp_path: Path) -> Callable[..., Path]:
         return write_slice(criteo_dir / source, dest, n, start)
 
     return make
+
+
+def run_folder(save_path: Path) -> Path:
+    """The newest run folder under ``save_path`` (a ``runner.model_save_path``): where
+    its ``latest`` link points (:mod:`psfleet.rec.run_folder`), resolved.
+
+    Raises:
+        pytest.fail.Exception: ``save_path`` has no ``latest`` run folder; the message
+            names ``save_path`` and what it holds.
+    """
+    latest = save_path / "latest"
+    if not latest.is_dir():
+        held = sorted(p.name for p in save_path.iterdir()) if save_path.is_dir() else None
+        pytest.fail(f"{save_path} has no run folder ({latest} is not a folder or a link "
+                    f"to one); it holds {held if held is not None else 'nothing: no folder'}",
+                    pytrace=False)
+    return latest.resolve()
 
 
 # -- processes --------------------------------------------------------------------------

@@ -5,7 +5,8 @@ Covers ``psfleet train`` with bad data (missing, empty, malformed lines), bad
 configuration (unknown optimizer, unknown key, bad sync_mode, missing file, bad -o,
 workers without servers, use_gpu), a worker whose server never comes up, and a server
 whose port is taken. Bad configuration and data in a job config (servers and
-workers) exit 2 before any process starts: no log directory, no ``serverlog.0``.
+workers) exit 2 before any process starts: nothing under ``runner.model_save_path``
+(no run folder, no log directory, no ``serverlog.0``).
 Every process runs in a clean environment (conftest.clean_env); the autouse leak
 check fails a test that leaves children behind.
 """
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import assert_no_processes_mentioning
+from conftest import assert_no_processes_mentioning, run_folder
 
 pytestmark = pytest.mark.e2e
 
@@ -59,8 +60,8 @@ def test_missing_train_data_dir(run_cli: RunCli, config: Path, tmp_path: Path,
     assert "runner.train_data_dir" in r.stderr
     assert str(missing) in r.stderr
     assert "does not exist" in r.stderr
-    # Checked before any process starts: no job, no log directory.
-    assert not (tmp_path / "out" / "log").exists()
+    # Checked before any process starts: no job, no run folder, no log directory.
+    assert not (tmp_path / "out").exists()
     assert_no_processes_mentioning(str(tmp_path))
 
 
@@ -74,7 +75,7 @@ def test_empty_train_file(run_cli: RunCli, config: Path, tmp_path: Path) -> None
     assert r.returncode == 2, r.stderr[-3000:]
     assert str(empty) in r.stderr
     assert "is empty" in r.stderr
-    assert not (tmp_path / "out" / "metrics.json").exists()
+    assert not (tmp_path / "out").exists()  # checked before training: no run folder
     assert_no_processes_mentioning(str(tmp_path))
 
 
@@ -85,9 +86,9 @@ def _job(config: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _assert_nothing_started(out: Path) -> None:
-    assert not (out / "log" / "serverlog.0").exists()
-    assert not (out / "log").exists()
-    assert not (out / "metrics.json").exists()
+    """Nothing under ``out`` (the model_save_path): no run folder, so no log folder,
+    no ``serverlog.0``, no metrics.json."""
+    assert not out.exists(), sorted(str(p.relative_to(out)) for p in out.rglob("*"))
 
 
 @pytest.mark.parametrize("content", ["", "\n  \n\n"], ids=["zero_bytes", "blank_lines"])
@@ -184,7 +185,7 @@ def test_training_on_nothing_fails(run_cli: RunCli, config: Path, tmp_path: Path
     else:
         assert "skipped 40 malformed lines of 40" in r.stderr
         assert "trained on 0 examples" in r.stderr and "runner.parser" in r.stderr
-    assert not (out / "metrics.json").exists()
+    assert not (run_folder(out) / "metrics.json").exists()  # the run started, failed
     assert_no_processes_mentioning(str(tmp_path))
 
 
@@ -202,7 +203,7 @@ def test_malformed_lines_are_counted_skipped_and_named(
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"{data}:301" in r.stderr  # the first malformed line, by file:line
     assert "skipped 3 malformed lines" in r.stderr
-    assert (out / "metrics.json").is_file()
+    assert (run_folder(out) / "metrics.json").is_file()
     assert "600 examples" in r.stderr
     assert_no_processes_mentioning(str(tmp_path))
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import run_command
+from conftest import run_command, run_folder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -92,7 +92,7 @@ def test_full_checkpoint_disk_does_not_end_the_job(tmp_path: Path, free_bytes: i
     output = r.stdout + r.stderr
     assert r.returncode == 0, output[-4000:]
     assert "No space left on device" in output  # each failure is logged with its cause
-    assert (tmp_path / "out" / "metrics.json").is_file()
+    assert (run_folder(tmp_path / "out") / "metrics.json").is_file()
     tail = _tails(r)
     failed = re.search(r"no checkpoint was written: all (\d+) failed", tail)
     assert failed is not None and int(failed.group(1)) >= 3, tail

@@ -10,6 +10,7 @@ from pathlib import Path
 from subprocess import CompletedProcess
 
 import pytest
+from conftest import run_folder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -23,7 +24,7 @@ def test_queue_dataset_with_pipe_command_trains_on_slot_format(
                       f"runner.model_save_path={tmp_path}", "-o", "cluster.server_num=0",
                       "-o", "cluster.worker_num=1"], timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = json.loads((run_folder(tmp_path) / "metrics.json").read_text())
     assert [e["examples"] for e in metrics["epochs"]] == [80, 80]
     assert metrics["test"]["examples"] == 80
     assert "dataset_debug worker 0 (QueueDataset, 2 threads): 80 lines" in result.stderr
@@ -35,13 +36,13 @@ def test_in_memory_dataset_with_global_shuffle_trains_on_two_workers(
     result = run_cli(["train", "-m", str(config), "-o", f"runner.model_save_path={tmp_path}"],
                      timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    logs = {k: (tmp_path / "log" / f"workerlog.{k}").read_text() for k in (0, 1)}
+    metrics = json.loads((run_folder(tmp_path) / "metrics.json").read_text())
+    logs = {k: (run_folder(tmp_path) / "log" / f"workerlog.{k}").read_text() for k in (0, 1)}
     for k in (0, 1):
         assert f"global_shuffle: worker {k} of 2 now holds 3600 of 7200 examples" in logs[k]
     assert metrics["epochs"][0]["examples"] == 3600 and metrics["worker_num"] == 2
     assert metrics["test"]["examples"] == 409 and metrics["test"]["auc"] > 0.55
-    assert not any((tmp_path / "exchange").iterdir())  # rounds cleaned up
+    assert not any((run_folder(tmp_path) / "exchange").iterdir())  # rounds cleaned up
 
 
 def test_the_criteo_example_sees_the_same_examples_with_each_reader_type(
@@ -60,7 +61,7 @@ def test_the_criteo_example_sees_the_same_examples_with_each_reader_type(
                           "-o", f"runner.model_save_path={out}", "-o", "cluster.server_num=0",
                           "-o", "cluster.worker_num=1"], timeout=180)
         assert result.returncode == 0, result.stderr[-3000:]
-        results[kind] = json.loads((out / "metrics.json").read_text())
+        results[kind] = json.loads((run_folder(out) / "metrics.json").read_text())
     reference = results["DataLoader"]
     assert reference["epochs"][0]["examples"] == 1500
     for kind, metrics in results.items():
@@ -83,7 +84,7 @@ def test_issue_14_examples_train_as_written(run_cli: Cli, repo_root: Path, tmp_p
     result = run_cli(["train", "-m", str(config), "-o", f"runner.model_save_path={tmp_path}"],
                      timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = json.loads((run_folder(tmp_path) / "metrics.json").read_text())
     assert metrics["worker_num"] == 2 and metrics["server_num"] == 1
     assert all(e["examples"] == train_lines // 2 for e in metrics["epochs"])
     assert metrics["test"]["examples"] == test_examples

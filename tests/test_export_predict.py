@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_no_processes_mentioning
+from conftest import assert_no_processes_mentioning, run_folder
 
 from psfleet.cli.main import main
 from psfleet.metrics import auc
@@ -45,7 +45,8 @@ def _train(run_cli: RunCli, repo_root: Path, out: Path, model: Path, train: Path
                  "-o", f"cluster.worker_num={worker_num}"], timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (model / "manifest.json").is_file(), r.stderr[-3000:]
-    test_metrics: dict[str, float] = json.loads((out / "metrics.json").read_text())["test"]
+    test_metrics: dict[str, float] = json.loads(
+        (run_folder(out) / "metrics.json").read_text())["test"]
     return test_metrics
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import run_folder
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from psfleet.data import InMemoryDataset, Reader
@@ -156,8 +157,14 @@ def test_ctrl_c_in_epoch_2_writes_the_finished_epoch_and_the_newest_checkpoint(
         "runner.shuffle=false", "hyper_parameters.fc_sizes=[16]",
         f"runner.checkpoint={{checkpoint_dir: {tmp_path / 'ck'}, epoch_interval: 1}}",
         "cluster.server_num=0", "cluster.worker_num=1"])
-    out.mkdir()
-    (out / "metrics.json").write_text('{"an": "older run"}\n')
+    # The run folder of an unnamed run (load_config names none): "run". It holds an
+    # older, interrupted run's metrics.json (so it is continued, not refused), which the
+    # new one replaces.
+    run = out / "run"
+    run.mkdir(parents=True)
+    (run / "metrics.json").write_text(
+        '{"an": "older run", "interrupted": {"epoch": 1, "step": 1, "batch": 1, '
+        '"checkpoint": null}}\n')
     fresh = Fleet()
     monkeypatch.setattr(trainer_module, "fleet", fresh)
     monkeypatch.setattr(reporting_module, "fleet", fresh)
@@ -171,8 +178,11 @@ def test_ctrl_c_in_epoch_2_writes_the_finished_epoch_and_the_newest_checkpoint(
     finally:
         fresh.stop_worker()
 
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "tensorboard"]  # no temp
+    assert run_folder(out) == run.resolve()  # latest points at it
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert sorted(p.name for p in run.iterdir()) == [
+        "config.yaml", "metrics.json", "tensorboard"]  # no temporary file
+    assert sorted(p.name for p in out.iterdir()) == ["latest", "run"]
     checkpoint = metrics["interrupted"]["checkpoint"]
     # 10 batches of epoch 1, then 3 of epoch 2; the newest checkpoint: after epoch 1
     assert metrics["interrupted"] == {"epoch": 2, "step": 13, "batch": 3,
@@ -189,9 +199,9 @@ def test_ctrl_c_in_epoch_2_writes_the_finished_epoch_and_the_newest_checkpoint(
                                                    "passes": 1, "first": None}
     exc = caught.value
     assert (exc.epoch, exc.step, exc.checkpoint) == (2, 13, checkpoint)
-    assert exc.metrics_path == str(out / "metrics.json")
+    assert exc.metrics_path == str(run / "metrics.json")
     assert isinstance(exc.__cause__, KeyboardInterrupt)
-    scalars = _scalars(out / "tensorboard")  # closed: everything flushed
+    scalars = _scalars(run / "tensorboard")  # closed: everything flushed
     assert [s for s, _ in scalars["train/loss"]] == [2, 4, 6, 8, 10, 12]
     assert scalars["epoch/train_loss"] == [(1, pytest.approx(metrics["epochs"][0]["loss"]))]
     assert scalars["valid/auc"] == [(1, pytest.approx(metrics["valid"][0]["auc"]))]

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from conftest import assert_no_processes_mentioning, run_command
+from conftest import assert_no_processes_mentioning, run_command, run_folder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -47,7 +47,9 @@ def _train_args(repo_root: Path, out: Path, train: Path | list[Path],
 
 
 def _metrics(out: Path, r: subprocess.CompletedProcess[str]) -> dict[str, object]:
-    path = out / "metrics.json"
+    """The metrics.json of the run folder the run wrote under ``out`` (its latest)."""
+    assert (out / "latest").is_dir(), f"no run folder\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    path = run_folder(out) / "metrics.json"
     assert path.is_file(), f"no metrics.json\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     metrics: dict[str, object] = json.loads(path.read_text())
     return metrics
@@ -77,7 +79,7 @@ def test_runner_one_server_two_workers(run_cli: RunCli, repo_root: Path, tmp_pat
     assert metrics["server_num"] == 1
     assert metrics["test"]["examples"] == 400  # type: ignore[index]
     assert _test_auc(metrics) > 0.55
-    log = out / "log"
+    log = run_folder(out) / "log"
     for name in ("serverlog.0", "workerlog.0", "workerlog.1"):
         assert (log / name).is_file(), name
     assert "Server listening on 127.0.0.1:" in (log / "serverlog.0").read_text()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_folder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -86,7 +87,7 @@ def test_user_csv_every_line_read(run_cli: RunCli, tmp_path: Path, cluster: dict
 
     assert r.returncode == 0, r.stderr[-4000:]
     assert "skipping malformed line" not in r.stderr, r.stderr[-4000:]
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    metrics = json.loads((run_folder(tmp_path / "out") / "metrics.json").read_text())
     workers = cluster["worker_num"]
     # worker 0 reads lines 0, W, 2W, ... of the file (split_file_list)
     assert [e["examples"] for e in metrics["epochs"]] == [-(-train_rows // workers)] * 2
@@ -113,4 +114,4 @@ def test_bad_schema_exits_2_naming_the_field(run_cli: RunCli, tmp_path: Path,
     assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
     assert named in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
-    assert not (tmp_path / "out" / "log").exists()  # no process was started
+    assert not (tmp_path / "out").exists()  # no run folder: no process was started
