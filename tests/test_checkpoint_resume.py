@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from conftest import clean_env, kill_processes, run_command
+from conftest import clean_env, kill_processes, run_command, run_folder
 
 from psfleet.checkpoint import CheckpointStore
 from psfleet.ps.dense_table import DenseTable
@@ -79,8 +79,8 @@ def _manifest(folder: Path) -> dict[str, object]:
 
 
 def _job_process(config: Path, variable: str, value: str) -> psutil.Process:
-    """The running child of the job started from ``config`` whose environment has
-    ``variable=value``."""
+    """The running child of the job whose command line names ``config`` (the run
+    folder's config.yaml) and whose environment has ``variable=value``."""
     for proc in psutil.process_iter(["cmdline"]):
         try:
             if str(config) in " ".join(proc.info["cmdline"] or []) and \
@@ -134,12 +134,15 @@ def test_sync_job_killed_after_a_checkpoint_resumes_exactly(
         job.wait()
     cut = _checkpoints(tmp_path / "ck-cut")
     assert max(int(_manifest(p)["epoch"]) for p in cut) < 2, "the job ended before the kill"  # type: ignore[call-overload]
-    assert not (tmp_path / "out-cut" / "metrics.json").exists()
+    cut_run = run_folder(tmp_path / "out-cut")
+    assert not (cut_run / "metrics.json").exists()
 
-    # The same command again, on 3 servers: it continues from the newest checkpoint.
+    # The same command again, on 3 servers: a new run folder, and it continues from the
+    # newest checkpoint (checkpoint_dir is the config's, not the run folder's).
     r = run_command(_train_argv(config, "cluster.server_num=3"), timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    log = (tmp_path / "out-cut" / "log" / "workerlog.0").read_text()
+    assert run_folder(tmp_path / "out-cut") != cut_run
+    log = (run_folder(tmp_path / "out-cut") / "log" / "workerlog.0").read_text()
     assert "resumed tables from checkpoint" in log and "resuming at epoch" in log
     steps = [int(_manifest(p)["step"]) for p in _checkpoints(tmp_path / "ck-cut")]  # type: ignore[call-overload]
     assert max(steps) == 2 * 400 // 8  # every worker's examples once per epoch
@@ -161,14 +164,16 @@ def test_killed_server_and_killed_worker_are_restarted(tmp_path: Path, criteo_di
     job = subprocess.Popen(_train_argv(config), env=clean_env(), text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            start_new_session=True)
-    log = tmp_path / "out-async" / "log"
     try:
         _wait_for("the first epoch's checkpoint", lambda: any(
             _manifest(p).get("epoch") == 1 for p in _checkpoints(tmp_path / "ck")), job)
-        _job_process(config, "PSFLEET_SERVER_INDEX", "1").kill()
+        run = run_folder(tmp_path / "out-async")  # the launcher made it first
+        log = run / "log"
+        # The job's processes run the run folder's config.yaml, not the one given.
+        _job_process(run / "config.yaml", "PSFLEET_SERVER_INDEX", "1").kill()
         _wait_for("server 1 to recover", lambda: (log / "serverlog.1").is_file() and
                   "recovered" in (log / "serverlog.1").read_text(), job)
-        _job_process(config, "PADDLE_TRAINER_ID", "1").kill()
+        _job_process(run / "config.yaml", "PADDLE_TRAINER_ID", "1").kill()
         stdout, stderr = job.communicate(timeout=180)
     finally:
         if job.poll() is None:
@@ -183,5 +188,5 @@ def test_killed_server_and_killed_worker_are_restarted(tmp_path: Path, criteo_di
     worker_log = (log / "workerlog.1").read_text()
     assert "rejoins from checkpoint" in worker_log
     assert "restarted worker: 3600 examples per worker per epoch, as the job agreed" in worker_log
-    metrics = json.loads((tmp_path / "out-async" / "metrics.json").read_text())
+    metrics = json.loads((log.parent / "metrics.json").read_text())
     assert 0.65 < metrics["test"]["auc"] < 1.0

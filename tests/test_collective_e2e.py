@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import run_command
+from conftest import run_command, run_folder
 
 pytestmark = pytest.mark.e2e
 
@@ -58,7 +58,10 @@ def criteo_runs(criteo_dir: Path, tmp_path_factory: pytest.TempPathFactory,
     runs: dict[str, object] = {}
     for name, argv in commands.items():
         result = run_command(argv, timeout=TIMEOUT_S, cwd=work)
-        out = work / name.split()[0].replace("psfleet", "cli") / "metrics.json"
+        # psfleet train names the run (latest points at it); a process started by
+        # fleetrun or torchrun without runner.run_name writes the run folder "run".
+        folder = work / "cli" / "latest" if name == "psfleet train" else work / name / "run"
+        out = folder / "metrics.json"
         metrics = json.loads(out.read_text()) if out.is_file() else None
         runs[name] = (result, metrics)
     yield runs
@@ -139,7 +142,8 @@ def test_collective_job_resumes_from_its_checkpoint_exactly(criteo_dir: Path,
         result = run_command([sys.executable, "-m", "psfleet.cli.main", *args],
                              timeout=TIMEOUT_S, cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-4000:]
-        return json.loads((tmp_path / name / "metrics.json").read_text())  # type: ignore[no-any-return]
+        return json.loads(  # type: ignore[no-any-return]
+            (run_folder(tmp_path / name) / "metrics.json").read_text())
 
     run(1, "first", tmp_path / "ckpt")
     resumed = run(2, "resumed", tmp_path / "ckpt")

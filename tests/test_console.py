@@ -30,7 +30,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import assert_no_processes_mentioning, clean_env, kill_processes, run_command
+from conftest import (
+    assert_no_processes_mentioning,
+    clean_env,
+    kill_processes,
+    run_command,
+    run_folder,
+)
 
 from psfleet.launch.console import ConsoleFilter, console_level, plural
 
@@ -169,8 +175,9 @@ def test_default_console_of_a_job(run_cli: RunCli, repo_root: Path, tmp_path: Pa
 
     assert r.returncode == 0, r.stderr[-3000:]
     lines = _before_first_bar(r.stdout)
+    run = run_folder(out)
     assert lines == [f"psfleet: starting dnn, async mode, 1 server x 2 workers, 1 data file; "
-                     f"logs in {out / 'log'}"], r.stdout[-3000:]
+                     f"run folder {run}"], r.stdout[-3000:]
     assert "epoch 1/1" in r.stdout  # worker 0's progress bar
     assert r.stdout.strip().splitlines()[-1].startswith("psfleet: "), r.stdout[-3000:]
     assert "metrics in" in r.stdout.strip().splitlines()[-1]
@@ -178,7 +185,7 @@ def test_default_console_of_a_job(run_cli: RunCli, repo_root: Path, tmp_path: Pa
         assert not INFO_RECORD.search(text), text[-3000:]
         assert "RoleInfo" not in text and "strategy" not in text
     # The log files keep the details.
-    worker_log = (out / "log" / "workerlog.0").read_text()
+    worker_log = (run / "log" / "workerlog.0").read_text()
     assert INFO_RECORD.search(worker_log) and "fleet.init" in worker_log
     assert_no_processes_mentioning(str(tmp_path))
 
@@ -275,7 +282,7 @@ def _assert_one_interrupted_line(stdout: str, stderr: str, signum: signal.Signal
     else:  # the newest complete one, and the command that resumes from it
         newest = max(p for p in checkpoints.iterdir() if (p / "manifest.json").is_file())
         assert f"newest checkpoint {newest} (resume: psfleet train -m " in line, line
-    metrics = out / "metrics.json"
+    metrics = run_folder(out) / "metrics.json"
     if metrics.is_file():  # written by the trainer when it stopped
         assert f"metrics so far in {metrics}" in line
         entry = json.loads(metrics.read_text()).get("interrupted")

@@ -30,7 +30,7 @@ from typing import Any
 import matplotlib.image
 import psutil
 import pytest
-from conftest import assert_no_processes_mentioning, clean_env, kill_processes
+from conftest import assert_no_processes_mentioning, clean_env, kill_processes, run_folder
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -48,7 +48,7 @@ def _train(run_cli: RunCli, repo_root: Path, out: Path, *overrides: str,
         args += ["-o", assignment]
     result = run_cli(args, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    metrics: dict[str, Any] = json.loads((out / "metrics.json").read_text())
+    metrics: dict[str, Any] = json.loads((run_folder(out) / "metrics.json").read_text())
     return metrics
 
 
@@ -86,9 +86,10 @@ def test_one_process_run_writes_event_file_png_and_validates_each_epoch(
     assert metrics["interrupted"] is None
 
     # TensorBoard: 1500 examples / batch 128 = 12 batches per epoch, print_interval 5
-    assert metrics["tensorboard"] == str(out / "tensorboard")
-    scalars = _scalars(out / "tensorboard")
-    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    run = run_folder(out)
+    assert metrics["tensorboard"] == str(run / "tensorboard")
+    scalars = _scalars(run / "tensorboard")
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
     assert [s for s, _ in scalars["train/loss"]] == [5, 10, 17, 22]
     assert len(scalars["train/auc_running"]) == len(scalars["train/examples_per_s"]) == 4
     assert all(v > 0 for _, v in scalars["train/examples_per_s"])
@@ -102,12 +103,13 @@ def test_one_process_run_writes_event_file_png_and_validates_each_epoch(
 
     # the PNG
     png = Path(metrics["curves"])
-    assert png == out / "curves.png"
+    assert png == run / "curves.png"
     assert png.read_bytes()[:8] == PNG_SIGNATURE
     image = matplotlib.image.imread(png)
     assert image.shape == (400, 1000, 4) and image.std() > 0  # drawn, not blank
-    assert sorted(p.name for p in out.iterdir()) == ["curves.png", "metrics.json",
-                                                     "tensorboard"]
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "curves.png",
+                                                     "metrics.json", "model", "tensorboard"]
+    assert sorted(p.name for p in out.iterdir()) == sorted([run.name, "latest"])
 
 
 @pytest.mark.parametrize(("mode", "servers"), [("async", 1), ("geo", 1), ("collective", 0)])
@@ -125,7 +127,7 @@ def test_two_workers_validate_mid_training(run_cli: RunCli, repo_root: Path, tmp
     assert all(v["examples"] == 409 for v in valid)
     assert valid[1]["auc"] > 0.6, valid
     assert metrics["test"]["auc"] > 0.6
-    scalars = _scalars(out / "tensorboard")
+    scalars = _scalars(run_folder(out) / "tensorboard")
     assert [s for s, _ in scalars["valid/auc"]] == [1, 2]
     assert Path(metrics["curves"]).read_bytes()[:8] == PNG_SIGNATURE
     assert_no_processes_mentioning(str(out))
@@ -183,7 +185,8 @@ def test_sigint_to_a_job_keeps_the_finished_epochs_and_names_the_newest_checkpoi
         log.close()
 
     assert code == 130, (tmp_path / "console.txt").read_text()[-3000:]
-    metrics = json.loads((out / "metrics.json").read_text())
+    run = run_folder(out)
+    metrics = json.loads((run / "metrics.json").read_text())
     interrupted = metrics["interrupted"]
     newest = max(p for p in checkpoints.iterdir() if (p / "manifest.json").is_file())
     assert interrupted["checkpoint"] == str(newest)
@@ -193,5 +196,6 @@ def test_sigint_to_a_job_keeps_the_finished_epochs_and_names_the_newest_checkpoi
     assert [v["epoch"] for v in metrics["valid"]] == list(range(1, finished + 1))
     assert interrupted["step"] == 29 * finished + interrupted["batch"]  # 29 batches/epoch
     assert metrics["test"] is None
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file
+    assert not [p for p in (*out.iterdir(), *run.iterdir())
+                if p.name.startswith(".")]  # no temporary file
     assert_no_processes_mentioning(str(tmp_path))
