@@ -99,7 +99,8 @@ def run_once(command: list[str], out: Path, root_label: str,
     if proc.returncode != 0:
         tail = output.decode(errors="replace")[-3000:]
         raise RuntimeError(f"exit code {proc.returncode}: {' '.join(command)}\n{tail}")
-    metrics = json.loads((out / "metrics.json").read_text())
+    # The run folder psfleet train wrote under model_save_path (psfleet.rec.run_folder).
+    metrics = json.loads((out / "latest" / "metrics.json").read_text())
     return {
         "examples_per_s": metrics["examples_per_s"],
         "train_wall_s": metrics["train_wall_s"],

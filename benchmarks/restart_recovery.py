@@ -48,6 +48,8 @@ def _published_batches(folder: Path) -> list[int]:
 
 
 def _victim(config: Path, variable: str, value: str) -> psutil.Process | None:
+    """A process whose command line names ``config`` (or a path under it) and whose
+    environment has ``variable=value``; None when there is none."""
     for proc in psutil.process_iter(["cmdline"]):
         try:
             if str(config) in " ".join(proc.info["cmdline"] or []) and \
@@ -70,13 +72,15 @@ def run(work: Path, name: str, train: Path, test: Path, kill: tuple[str, str] | 
     if kill is not None:
         while job.poll() is None and kill_after not in _published_batches(work / f"ck-{name}"):
             time.sleep(0.2)
-        victim = _victim(config, *kill)
+        # The job's processes run the run folder's config.yaml (under model_save_path).
+        victim = _victim(work / f"out-{name}", *kill)
         if victim is not None:
             victim.kill()
             killed_at = time.monotonic() - started
     code = job.wait()
-    metrics = json.loads((work / f"out-{name}" / "metrics.json").read_text()) if code == 0 \
-        else {}
+    # The run folder psfleet train wrote under model_save_path (psfleet.rec.run_folder).
+    metrics = json.loads((work / f"out-{name}" / "latest" / "metrics.json").read_text()) \
+        if code == 0 else {}
     stderr = (work / f"{name}.stderr").read_text()
     return {"run": name, "exit": code, "killed": f"{kill[0]}={kill[1]}" if kill else None,
             "killed_at_s": killed_at, "restarts": stderr.count("restarting it"),
