@@ -150,7 +150,7 @@ def test_use_gpu_exits_2_before_any_process(run_cli: RunCli, config: Path,
 def test_compressed_data_file_exits_2_before_any_process(
         run_cli: RunCli, config: Path, tmp_path: Path, criteo_dir: Path) -> None:
     lines = (criteo_dir / "train.csv").read_bytes().splitlines(keepends=True)[:50]
-    packed = tmp_path / "few.csv.gz"
+    packed = tmp_path / "few.csv"
     packed.write_bytes(gzip.compress(b"".join(lines)))
     out = tmp_path / "out"
 

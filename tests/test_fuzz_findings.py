@@ -89,8 +89,8 @@ def test_save_refuses_a_negative_dense_position(tmp_path: Path) -> None:
     assert not (tmp_path / "server-0" / "table-3.dense").exists()
 
 
-def _write_dense(folder: Path, server: int, index: object, values: object,
-                 state: object) -> None:
+def _write_dense(folder: Path, server: int, index: np.ndarray, values: np.ndarray,
+                 state: np.ndarray) -> None:
     path = folder / f"server-{server}" / "table-3.dense"
     path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()

@@ -7,7 +7,9 @@ Usage::
     psfleet datagen multihot --rows N --seed S --out FILE.csv [--test_rows M --test_out FILE2]
     psfleet predict --model RUN_FOLDER --data FILE|DIR [--out SCORES.tsv]
     psfleet predict -m CONFIG.yaml --model MODEL_DIR --data FILE|DIR [--out SCORES.tsv]
-    psfleet status LOG_DIR | ENDPOINT[,ENDPOINT...]
+    psfleet status RUN_FOLDER | LOG_DIR | ENDPOINT[,ENDPOINT...]
+    psfleet init [--model dnn|wide_deep|deepfm|dcn_v2] [--data criteo|multihot] [--force] DIR
+    psfleet example NAME [--out DIR] [--force] | psfleet example --list
     psfleet --version
 
 ``train`` reads a PaddleRec-style YAML (see README.md "The YAML runner"). With
@@ -67,6 +69,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from psfleet import env, logs
+from psfleet.cli import starter
 from psfleet.cli import status as status_cli
 from psfleet.cli.console import (
     close_progress_bars,
@@ -255,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     status_cli.add_arguments(commands.add_parser(
         "status", help="rows, memory and request rates of a running job's servers",
         description=status_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    starter.register(commands)
     return parser
 
 
@@ -276,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _predict(args)
         if args.command == "status":
             return status_cli.run(args)
+        if hasattr(args, "handler"):  # init, example (psfleet.cli.starter)
+            return int(args.handler(args))
     except (ConfigError, DataError) as exc:
         print(f"psfleet: error: {exc}", file=sys.stderr)
         return 2

@@ -2,13 +2,14 @@
 
 Usage::
 
-    psfleet status LOG_DIR
+    psfleet status RUN_FOLDER | LOG_DIR
     psfleet status ENDPOINT[,ENDPOINT...] [--metrics HOST:PORT[,HOST:PORT...]]
                    [--interval_s 1.0] [--timeout_s 5.0]
 
-``LOG_DIR`` is a job's log folder (``fleetrun --log_dir``; ``<model_save_path>/log``
-for ``psfleet train``): its ``.endpoints/server.N`` files give each server's gRPC
-endpoint and its metrics endpoint. Or name the servers' gRPC endpoints ``host:port``
+``RUN_FOLDER`` is a ``psfleet train`` run folder (or its model_save_path: the
+``latest`` run); ``LOG_DIR`` is a job's log folder (``fleetrun --log_dir``): its
+``.endpoints/server.N`` files give each server's gRPC endpoint and its metrics
+endpoint. Or name the servers' gRPC endpoints ``host:port``
 in server-index order, and with ``--metrics`` their metrics endpoints in the same
 order (each server logs it: ``metrics of server N on http://HOST:PORT/metrics``).
 
@@ -21,7 +22,8 @@ Prometheus ``/metrics`` (docs/monitoring.md), shown ``-`` when its metrics endpo
 is not known (a server with ``PSFLEET_METRICS_PORT=off``, or endpoints given without
 ``--metrics``).
 
-Environment: ``PSFLEET_AUTH_TOKEN`` (the job's token, if it set one).
+Environment: ``PSFLEET_AUTH_TOKEN`` (the job's token; with a folder, a token the
+launcher generated is read from it, as is its self-signed certificate).
 
 Exit codes: 0 every server answered; 1 a server did not answer its Stats call within
 ``--timeout_s`` (stderr names it; the servers that answered are still printed);
@@ -41,6 +43,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from psfleet.errors import ConfigError, PsfleetError
+from psfleet.launch.security import job_client_config
 from psfleet.rpc import RpcClient, RpcConfig, parse_endpoint
 from psfleet.rpc import messages as msg
 from psfleet.rpc.endpoint_file import read_endpoint_file, read_metrics_endpoint
@@ -85,6 +88,15 @@ def _endpoints(text: str, what: str) -> list[str]:
     for entry in entries:
         parse_endpoint(entry, what)
     return entries
+
+
+def _log_folder(target: str) -> str:
+    """The log folder ``target`` names: a run folder's ``log/``, a model_save_path's
+    ``latest/log``, or ``target`` itself."""
+    for folder in (Path(target) / "log", Path(target) / "latest" / "log"):
+        if folder.is_dir():
+            return str(folder)
+    return target
 
 
 def find_servers(target: str, metrics: str | None = None) -> list[ServerTarget]:
@@ -222,9 +234,12 @@ def run(args: argparse.Namespace) -> int:
     ``args.timeout_s`` per server that does not answer)."""
     try:
         _check(args)
-        servers = find_servers(args.target, args.metrics)
+        target = _log_folder(args.target)
+        servers = find_servers(target, args.metrics)
         config = dataclasses.replace(RpcConfig.from_env(), deadline_s=args.timeout_s,
                                      max_retries=0)
+        if Path(target).is_dir():  # the job's own token and certificate (same user)
+            config = job_client_config(Path(target), config)
     except ConfigError as exc:
         print(f"psfleet status: error: {exc}", file=sys.stderr)
         return 2

@@ -301,7 +301,9 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         OPTIMIZERS[hp.optimizer.class_](model.parameters(), lr=hp.optimizer.learning_rate))
     checkpoint = runner.checkpoint
     if fleet.is_server():
-        fleet.init_server(checkpoint_dir=checkpoint.checkpoint_dir if checkpoint else None)
+        # Saves and loads go to the checkpoint folder and this run's folders only.
+        fleet.init_server(checkpoint_dir=checkpoint.checkpoint_dir if checkpoint else None,
+                          storage_roots=[str(runner.model_save_path), str(runner.model_dir)])
         fleet.run_server()
         return None
     first = fleet.worker_index() == 0
