@@ -114,7 +114,9 @@ def test_python_api_trains_twice_in_one_process(
     import torch
 
     import psfleet
+    from psfleet import fleet
 
+    fleet.reset()  # an earlier test of this pytest process may have left its fleet
     raw = yaml.safe_load(_config(tmp_path, data_slice).read_text())
     monkeypatch.chdir(tmp_path)  # a dict config's relative paths: the current folder
     first = psfleet.train(raw)

@@ -100,7 +100,8 @@ class Fleet:
                 within PSFLEET_COLLECTIVE_CONNECT_TIMEOUT_S (names it).
         """
         if self._role is not None:
-            raise ConfigError("fleet.init() was already called in this process")
+            raise ConfigError("fleet.init() was already called in this process; call "
+                              "fleet.reset() first to start another run")
         if is_collective or (strategy is not None and strategy.mode == "collective"):
             self._init_collective(role_maker, strategy)
             return
