@@ -214,28 +214,24 @@ class _Checked:
     def __init__(self, stream: Any, path: Path, codec: str) -> None:
         self._stream, self._path, self._codec = stream, path, codec
 
-    def _error(self, exc: BaseException) -> DataError:
-        return DataError(f"data file {str(self._path)!r} is not valid {self._codec} data "
-                         f"({exc}); check that it was written completely, or remove its "
-                         f"{self._path.suffix} suffix if it is not compressed")
-
-    def read(self, size: int = -1) -> bytes:
+    def _call(self, method: str, size: int) -> bytes:
+        """``self._stream.<method>(size)``, a codec error raised as a DataError naming
+        the file (a DataError of the stream itself passes unchanged)."""
         try:
-            data: bytes = self._stream.read(size)
+            data: bytes = getattr(self._stream, method)(size)
         except DataError:
             raise
         except _CODEC_ERRORS as exc:
-            raise self._error(exc) from exc
+            raise DataError(f"data file {str(self._path)!r} is not valid {self._codec} data "
+                            f"({exc}); check that it was written completely, or remove its "
+                            f"{self._path.suffix} suffix if it is not compressed") from exc
         return data
 
+    def read(self, size: int = -1) -> bytes:
+        return self._call("read", size)
+
     def readline(self, size: int = -1) -> bytes:
-        try:
-            line: bytes = self._stream.readline(size)
-        except DataError:
-            raise
-        except _CODEC_ERRORS as exc:
-            raise self._error(exc) from exc
-        return line
+        return self._call("readline", size)
 
     def close(self) -> None:
         self._stream.close()
