@@ -3,8 +3,8 @@
 :meth:`MetricsExporter.start` serves ``http://HOST:PORT/metrics`` (Prometheus text
 format) from a thread of the server process, with a registry of its own (several
 servers in one process do not mix). Nothing is done per request for it: at each scrape
-:class:`ServiceCollector` reads the service's ``Stats`` (rows, bytes, rejected pushes)
-and its :class:`~psfleet.ps.request_counters.RequestCounters`.
+:class:`ServiceCollector` reads the service's ``Stats`` (rows, bytes, rejected pushes,
+request counts, uptime).
 
 Metrics (labels ``table_id`` and ``table``, the table's name, on the per-table ones):
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from wsgiref.simple_server import WSGIServer
 
@@ -42,7 +41,6 @@ from prometheus_client.registry import Collector
 
 from psfleet import env
 from psfleet.errors import ConfigError
-from psfleet.ps.request_counters import RequestCounts
 from psfleet.ps.service import TableService
 from psfleet.rpc import messages as msg
 
@@ -75,23 +73,20 @@ class ServiceCollector(Collector):
     Args:
         service: the server's tables.
         server_index: reported as ``psfleet_server_index`` (-1: unknown).
-        started_s: ``time.monotonic()`` when the server started (for the uptime).
     """
 
-    def __init__(self, service: TableService, server_index: int, started_s: float) -> None:
+    def __init__(self, service: TableService, server_index: int) -> None:
         self._service = service
         self._server_index = server_index
-        self._started_s = started_s
 
     def collect(self) -> Iterator[Metric]:
-        """Yield every metric, read now (one ``Stats`` call and one counter snapshot)."""
+        """Yield every metric, read now (one ``Stats`` call)."""
         stats = self._service.Stats(msg.StatsRequest())
-        counts = self._service.counters.snapshot()
         yield GaugeMetricFamily("psfleet_server_index", "This server's index (-1: unknown)",
                                 value=self._server_index)
         yield GaugeMetricFamily("psfleet_server_uptime_seconds",
                                 "Seconds since the server started",
-                                value=time.monotonic() - self._started_s)
+                                value=stats.uptime_s)
         rows = GaugeMetricFamily("psfleet_table_rows",
                                  "Rows held (dense tables: floats held)", labels=_TABLE_LABELS)
         memory = GaugeMetricFamily("psfleet_table_memory_bytes",
@@ -112,13 +107,12 @@ class ServiceCollector(Collector):
                                        labels=(*_TABLE_LABELS, "reason"))
         for table in stats.tables:
             labels = [str(table.table_id), table.name]
-            count = counts.get(table.table_id, RequestCounts())
             rows.add_metric(labels, table.rows)
             memory.add_metric(labels, table.memory_bytes)
-            pulls.add_metric(labels, count.pulls)
-            pulled.add_metric(labels, count.pulled_rows)
-            pushes.add_metric(labels, count.pushes)
-            pushed.add_metric(labels, count.pushed_rows)
+            pulls.add_metric(labels, table.pulls)
+            pulled.add_metric(labels, table.pulled_rows)
+            pushes.add_metric(labels, table.pushes)
+            pushed.add_metric(labels, table.pushed_rows)
             rejected.add_metric([*labels, "non_finite"], table.rejected_non_finite)
         yield from (rows, memory, pulls, pulled, pushes, pushed, rejected)
 
@@ -150,8 +144,8 @@ class MetricsExporter:
         return f"http://{host}:{self.port}/metrics"
 
     @classmethod
-    def start(cls, service: TableService, host: str, port: int, server_index: int = -1,
-              started_s: float | None = None) -> MetricsExporter:
+    def start(cls, service: TableService, host: str, port: int,
+              server_index: int = -1) -> MetricsExporter:
         """Serve ``service``'s metrics on ``host:port`` from a daemon thread; returns at
         once, listening.
 
@@ -160,15 +154,12 @@ class MetricsExporter:
             host: address to bind (the gRPC server's host).
             port: port to bind; 0 lets the OS choose (read :attr:`port`).
             server_index: this server's index (-1: unknown).
-            started_s: ``time.monotonic()`` at server start; now when None.
 
         Raises:
             ConfigError: the port cannot be bound (names it and PSFLEET_METRICS_PORT).
         """
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(ServiceCollector(service, server_index,
-                                           time.monotonic() if started_s is None
-                                           else started_s))
+        registry.register(ServiceCollector(service, server_index))
         ProcessCollector(registry=registry)
         try:
             httpd, thread = start_wsgi_server(port, host, registry)

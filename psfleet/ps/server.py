@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from pathlib import Path
 
 from psfleet import env
@@ -72,7 +71,6 @@ def run_server(host: str, port: int, config: RpcConfig,
             PSFLEET_SERVER_LIMITS or PSFLEET_METRICS_PORT is malformed.
         DataError: ``recover`` names a checkpoint without this server's tables.
     """
-    started_s = time.monotonic()
     limits = ServerLimits.parse(env.read("PSFLEET_SERVER_LIMITS") or "")
     metrics_port = metrics_port_from_env()
     if server_index is None:
@@ -86,8 +84,7 @@ def run_server(host: str, port: int, config: RpcConfig,
     try:
         if metrics_port is not None:
             exporter = MetricsExporter.start(service, server.host, metrics_port,
-                                             -1 if server_index is None else server_index,
-                                             started_s)
+                                             -1 if server_index is None else server_index)
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda signum, frame: service.stop_requested.set())

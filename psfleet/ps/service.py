@@ -6,8 +6,10 @@ See :class:`TableService`. ``psfleet.ps.server`` serves it over gRPC;
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,7 +37,7 @@ from psfleet.ps.request_checks import (
     check_table_config,
     count_non_finite,
 )
-from psfleet.ps.request_counters import RequestCounters
+from psfleet.ps.request_counters import RequestCounters, RequestCounts
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.sync_rounds import SyncRounds
 from psfleet.ps.types import (
@@ -101,6 +103,7 @@ class TableService:
         self._barrier = Barrier()
         self._ledger = PushLedger()
         self.counters = RequestCounters()
+        self.started_s = time.monotonic()
         self._barrier_timeout_s = barrier_timeout_s
         self._sparse_rounds: SyncRounds[tuple[np.ndarray, np.ndarray]] = SyncRounds(
             barrier_timeout_s)
@@ -374,10 +377,12 @@ class TableService:
     def Stats(self, request: msg.StatsRequest) -> msg.StatsResponse:  # noqa: N802
         with self._tables_lock:
             items = list(self.tables.items())
-        return msg.StatsResponse(tables=[
+        counts = self.counters.snapshot()
+        return msg.StatsResponse(uptime_s=time.monotonic() - self.started_s, tables=[
             msg.TableStats(table_id=tid, name=t.config.name, rows=len(t),
                            memory_bytes=t.memory_bytes,
-                           rejected_non_finite=self._non_finite.get(tid, 0))
+                           rejected_non_finite=self._non_finite.get(tid, 0),
+                           **dataclasses.asdict(counts.get(tid, RequestCounts())))
             for tid, t in items])
 
     def close(self) -> None:

@@ -187,21 +187,31 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableStats(_message.Message):
-    __slots__ = ("table_id", "name", "rows", "memory_bytes", "rejected_non_finite")
+    __slots__ = ("table_id", "name", "rows", "memory_bytes", "rejected_non_finite", "pulls", "pulled_rows", "pushes", "pushed_rows")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     REJECTED_NON_FINITE_FIELD_NUMBER: _ClassVar[int]
+    PULLS_FIELD_NUMBER: _ClassVar[int]
+    PULLED_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_FIELD_NUMBER: _ClassVar[int]
+    PUSHED_ROWS_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     name: str
     rows: int
     memory_bytes: int
     rejected_non_finite: int
-    def __init__(self, table_id: _Optional[int] = ..., name: _Optional[str] = ..., rows: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., rejected_non_finite: _Optional[int] = ...) -> None: ...
+    pulls: int
+    pulled_rows: int
+    pushes: int
+    pushed_rows: int
+    def __init__(self, table_id: _Optional[int] = ..., name: _Optional[str] = ..., rows: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., rejected_non_finite: _Optional[int] = ..., pulls: _Optional[int] = ..., pulled_rows: _Optional[int] = ..., pushes: _Optional[int] = ..., pushed_rows: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tables",)
+    __slots__ = ("tables", "uptime_s")
     TABLES_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[TableStats]
-    def __init__(self, tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ...) -> None: ...
+    uptime_s: float
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., uptime_s: _Optional[float] = ...) -> None: ...
