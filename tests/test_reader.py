@@ -165,7 +165,7 @@ def test_list_data_files(tmp_path: Path) -> None:
 
     assert list_data_files(tmp_path) == [tmp_path / "part-0", tmp_path / "part-1"]
     assert list_data_files(str(DEV)) == [DEV]
-    assert list_data_files(DATA_DIR) == [DATA_DIR / "README.md", DEV, TEST, TRAIN]
+    assert list_data_files(DATA_DIR) == [DEV, TEST, TRAIN]  # README.md is not data
     with pytest.raises(DataError, match="does not exist"):
         list_data_files(tmp_path / "missing")
     with pytest.raises(DataError, match="holds no data files"):

@@ -100,11 +100,10 @@ def set_console_level(level: int) -> None:
 
 def start_summary(config: TrainConfig, where: str) -> str:
     """The start line: model, mode, processes, data files (and the log folder)."""
-    from psfleet.data import list_data_files
+    from psfleet.rec.readers import data_files
 
     runner = config.runner
-    value = runner.train_data_dir
-    files = sum(len(list_data_files(p)) for p in (value if isinstance(value, list) else [value]))
+    files = len(data_files(runner.train_data_dir, runner))
     return (f"psfleet: starting {runner.model}, {runner.sync_mode} mode, {where}, "
             f"{plural(files, 'data file')}")
 

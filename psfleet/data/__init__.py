@@ -18,12 +18,13 @@ from psfleet.data.criteo import (
     parse_lines,
 )
 from psfleet.data.exchange import FileBarrier, FileExchange
+from psfleet.data.files import list_data_files
 from psfleet.data.inmemory_dataset import InMemoryDataset
 from psfleet.data.jagged import JaggedRows, KeyedJagged
 from psfleet.data.libsvm import LibsvmConfig
 from psfleet.data.parsers import Parser, make_parser, parser_names, register_parser
 from psfleet.data.queue_dataset import QueueDataset
-from psfleet.data.reader import CriteoReader, list_data_files
+from psfleet.data.reader import CriteoReader
 from psfleet.data.slot_format import SlotFormatConfig
 from psfleet.data.synthetic import DatagenResult, generate_criteo, true_probabilities
 from psfleet.data.synthetic_multihot import MULTIHOT_COLUMNS, generate_multihot

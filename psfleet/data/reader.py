@@ -23,42 +23,9 @@ from psfleet.data.criteo import parse_lines
 from psfleet.data.types import Batch, ParsedChunk
 from psfleet.errors import ConfigError, DataError
 
-__all__ = ["CriteoReader", "list_data_files"]
+__all__ = ["CriteoReader"]
 
 logger = logging.getLogger(__name__)
-
-
-def list_data_files(path: str | Path) -> list[Path]:
-    """List the data files at ``path``.
-
-    Args:
-        path: a file, or a directory whose regular, non-hidden files are the data.
-
-    Returns:
-        ``[path]`` for a file; the directory's regular files not starting with ``.``,
-        sorted by name, for a directory (subdirectories are not searched). Compressed
-        files are listed like the others: the readers decompress ``.gz``, ``.bz2``,
-        ``.xz``, ``.lzma`` and ``.zst`` files and reject ``.zip`` when they open them
-        (:mod:`psfleet.data.compression`).
-
-    Raises:
-        DataError: if ``path`` does not exist or the directory holds no data file.
-    """
-    path = Path(path)
-    if path.is_file():
-        return [path]
-    if not path.exists():
-        hint = "" if path.is_absolute() else f" (resolved from {str(Path.cwd())!r})"
-        raise DataError(f"data path {str(path)!r} does not exist{hint}; check the path")
-    if not path.is_dir():
-        raise DataError(f"data path {str(path)!r} is neither a regular file nor a directory")
-    files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-    if not files:
-        raise DataError(
-            f"data directory {str(path)!r} holds no data files (hidden files and "
-            "subdirectories are ignored); put the data files directly in it"
-        )
-    return files
 
 
 def _read_lines(path: Path) -> list[str]:
@@ -94,7 +61,8 @@ class CriteoReader:
     order and the same ``worker_num``.
 
     Args:
-        files: raw Criteo TSV files, in a fixed order (see :func:`list_data_files`).
+        files: raw Criteo TSV files, in a fixed order
+                (:func:`psfleet.data.files.list_data_files`).
         batch_size: examples per batch, >= 1.
         worker_index: this worker, ``0 <= worker_index < worker_num``.
         worker_num: number of workers sharing the files.

@@ -43,7 +43,7 @@ from psfleet.types import Mode
 
 __all__ = ["EarlyStoppingConfig", "RunnerConfig", "OptimizerConfig", "TableConfig",
            "HyperParameters", "ClusterConfig", "TrainConfig", "check_equal_steps_reader",
-           "check_tables", "parser_options", "parser_schema"]
+           "check_tables", "parser_kind", "parser_options", "parser_schema"]
 
 
 class _Section(BaseModel):
@@ -375,6 +375,12 @@ def parser_schema(runner: RunnerConfig) -> FeatureSchema:
         ConfigError: the parser rejects its options (names the key).
     """
     return make_parser(runner.parser, parser_options(runner)).schema
+
+
+def parser_kind(runner: RunnerConfig) -> Literal["text", "parquet"]:
+    """What the configured parser reads (``Parser.kind``): ``text`` or ``parquet``;
+    it decides which files of a data folder are data (:mod:`psfleet.data.files`)."""
+    return make_parser(runner.parser, parser_options(runner)).kind
 
 
 def check_tables(tables: Sequence[TableConfig] | None, schema: FeatureSchema) -> None:

@@ -126,7 +126,7 @@ def predict(config: TrainConfig, model_dir: str, data: Path | list[Path],
     model = load_inference_model(model_dir)
     check_compatible(model.manifest, config, model_dir)
     try:
-        files = [str(f) for f in data_files(data)]
+        files = [str(f) for f in data_files(data, config.runner)]
     except DataError as exc:
         raise DataError(f"--data: {exc}") from None
     # The runner's test reader (same parser and options as the in-training evaluation).

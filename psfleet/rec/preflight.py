@@ -39,7 +39,7 @@ from psfleet.data.compression import (
 )
 from psfleet.data.split import plan_share
 from psfleet.errors import ConfigError, DataError
-from psfleet.rec.config import TrainConfig, parser_options
+from psfleet.rec.config import TrainConfig, parser_kind, parser_options
 from psfleet.rec.features import build_runner_model
 
 __all__ = ["check_before_start", "check_data_files"]
@@ -88,7 +88,7 @@ def check_data_files(field: str, value: Path | list[Path] | None,
     files: list[Path] = []
     for path in paths:
         try:
-            files += list_data_files(path)
+            files += list_data_files(path, "parquet" if parquet else "text")
         except DataError as exc:
             raise DataError(f"{field}: {exc}") from None
     for file in files:
@@ -127,7 +127,7 @@ def check_before_start(config: TrainConfig) -> None:
     from psfleet.rec.models import list_models
 
     runner = config.runner
-    parquet = runner.parser == "parquet"
+    parquet = parser_kind(runner) == "parquet"
     train_files = check_data_files("runner.train_data_dir", runner.train_data_dir,
                                    runner.pipe_command, parquet)
     test_files = check_data_files("runner.test_data_dir", runner.test_data_dir,

@@ -47,6 +47,7 @@ from psfleet.rec.config import (
     RunnerConfig,
     TrainConfig,
     check_equal_steps_reader,
+    parser_kind,
     parser_options,
 )
 
@@ -57,10 +58,12 @@ logger = logging.getLogger(__name__)
 TEST_BATCH_SIZE = 4096
 
 
-def data_files(paths: Path | Sequence[Path]) -> list[Path]:
-    """The data files of a ``*_data_dir`` value (files and directories, in order)."""
+def data_files(paths: Path | Sequence[Path], runner: RunnerConfig) -> list[Path]:
+    """The data files of a ``*_data_dir`` value (files and directories, in order) for
+    ``runner``'s parser (:mod:`psfleet.data.files` says which files of a folder are data)."""
     items = [paths] if isinstance(paths, Path) else list(paths)
-    return [f for p in items for f in list_data_files(p)]
+    kind = parser_kind(runner)
+    return [f for p in items for f in list_data_files(p, kind)]
 
 
 def _dataset_kwargs(runner: RunnerConfig, worker_index: int, worker_num: int) -> dict[str, Any]:
@@ -143,7 +146,7 @@ def build_train_reader(config: TrainConfig, worker_index: int, worker_num: int, 
     check_equal_steps_reader(runner, worker_num, equal_steps)
     options = parser_options(runner)
     kwargs = _dataset_kwargs(runner, worker_index, worker_num)
-    files = data_files(runner.train_data_dir)
+    files = data_files(runner.train_data_dir, runner)
     sync = equal_steps and worker_num > 1
     reader: Reader
     if runner.reader_type == "QueueDataset":
@@ -196,7 +199,7 @@ def build_test_reader(config: TrainConfig) -> Reader | None:
     kwargs["split_file_list"] = True
     memory = InMemoryDataset(TEST_BATCH_SIZE, runner.parser, parser_options(runner),
                              **kwargs)
-    memory.set_filelist(data_files(runner.test_data_dir))
+    memory.set_filelist(data_files(runner.test_data_dir, runner))
     memory.load_into_memory()
     return memory
 
