@@ -100,6 +100,14 @@ def test_one_process_run_writes_event_file_png_and_validates_each_epoch(
         assert scalars[f"valid/{key}"] == [
             (v["epoch"], pytest.approx(v[key], rel=1e-6)) for v in valid]
         assert scalars[f"test/{key}"] == [(2, pytest.approx(test[key], rel=1e-6))]
+    # the in-process tables, sampled at the same steps: rows only grow, 9 floats a row
+    server = _scalars(run / "tensorboard" / "server_0")
+    rows = [v for _, v in server["server/embedding/rows"]]
+    assert [s for s, _ in server["server/embedding/rows"]] == [5, 10, 17, 22]
+    assert rows == sorted(rows) and rows[0] > 0
+    assert all(b >= r * 9 * 4 for (_, r), (_, b) in zip(
+        server["server/embedding/rows"], server["server/embedding/memory_bytes"], strict=True))
+    assert all(v > 0 for _, v in server["server/embedding/pulls_per_s"])
 
     # the PNG
     png = Path(metrics["curves"])
@@ -127,8 +135,16 @@ def test_two_workers_validate_mid_training(run_cli: RunCli, repo_root: Path, tmp
     assert all(v["examples"] == 409 for v in valid)
     assert valid[1]["auc"] > 0.6, valid
     assert metrics["test"]["auc"] > 0.6
-    scalars = _scalars(run_folder(out) / "tensorboard")
+    board = run_folder(out) / "tensorboard"
+    scalars = _scalars(board)
     assert [s for s, _ in scalars["valid/auc"]] == [1, 2]
+    # worker 1's throughput beside worker 0's; the server's tables sampled by worker 0
+    assert all(v > 0 for _, v in _scalars(board / "worker_1")["train/examples_per_s"])
+    assert (board / "server_0").is_dir() == (servers > 0)
+    if servers:
+        server = _scalars(board / "server_0")
+        assert server["server/embedding/rows"][-1][1] > 0
+        assert any(v > 0 for _, v in server["server/embedding/pushes_per_s"])  # geo: every 10
     assert Path(metrics["curves"]).read_bytes()[:8] == PNG_SIGNATURE
     assert_no_processes_mentioning(str(out))
 

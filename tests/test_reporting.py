@@ -23,15 +23,16 @@ from conftest import run_folder
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from psfleet.data import InMemoryDataset, Reader
-from psfleet.errors import ConfigError
+from psfleet.errors import ConfigError, RpcError
 from psfleet.fleet import Fleet
 from psfleet.metrics import copc
 from psfleet.rec import readers as readers_module
 from psfleet.rec import reporting as reporting_module
 from psfleet.rec import trainer as trainer_module
 from psfleet.rec.config_load import load_config
-from psfleet.rec.curves import RunRecorder
+from psfleet.rec.curves import RunRecorder, server_scalars
 from psfleet.rec.reporting import MalformedTally, TrainingInterrupted, write_json_atomic
+from psfleet.rpc import messages as msg
 
 pytestmark = pytest.mark.unit
 
@@ -107,6 +108,45 @@ def test_each_recorder_writes_its_own_event_file_with_the_scalars(tmp_path: Path
     assert set(scalars) == {"train/loss", "train/auc_running", "train/examples_per_s",
                             "epoch/train_loss", "epoch/examples_per_s", "valid/auc",
                             "valid/logloss", "valid/copc"}
+
+
+def _stats(uptime_s: float, rows: int, pulls: int, pushes: int) -> msg.StatsResponse:
+    return msg.StatsResponse(uptime_s=uptime_s, tables=[msg.TableStats(
+        table_id=0, name="embedding", rows=rows, memory_bytes=rows * 40, pulls=pulls,
+        pushes=pushes)])
+
+
+def test_server_scalars_are_rates_between_samples_and_since_a_restart() -> None:
+    first = server_scalars([_stats(10.0, 100, 50, 20)], None)  # since the start
+    assert first == [{"server/embedding/rows": 100, "server/embedding/memory_bytes": 4000,
+                      "server/embedding/pulls_per_s": 5.0, "server/embedding/pushes_per_s": 2.0}]
+    later = server_scalars([_stats(14.0, 120, 70, 28)], [_stats(10.0, 100, 50, 20)])
+    assert later[0]["server/embedding/pulls_per_s"] == 5.0  # 20 pulls in 4 s
+    assert later[0]["server/embedding/pushes_per_s"] == 2.0
+    restarted = server_scalars([_stats(2.0, 10, 4, 2)], [_stats(14.0, 120, 70, 28)])
+    assert restarted[0]["server/embedding/pulls_per_s"] == 2.0  # 4 pulls in its 2 s
+
+
+def test_the_recorder_writes_each_servers_scalars_to_its_own_run(tmp_path: Path) -> None:
+    samples = iter([[_stats(10.0, 100, 50, 20), _stats(10.0, 80, 40, 10)],
+                    RpcError("server 1 is restarting"),
+                    [_stats(20.0, 150, 150, 40), _stats(20.0, 90, 60, 20)]])
+
+    def source() -> list[msg.StatsResponse]:
+        sample = next(samples)
+        if isinstance(sample, Exception):
+            raise sample
+        return sample
+
+    recorder = RunRecorder(tmp_path, source)
+    for step in (5, 10, 15):
+        recorder.step(step, 0.5, 0.7, 1000.0)
+    recorder.close()
+    zero, one = _scalars(tmp_path / "server_0"), _scalars(tmp_path / "server_1")
+    assert zero["server/embedding/rows"] == [(5, 100), (15, 150)]  # step 10 failed
+    assert zero["server/embedding/pulls_per_s"] == [(5, 5.0), (15, 10.0)]
+    assert one["server/embedding/pushes_per_s"] == [(5, 1.0), (15, 1.0)]
+    assert "server/embedding/rows" not in _scalars(tmp_path)
 
 
 def test_training_interrupted_is_a_keyboard_interrupt_that_pickles() -> None:

@@ -38,6 +38,7 @@ init_worker = _fleet.init_worker
 stop_worker = _fleet.stop_worker
 reset = _fleet.reset
 barrier_worker = _fleet.barrier_worker
+server_stats = _fleet.server_stats
 distributed_optimizer = _fleet.distributed_optimizer
 distributed_model = _fleet.distributed_model
 join = _fleet.join
@@ -70,6 +71,7 @@ __all__ = [
     "TrainerProgram",
     "UserDefinedRoleMaker",
     "barrier_worker",
+    "server_stats",
     "distributed_model",
     "distributed_optimizer",
     "flush",

@@ -52,6 +52,7 @@ from psfleet.fleet.strategy import DistributedStrategy
 from psfleet.nn import SparseEmbedding, live_embeddings
 from psfleet.ps import TableClient, run_server
 from psfleet.rpc import RpcConfig, parse_endpoint
+from psfleet.rpc import messages as msg
 
 __all__ = ["Fleet"]
 
@@ -306,6 +307,17 @@ class Fleet:
     def client(self) -> TableClient:
         """The tables (after init_worker)."""
         return self._require_runtime().client
+
+    def server_stats(self) -> list[msg.StatsResponse]:
+        """Every server's ``Stats`` (after init_worker), in server-index order: per table
+        rows, bytes, pull and push counts, and the server's uptime; in-process tables
+        (``server_num`` 0) answer as one server.
+
+        Raises:
+            FatalError: before init_worker, or in collective mode (no servers).
+            RpcError: a server did not answer.
+        """
+        return self._require_runtime().client.stats()
 
     def barrier_worker(self) -> None:
         """Block until every worker reaches this call (collective: every rank)."""

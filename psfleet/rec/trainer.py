@@ -99,8 +99,8 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Read
                  recorder: RunRecorder | None = None) -> dict[str, float]:
     """One epoch; ``start_batch`` batches already trained (resume) are skipped, and
     ``after_batch(k)`` runs after the epoch's k-th batch (checkpoints). ``progress``
-    follows the batches done; ``recorder`` gets a point every ``print_interval`` steps
-    (with ``show``)."""
+    follows the batches done; ``recorder`` gets a point every ``print_interval`` steps;
+    ``show`` draws the progress bar and keeps the running AUC (worker 0)."""
     loss_fn = nn.BCEWithLogitsLoss()
     running = StreamingAuc()
     reader.set_epoch(epoch)
@@ -127,25 +127,34 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Read
         batch_loss = loss.item() * n
         total_loss += batch_loss
         examples += n
+        interval_loss += batch_loss
+        interval_examples += n
         if show:
-            interval_loss += batch_loss
-            interval_examples += n
             running.update(batch.labels, torch.sigmoid(logits.detach()))
             bar.update(1)
-            if (step + 1) % config.runner.print_interval == 0:
-                now = time.perf_counter()
-                rate, running_auc = examples / (now - start), running.compute()
-                bar.set_postfix(ex_s=f"{rate:,.0f}", loss=f"{total_loss / examples:.4f}",
-                                auc=f"{running_auc:.4f}")
-                if recorder is not None:
-                    recorder.step(optimizer.steps, interval_loss / interval_examples,
-                                  running_auc, interval_examples / (now - interval_start))
-                interval_loss, interval_examples, interval_start = 0.0, 0, now
+        if (step + 1) % config.runner.print_interval == 0 and (show or recorder is not None):
+            now = time.perf_counter()
+            running_auc = running.compute() if show else float("nan")
+            bar.set_postfix(ex_s=f"{examples / (now - start):,.0f}",
+                            loss=f"{total_loss / examples:.4f}", auc=f"{running_auc:.4f}")
+            if recorder is not None:
+                recorder.step(optimizer.steps, interval_loss / interval_examples,
+                              running_auc, interval_examples / (now - interval_start))
+            interval_loss, interval_examples, interval_start = 0.0, 0, now
     bar.close()
     wall = time.perf_counter() - start
     return {"epoch": epoch + 1, "loss": total_loss / max(examples, 1),
             "auc": running.compute() if show else float("nan"), "examples": examples,
             "examples_per_s": examples / wall, "wall_s": wall}
+
+
+def _recorder(config: TrainConfig, first: bool) -> RunRecorder:
+    """Worker 0's recorder writes ``<run folder>/tensorboard/`` and samples every
+    server's Stats (not in collective mode); worker k's writes ``tensorboard/worker_k/``."""
+    folder = config.runner.run_dir / TENSORBOARD_DIR
+    if not first:
+        return RunRecorder(folder / f"worker_{fleet.worker_index()}")
+    return RunRecorder(folder, None if fleet.is_collective() else fleet.server_stats)
 
 
 def _agreed_share(checkpoint: CheckpointConfig | None) -> int | None:
@@ -310,7 +319,7 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
     if first:
         open_run_folder(config)
     progress = Progress(valid=[] if runner.valid_data_dir is not None else None)
-    recorder = RunRecorder(runner.run_dir / TENSORBOARD_DIR) if first else None
+    recorder = _recorder(config, first)
     readers: dict[str, Reader | None] = {}
     try:
         return _work(config, model, optimizer, progress, recorder, readers)
