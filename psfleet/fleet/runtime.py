@@ -157,7 +157,8 @@ class WorkerRuntime:
             client = LocalClient()
             mode = hooks.communicator_mode or "local"
         else:
-            remote = RemoteClient(role.server_endpoints, config.rpc_config, role.worker_index)
+            remote = RemoteClient(role.server_endpoints, config.rpc_config, role.worker_index,
+                                  incarnation=config.restart_num)
             remote.wait_ready(config.wait_timeout_s)
             client, mode = remote, strategy.mode
         communicator = make_communicator(mode, client, settings)

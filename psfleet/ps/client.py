@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ from psfleet.ps.types import (
     SlicingConfig,
     SparseTableConfig,
 )
+from psfleet.ps.wait_budget import poll_until_done
 from psfleet.rpc import RpcClient, RpcConfig, codec, wait_servers_ready
 from psfleet.rpc import messages as msg
 
@@ -108,10 +110,17 @@ class TableClient:
     Args:
         transports: one per server, in server-index order.
         worker_index: this worker's index, sent with pushes and dense pulls.
+        incarnation: this worker process's restart number (``PSFLEET_RESTART_NUM``;
+            0: first start). At barriers a newer incarnation of a worker replaces
+            an older one's arrival (``psfleet.ps.coordination.Barrier``).
     """
 
-    def __init__(self, transports: Sequence[Transport], worker_index: int = 0) -> None:
+    def __init__(self, transports: Sequence[Transport], worker_index: int = 0,
+                 incarnation: int = 0) -> None:
         self._servers = list(transports)
+        self.incarnation = incarnation
+        self._barrier_lock = threading.Lock()
+        self._barrier_seqs: dict[str, int] = {}  # barrier name -> arrivals so far
         self.endpoints = [t.endpoint for t in self._servers]
         self.worker_index = worker_index
         self._client_id = secrets.randbits(63) | 1  # never 0 (0: a push without id)
@@ -321,9 +330,24 @@ class TableClient:
                            for s in range(len(self._servers))])
 
     def barrier(self, name: str, worker_index: int, worker_num: int) -> None:
-        """Block until all ``worker_num`` workers called barrier ``name``."""
-        self._servers[0].start("Barrier", msg.BarrierRequest(
-            name=name, worker_index=worker_index, worker_num=worker_num)).result()
+        """Block until all ``worker_num`` workers called barrier ``name``.
+
+        A long poll on server 0 (``psfleet.ps.wait_budget``): the same request (this
+        client's incarnation and its arrival number at ``name``) is sent until the
+        server answers done, so a waiting worker holds no server thread for long.
+
+        Raises:
+            RemoteError: the others did not arrive within the server's barrier
+                timeout (names them), the server is stopping, or a restarted copy of
+                this worker (newer incarnation) arrived since (this process is stale).
+        """
+        with self._barrier_lock:
+            seq = self._barrier_seqs[name] = self._barrier_seqs.get(name, 0) + 1
+        request = msg.BarrierRequest(name=name, worker_index=worker_index,
+                                     worker_num=worker_num, incarnation=self.incarnation,
+                                     seq=seq)
+        server = self._servers[0]
+        poll_until_done(lambda: bool(server.start("Barrier", request).result().done))
 
     def stop_servers(self, worker_index: int) -> None:
         """Tell every server to stop serving."""
@@ -347,12 +371,13 @@ class RemoteClient(TableClient):
         endpoints: server endpoints ``host:port`` in server-index order.
         config: rpc settings.
         worker_index: this worker's index, sent with pushes and dense pulls.
+        incarnation: this worker process's restart number (see :class:`TableClient`).
     """
 
     def __init__(self, endpoints: Sequence[str], config: RpcConfig,
-                 worker_index: int = 0) -> None:
+                 worker_index: int = 0, incarnation: int = 0) -> None:
         self._rpc = [RpcClient(e, config) for e in endpoints]
-        super().__init__([RpcTransport(c) for c in self._rpc], worker_index)
+        super().__init__([RpcTransport(c) for c in self._rpc], worker_index, incarnation)
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until every server is serving (see ``rpc.wait_servers_ready``).

@@ -8,10 +8,12 @@ snapshot is copied, so a save holds every table as of one moment.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
 from psfleet.errors import RemoteError
+from psfleet.ps.wait_budget import WaitBudget
 
 __all__ = ["Barrier", "PushGate", "describe_missing"]
 
@@ -34,13 +36,54 @@ def describe_missing(arrived: Collection[int], worker_num: int, limit: int = 16)
     return f"{first}{more}"
 
 
-class Barrier:
-    """A reusable barrier for ``worker_num`` workers, keyed by name on server 0."""
+class _Arrival:
+    """One worker's latest arrival at one barrier name."""
+
+    __slots__ = ("incarnation", "seq", "generation", "started_s", "answered")
+
+    def __init__(self, incarnation: int, seq: int, generation: int, started_s: float,
+                 answered: bool = False) -> None:
+        self.incarnation = incarnation
+        self.seq = seq
+        self.generation = generation
+        self.started_s = started_s
+        self.answered = answered  # the worker was told this crossing is done
+
+
+class _Named:
+    """One barrier name: its generation (crossings completed) and the arrivals."""
 
     def __init__(self) -> None:
+        self.generation = 0
+        self.count = 0  # arrivals in the current generation
+        self.arrivals: dict[int, _Arrival] = {}
+
+    def arrived(self) -> set[int]:
+        return {w for w, a in self.arrivals.items() if a.generation == self.generation}
+
+
+class Barrier:
+    """A reusable barrier for ``worker_num`` workers, keyed by name on server 0.
+
+    Waiting holds no handler thread for long: :meth:`arrive` is one step of a long
+    poll (``psfleet.ps.wait_budget``). A worker's arrival is keyed by ``(worker index,
+    incarnation, seq)``: ``incarnation`` is its restart number (``PSFLEET_RESTART_NUM``)
+    and ``seq`` numbers its arrivals at this name (1, 2, ...), so a repeated call (a
+    poll, or a retry after a lost reply) is the same arrival. A newer incarnation's
+    arrival withdraws the older one's (a worker killed while waiting counts once, as
+    its restarted self), and a call of an older incarnation is refused. A restarted
+    worker whose dead predecessor's arrival completed a crossing it never heard of
+    takes that crossing (its peers went on counting on it) instead of waiting for a
+    new one: this ends the wait-on-each-other deadlock of issue 15, finding 4.
+
+    Args:
+        budget: how many calls may wait at once, and how long.
+    """
+
+    def __init__(self, budget: WaitBudget | None = None) -> None:
         self._cond = threading.Condition()
-        self._arrived: dict[str, set[int]] = {}
-        self._generation: dict[str, int] = {}
+        self._names: dict[str, _Named] = {}
+        self._budget = budget or WaitBudget()
         self._closed = False
 
     def close(self) -> None:
@@ -49,27 +92,99 @@ class Barrier:
             self._closed = True
             self._cond.notify_all()
 
-    def wait(self, name: str, worker_index: int, worker_num: int, timeout_s: float) -> None:
+    def arrive(self, name: str, worker_index: int, worker_num: int, timeout_s: float,
+               incarnation: int = 0, seq: int = 0) -> bool:
+        """Register (or re-check) an arrival at barrier ``name`` and wait a little.
+
+        Idempotent per ``(worker_index, incarnation, seq)``; ``seq`` 0 (no number) is
+        a new arrival every call. Blocks at most the budget's ``max_wait_s``.
+
+        Returns:
+            True when every worker arrived (the crossing is done), False when the
+            caller must call again (same arguments).
+
+        Raises:
+            RemoteError: the other workers did not arrive within ``timeout_s`` of
+                this arrival (names them; the arrival is withdrawn), the server is
+                stopping, or ``incarnation`` is older than one of this worker that
+                arrived since (FAILED_PRECONDITION; names both).
+        """
         with self._cond:
-            arrived = self._arrived.setdefault(name, set())
-            generation = self._generation.get(name, 0)
-            arrived.add(worker_index)
-            if len(arrived) >= worker_num:
-                self._arrived[name] = set()
-                self._generation[name] = generation + 1
-                self._cond.notify_all()
-                return
-            done = self._cond.wait_for(
-                lambda: self._closed or self._generation.get(name, 0) != generation,
-                timeout=timeout_s)
-            if self._closed and self._generation.get(name, 0) == generation:
+            if self._closed:
                 raise RemoteError(f"barrier {name!r}: the server is stopping")
-            if not done:
-                missing = describe_missing(self._arrived.get(name, set()), worker_num)
+            named = self._names.setdefault(name, _Named())
+            mine = named.arrivals.get(worker_index)
+            if mine is not None and incarnation < mine.incarnation:
+                raise RemoteError(self._stale(name, worker_index, incarnation, mine))
+            if (mine is None or incarnation > mine.incarnation or seq == 0
+                    or seq > mine.seq):
+                took = self._register(named, worker_index, worker_num, incarnation, seq)
+                if took is not None:
+                    return took
+                mine = named.arrivals[worker_index]
+            elif seq < mine.seq:  # a late copy of an arrival this worker has left behind
+                return True
+            generation = mine.generation
+            current = mine
+
+            def ended() -> bool:
+                return (self._closed or named.generation != generation
+                        or named.arrivals.get(worker_index) is not current)
+
+            if not ended():
+                self._budget.wait_for(self._cond, ended)
+            newer = named.arrivals.get(worker_index)
+            if newer is None:  # another copy of this call timed out meanwhile
+                raise RemoteError(f"barrier {name!r}: worker {worker_index}'s arrival "
+                                  f"timed out after {timeout_s:.0f} s")
+            if newer is not current:
+                raise RemoteError(self._stale(name, worker_index, incarnation, newer))
+            if named.generation != generation:
+                current.answered = True
+                return True
+            if self._closed:
+                raise RemoteError(f"barrier {name!r}: the server is stopping")
+            if time.monotonic() - current.started_s > timeout_s:
+                missing = describe_missing(named.arrived(), worker_num)
+                del named.arrivals[worker_index]
+                named.count -= 1
                 raise RemoteError(
                     f"barrier {name!r}: workers {missing} did not arrive within "
-                    f"{timeout_s:.0f} s; check their logs (workerlog.N)"
-                )
+                    f"{timeout_s:.0f} s; check their logs (workerlog.N)")
+            return False
+
+    def _register(self, named: _Named, worker_index: int, worker_num: int,
+                  incarnation: int, seq: int) -> bool | None:
+        """Record a new arrival (the caller holds the lock). True: the crossing is
+        done; None: the caller waits."""
+        old = named.arrivals.get(worker_index)
+        now = time.monotonic()
+        if old is not None and old.generation == named.generation:
+            named.count -= 1  # withdrawn: replaced by this arrival
+        if (old is not None and incarnation > old.incarnation and not old.answered
+                and old.generation < named.generation):
+            # The dead predecessor's arrival completed a crossing nobody told it of:
+            # the others went on counting on it, so this incarnation takes it.
+            named.arrivals[worker_index] = _Arrival(incarnation, seq, old.generation, now,
+                                                    answered=True)
+            return True
+        arrival = _Arrival(incarnation, seq or (old.seq + 1 if old else 1),
+                           named.generation, now)
+        named.arrivals[worker_index] = arrival
+        named.count += 1
+        self._cond.notify_all()  # a replaced arrival's waiter must learn of it
+        if named.count >= worker_num:
+            named.generation += 1
+            named.count = 0
+            arrival.answered = True
+            return True
+        return None
+
+    @staticmethod
+    def _stale(name: str, worker_index: int, incarnation: int, newer: _Arrival) -> str:
+        return (f"barrier {name!r}: worker {worker_index} incarnation {incarnation} was "
+                f"replaced by its incarnation {newer.incarnation} (a restarted copy of this "
+                "worker, PSFLEET_RESTART_NUM); this process is stale and must exit")
 
 
 class PushGate:

@@ -47,6 +47,7 @@ from psfleet.ps.types import (
     SparseTableConfig,
     table_config_from_json,
 )
+from psfleet.ps.wait_budget import WaitBudget
 from psfleet.rpc import codec
 from psfleet.rpc import messages as msg
 
@@ -79,6 +80,9 @@ class TableService:
             (``psfleet.ps.request_checks`` documents the policies, NaN/Inf included).
         job_worker_num: the job's worker count; None: fixed by the first Barrier or
             SYNC push.
+        wait_budget: how many calls may wait for other workers at once, and how
+            long each (``psfleet.ps.wait_budget``); give a gRPC server at most half
+            of its ``server_threads``. None: ``WaitBudget()`` (16 slots, 0.5 s).
 
     A request outside the limits, undecodable or carrying NaN/Inf raises
     ``InvalidRequestError`` and changes nothing; out of memory raises
@@ -91,7 +95,8 @@ class TableService:
     def __init__(self, barrier_timeout_s: float = 180.0,
                  preload_dir: Path | str | None = None,
                  limits: ServerLimits | None = None,
-                 job_worker_num: int | None = None) -> None:
+                 job_worker_num: int | None = None,
+                 wait_budget: WaitBudget | None = None) -> None:
         self.tables: dict[int, Table] = {}
         self.preload_dir = preload_dir
         self.limits = limits or ServerLimits()
@@ -100,7 +105,8 @@ class TableService:
         self._non_finite_lock = threading.Lock()
         self._tables_lock = threading.Lock()
         self._gate = PushGate()
-        self._barrier = Barrier()
+        self.wait_budget = wait_budget or WaitBudget()
+        self._barrier = Barrier(self.wait_budget)
         self._ledger = PushLedger()
         self.counters = RequestCounters()
         self.started_s = time.monotonic()
@@ -307,12 +313,14 @@ class TableService:
         self.push_dense(_push_meta(request), codec.floats_from_bytes(request.grads))
         return msg.Empty()
 
-    def Barrier(self, request: msg.BarrierRequest) -> msg.Empty:  # noqa: N802
+    def Barrier(self, request: msg.BarrierRequest) -> msg.BarrierResponse:  # noqa: N802
+        """One step of a barrier's long poll (``psfleet.ps.coordination.Barrier``):
+        ``done`` false means call again. Waits at most ``wait_budget.max_wait_s``."""
         self._workers.check(f"barrier {request.name!r}", request.worker_index,
                             request.worker_num)
-        self._barrier.wait(request.name, request.worker_index, request.worker_num,
-                           self._barrier_timeout_s)
-        return msg.Empty()
+        done = self._barrier.arrive(request.name, request.worker_index, request.worker_num,
+                                    self._barrier_timeout_s, request.incarnation, request.seq)
+        return msg.BarrierResponse(done=done)
 
     @staticmethod
     def _dense_index(entries: Iterable[msg.DenseIndex]) -> dict[int, np.ndarray]:

@@ -121,14 +121,24 @@ class PushDenseRequest(_message.Message):
     def __init__(self, table_id: _Optional[int] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ...) -> None: ...
 
 class BarrierRequest(_message.Message):
-    __slots__ = ("name", "worker_index", "worker_num")
+    __slots__ = ("name", "worker_index", "worker_num", "incarnation", "seq")
     NAME_FIELD_NUMBER: _ClassVar[int]
     WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
     WORKER_NUM_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     name: str
     worker_index: int
     worker_num: int
-    def __init__(self, name: _Optional[str] = ..., worker_index: _Optional[int] = ..., worker_num: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    seq: int
+    def __init__(self, name: _Optional[str] = ..., worker_index: _Optional[int] = ..., worker_num: _Optional[int] = ..., incarnation: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class BarrierResponse(_message.Message):
+    __slots__ = ("done",)
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    done: bool
+    def __init__(self, done: _Optional[bool] = ...) -> None: ...
 
 class StopRequest(_message.Message):
     __slots__ = ("worker_index",)

@@ -62,7 +62,7 @@ class ParameterServerStub:
         self.Barrier = channel.unary_unary(
                 '/psfleet.ParameterServer/Barrier',
                 request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.BarrierRequest.SerializeToString,
-                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.BarrierResponse.FromString,
                 _registered_method=True)
         self.Save = channel.unary_unary(
                 '/psfleet.ParameterServer/Save',
@@ -180,7 +180,7 @@ def add_ParameterServerServicer_to_server(servicer, server):
             'Barrier': grpc.unary_unary_rpc_method_handler(
                     servicer.Barrier,
                     request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.BarrierRequest.FromString,
-                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.SerializeToString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.BarrierResponse.SerializeToString,
             ),
             'Save': grpc.unary_unary_rpc_method_handler(
                     servicer.Save,
@@ -364,7 +364,7 @@ class ParameterServer:
             target,
             '/psfleet.ParameterServer/Barrier',
             psfleet_dot_rpc_dot_psfleet__pb2.BarrierRequest.SerializeToString,
-            psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+            psfleet_dot_rpc_dot_psfleet__pb2.BarrierResponse.FromString,
             options,
             channel_credentials,
             insecure,
