@@ -156,7 +156,7 @@ def job_launcher(config: TrainConfig, tee_stream: BinaryIO | None = None
     return functools.partial(
         launch_local, command, cluster.server_num, cluster.worker_num, log_dir,
         server_wait_timeout_s=server_wait_timeout_s(cluster.server_wait_timeout_s),
-        max_restarts=cluster.max_restarts, tee_stream=tee_stream), \
+        max_restarts=cluster.max_restarts, tls=cluster.tls, tee_stream=tee_stream), \
         f"{plural(cluster.server_num, 'server')} x {plural(cluster.worker_num, 'worker')}"
 
 

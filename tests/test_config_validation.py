@@ -167,9 +167,13 @@ def test_strategy_slicing_fields_are_slicing_configs() -> None:
     ({"runner": {"sync_mode": "asyc"}}, ["runner.sync_mode", "'asyc'", "'collective'"]),
     ({"hyper_parameters": {"embedding_initializer": "ones"}},
      ["hyper_parameters.embedding_initializer", "'ones'", "'zeros'"]),
+    ({"runner": {"sync_mode": "collective"}, "cluster": {"worker_num": 2, "tls": "self-signed"}},
+     ["cluster.tls", "collective has no gRPC channels", "remove cluster.tls"]),
+    ({"cluster": {"server_num": 1, "tls": "yes"}}, ["cluster.tls", "'self-signed'"]),
 ], ids=["use_gpu_ps_mode", "use_gpu_collective", "collective_with_servers",
         "workers_without_servers", "global_shuffle_reader", "csv_without_columns",
-        "columns_unused", "queue_pipe_sync", "bad_mode", "bad_initializer"])
+        "columns_unused", "queue_pipe_sync", "bad_mode", "bad_initializer",
+        "tls_collective", "tls_unknown"])
 def test_cross_field_rules_fail_on_load(tmp_path: Path, sections: dict[str, dict[str, object]],
                                         expected: list[str]) -> None:
     path = _write_config(tmp_path, **sections)

@@ -9,7 +9,9 @@ malformed lines in metrics.json; through ``psfleet train`` on the real Criteo sa
   5 malformed lines added to the training slice are counted.
 - The example's own cluster (1 server x 2 workers, async and GEO; 2 collective ranks)
   with validation after each epoch: every worker meets for the mid-training
-  validation, and the model validates above AUC 0.6.
+  validation, and the model validates above AUC 0.6; worker 1 and the server have their
+  TensorBoard runs; the async job runs with ``cluster.tls: self-signed`` (its servers
+  serve TLS).
 - Sync mode, 2 workers x batch 64, validates each epoch exactly as one process with
   batch 128 (the sync oracle).
 - SIGINT to a 1x2 job with checkpoints, after its second checkpoint: metrics.json holds
@@ -125,9 +127,10 @@ def test_two_workers_validate_mid_training(run_cli: RunCli, repo_root: Path, tmp
                                            criteo_dir: Path, mode: str, servers: int) -> None:
     out = tmp_path / "out"
 
+    tls = ["cluster.tls=self-signed"] if mode == "async" else []  # TLS channels train alike
     metrics = _train(run_cli, repo_root, out, f"runner.valid_data_dir={criteo_dir / 'dev.csv'}",
                      f"runner.sync_mode={mode}", "runner.geo_step=10",
-                     f"cluster.server_num={servers}", "cluster.worker_num=2", timeout=240)
+                     f"cluster.server_num={servers}", "cluster.worker_num=2", *tls, timeout=240)
 
     assert metrics["worker_num"] == 2 and metrics["sync_mode"] == mode
     valid = metrics["valid"]
@@ -146,6 +149,10 @@ def test_two_workers_validate_mid_training(run_cli: RunCli, repo_root: Path, tmp
         assert server["server/embedding/rows"][-1][1] > 0
         assert any(v > 0 for _, v in server["server/embedding/pushes_per_s"])  # geo: every 10
     assert Path(metrics["curves"]).read_bytes()[:8] == PNG_SIGNATURE
+    log = run_folder(out) / "log"
+    assert (log / "tls" / "cert.pem").is_file() == bool(tls)
+    if servers:
+        assert ("(TLS; auth token required" in (log / "serverlog.0").read_text()) == bool(tls)
     assert_no_processes_mentioning(str(out))
 
 

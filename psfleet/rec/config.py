@@ -326,12 +326,16 @@ class ClusterConfig(_Section):
     resolved by :func:`psfleet.fleet.server_wait.server_wait_timeout_s`.
     ``max_restarts``: restarts allowed per server and per worker that fails
     (``fleetrun --max_restarts``); useful with ``runner.checkpoint``.
+    ``tls``: ``self-signed`` makes every channel of a local job TLS, with a certificate
+    made for the job in its log folder (``fleetrun --tls self-signed``); unset: the
+    ``PSFLEET_TLS_*`` variables decide (docs/security.md). Not used in one process.
     """
 
     server_num: int = Field(0, ge=0, le=64)
     worker_num: int = Field(1, ge=1, le=64)
     server_wait_timeout_s: float | None = Field(None, gt=0)
     max_restarts: int = Field(0, ge=0)
+    tls: Literal["self-signed"] | None = None
 
 
 class TrainConfig(_Section):
@@ -348,6 +352,10 @@ class TrainConfig(_Section):
             raise ConfigError(f"cluster.server_num: {cluster.server_num}, but runner.sync_mode:"
                               " collective has no servers; set cluster.server_num: 0 (ranks "
                               "are cluster.worker_num)")
+        if mode == "collective" and cluster.tls is not None:
+            raise ConfigError("cluster.tls: runner.sync_mode: collective has no gRPC channels "
+                              "to protect (torch.distributed's gloo traffic is not "
+                              "encrypted); remove cluster.tls, or run on a trusted network")
         if mode != "collective" and cluster.server_num == 0 and cluster.worker_num > 1:
             raise ConfigError(f"cluster.worker_num: {cluster.worker_num} workers need servers; "
                               "set cluster.server_num >= 1 (or worker_num: 1 to train alone, "
