@@ -143,7 +143,7 @@ def _datagen(run_cli: RunCli, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_cli_writes_train_and_test_and_prints_the_optimum(run_cli: RunCli, tmp_path: Path) -> None:
-    out, test_out = tmp_path / "train.tsv", tmp_path / "test.tsv"
+    out, test_out = tmp_path / "train.tsv", tmp_path / "new" / "folder" / "test.tsv"  # made
     done = _datagen(run_cli, "--rows", "3000", "--seed", "5", "--out", str(out),
                 "--test_rows", "1000", "--test_out", str(test_out))
     assert done.returncode == 0, done.stderr
@@ -182,7 +182,15 @@ def test_cli_rejects_an_unwritable_out_path(run_cli: RunCli, tmp_path: Path) -> 
     bad = blocker / "x.tsv"
     done = _datagen(run_cli, "--rows", "10", "--seed", "1", "--out", str(bad))
     assert done.returncode == 2
-    assert "--out" in done.stderr and str(bad) in done.stderr
+    assert "--out" in done.stderr and str(blocker) in done.stderr
+
+    # a --test_out that cannot be written: refused before --out is written
+    out = tmp_path / "train.tsv"
+    done = _datagen(run_cli, "--rows", "10", "--seed", "1", "--out", str(out),
+                    "--test_rows", "5", "--test_out", str(bad))
+    assert done.returncode == 2
+    assert "--test_out: cannot create the folder" in done.stderr
+    assert not out.exists()
 
 
 # -- datagen multihot ---------------------------------------------------------------------

@@ -195,6 +195,12 @@ def _datagen(args: argparse.Namespace) -> int:
         if args.test_out.resolve() == args.out.resolve():
             raise ConfigError(f"--test_out: {str(args.test_out)!r} is also --out")
         outputs.append(("--test_out", args.test_out, args.test_rows, "test"))
+    for flag, path, _, _ in outputs:  # every folder before any file: nothing half done
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"{flag}: cannot create the folder {str(path.parent)!r}: "
+                              f"{exc.strerror or exc}") from None
     for flag, path, rows, split in outputs:
         try:
             result = generate(rows, args.seed, path, split=split)
