@@ -146,6 +146,10 @@ def test_metrics_match_stats_and_count_requests(live_server: LiveServer) -> None
     assert got[("psfleet_table_rejected_pushes_total", "0")] == 0
     assert got[("psfleet_server_index", "")] == 0
     assert 0 < got[("psfleet_server_uptime_seconds", "")] < 60
+    # Stats carries the same counts (what TensorBoard and psfleet status read).
+    assert (stats[0].pulls, stats[0].pulled_rows, stats[0].pushes, stats[0].pushed_rows) == (
+        3, 2 * keys.size, 2, keys.size)
+    assert (stats[1].pulls, stats[1].pulled_rows, stats[1].pushes) == (1, dense_size, 0)
 
     # More pulls: the counters grow by exactly what was done.
     live_server.client.pull_sparse(0, keys[:7])
@@ -251,11 +255,11 @@ def test_status_prints_each_table_of_a_live_server(
     assert (code, err) == (0, "")
     assert [r[7:9] for r in rows[1:]] == [["0.0", "0.0"], ["0.0", "0.0"]]
 
-    # Endpoints without --metrics: rows still, rates unknown.
+    # The endpoint itself: the same rows and counts (all from Stats).
     code, rows, err = _status(capsys, live_server.endpoint, "--interval_s", "0")
     assert (code, err) == (0, "")
     assert [r[4] for r in rows[1:]] == [str(keys.size), str(dense_size)]
-    assert [r[7:] for r in rows[1:]] == [["-", "-", "-"]] * 2
+    assert float(rows[1][7]) > 0 and rows[2][8] == "0.0"
 
 
 def test_status_names_the_server_that_does_not_answer(
@@ -269,8 +273,13 @@ def test_status_names_the_server_that_does_not_answer(
     assert code == 2 and "no endpoint files" in err
     code, _, err = _status(capsys, "127.0.0.1:70000")
     assert code == 2 and "not host:port" in err
-    code, _, err = _status(capsys, f"{HOST}:5,{HOST}:6", "--metrics", f"{HOST}:7")
-    assert code == 2 and "1 endpoints for 2 servers" in err
+    # a finished run's folder: its servers are gone, and status says why
+    log = tmp_path / "run" / "log" / ".endpoints"
+    log.mkdir(parents=True)
+    (log / "server.0").write_text(f"{dead}\n")
+    (tmp_path / "run" / "metrics.json").write_text('{"interrupted": null}')
+    code, _, err = _status(capsys, str(tmp_path / "run"), "--timeout_s", "3")
+    assert code == 1 and f"the run {tmp_path / 'run'} has finished" in err
 
 
 def test_in_process_tables_count_the_same_requests() -> None:

@@ -3,24 +3,19 @@
 Usage::
 
     psfleet status RUN_FOLDER | LOG_DIR
-    psfleet status ENDPOINT[,ENDPOINT...] [--metrics HOST:PORT[,HOST:PORT...]]
-                   [--interval_s 1.0] [--timeout_s 5.0]
+    psfleet status ENDPOINT[,ENDPOINT...] [--interval_s 1.0] [--timeout_s 5.0]
 
 ``RUN_FOLDER`` is a ``psfleet train`` run folder (or its model_save_path: the
 ``latest`` run); ``LOG_DIR`` is a job's log folder (``fleetrun --log_dir``): its
-``.endpoints/server.N`` files give each server's gRPC endpoint and its metrics
-endpoint. Or name the servers' gRPC endpoints ``host:port``
-in server-index order, and with ``--metrics`` their metrics endpoints in the same
-order (each server logs it: ``metrics of server N on http://HOST:PORT/metrics``).
+``.endpoints/server.N`` files give each server's gRPC endpoint. Or name the servers'
+gRPC endpoints ``host:port`` in server-index order.
 
 For every server and table it prints one line: rows held (dense tables: floats),
 memory, pulls/s and pushes/s (requests per second over ``--interval_s`` seconds, two
 samples that far apart; ``--interval_s 0``: the average since the server started)
-and the server's uptime. Rows and memory come from the gRPC ``Stats`` call (with
-``PSFLEET_AUTH_TOKEN``, as every call); the rates and the uptime from the server's
-Prometheus ``/metrics`` (docs/monitoring.md), shown ``-`` when its metrics endpoint
-is not known (a server with ``PSFLEET_METRICS_PORT=off``, or endpoints given without
-``--metrics``).
+and the server's uptime, all from the gRPC ``Stats`` call (with
+``PSFLEET_AUTH_TOKEN``, as every call). The same numbers are on each server's
+Prometheus ``/metrics`` (docs/monitoring.md).
 
 Environment: ``PSFLEET_AUTH_TOKEN`` (the job's token; with a folder, a token the
 launcher generated is read from it, as is its self-signed certificate).
@@ -34,47 +29,33 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from psfleet.errors import ConfigError, PsfleetError
 from psfleet.launch.security import job_client_config
 from psfleet.rpc import RpcClient, RpcConfig, parse_endpoint
 from psfleet.rpc import messages as msg
-from psfleet.rpc.endpoint_file import read_endpoint_file, read_metrics_endpoint
+from psfleet.rpc.endpoint_file import read_endpoint_file
 
 __all__ = ["add_arguments", "run", "ServerTarget", "find_servers"]
 
 
 @dataclass(frozen=True)
 class ServerTarget:
-    """One server to ask: its index, gRPC endpoint and metrics endpoint (None: unknown)."""
+    """One server to ask: its index and gRPC endpoint."""
 
     index: int
     endpoint: str
-    metrics: str | None = None
-
-
-@dataclass(frozen=True)
-class _Sample:
-    """One server at one moment: its Stats, its scraped counters, when (monotonic s)."""
-
-    stats: msg.StatsResponse
-    counters: dict[tuple[str, str], float] | None  # (metric, table_id) -> value
-    at_s: float
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``psfleet status``'s arguments to ``parser``."""
     parser.add_argument("target", metavar="LOG_DIR | ENDPOINT[,ENDPOINT...]",
                         help="a job's log folder, or the servers' host:port in index order")
-    parser.add_argument("--metrics", metavar="HOST:PORT[,...]",
-                        help="the servers' metrics endpoints, in the order of ENDPOINTs")
     parser.add_argument("--interval_s", type=float, default=1.0,
                         help="seconds between the two samples the rates come from "
                              "(0: averages since each server started); default 1")
@@ -99,24 +80,19 @@ def _log_folder(target: str) -> str:
     return target
 
 
-def find_servers(target: str, metrics: str | None = None) -> list[ServerTarget]:
+def find_servers(target: str) -> list[ServerTarget]:
     """The servers ``target`` names: a job's log folder or a comma list of endpoints.
 
     Raises:
         ConfigError: ``target`` is neither a folder with ``.endpoints/server.N`` files
-            nor a list of ``host:port``; ``--metrics`` is malformed, given with a
-            folder, or does not name one endpoint per server.
+            nor a list of ``host:port``.
     """
     folder = Path(target)
     if folder.is_dir():
-        if metrics is not None:
-            raise ConfigError("--metrics: give it with ENDPOINTs only; a LOG_DIR's endpoint "
-                              "files name the metrics endpoints")
         endpoint_dir = folder / ".endpoints" if (folder / ".endpoints").is_dir() else folder
         files = {int(p.name.split(".", 1)[1]): p for p in endpoint_dir.glob("server.*")
                  if p.name.split(".", 1)[1].isdigit()}
-        servers = [ServerTarget(i, endpoint, read_metrics_endpoint(files[i]))
-                   for i in sorted(files)
+        servers = [ServerTarget(i, endpoint) for i in sorted(files)
                    if (endpoint := read_endpoint_file(files[i])) is not None]
         if not servers:
             raise ConfigError(
@@ -126,45 +102,7 @@ def find_servers(target: str, metrics: str | None = None) -> list[ServerTarget]:
         return servers
     if ":" not in target:
         raise ConfigError(f"{target!r} is neither a folder nor host:port[,host:port...]")
-    endpoints = _endpoints(target, "ENDPOINT")
-    metric_list: list[str | None] = [None] * len(endpoints)
-    if metrics is not None:
-        metric_list = list(_endpoints(metrics, "--metrics"))
-        if len(metric_list) != len(endpoints):
-            raise ConfigError(f"--metrics: {len(metric_list)} endpoints for "
-                              f"{len(endpoints)} servers; give one per server, in order")
-    return [ServerTarget(i, e, m)
-            for i, (e, m) in enumerate(zip(endpoints, metric_list, strict=True))]
-
-
-def _scrape(metrics: str, timeout_s: float) -> dict[tuple[str, str], float]:
-    """The ``psfleet_*`` samples of ``http://METRICS/metrics``: (name, table_id) -> value.
-
-    Raises:
-        OSError: the endpoint does not answer. ValueError: it is not Prometheus text.
-    """
-    host, port = parse_endpoint(metrics, "--metrics")
-    host = f"[{host}]" if ":" in host else host
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout_s) as reply:
-        text = reply.read().decode("utf-8")
-    return {(s.name, s.labels.get("table_id", "")): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples if s.name.startswith("psfleet_")}
-
-
-def _sample(server: ServerTarget, client: RpcClient, timeout_s: float,
-            warnings: list[str]) -> _Sample:
-    """Ask ``server`` now. Raises what ``RpcClient.call`` raises (Stats); a metrics
-    endpoint that does not answer adds to ``warnings`` instead."""
-    stats = client.call("Stats", msg.StatsRequest())
-    counters = None
-    if server.metrics is not None:
-        try:
-            counters = _scrape(server.metrics, timeout_s)
-        except (OSError, ValueError) as exc:
-            warnings.append(f"server {server.index} ({server.endpoint}): metrics endpoint "
-                            f"{server.metrics} did not answer ({exc}); rates shown as -")
-    return _Sample(stats, counters, time.monotonic())
+    return [ServerTarget(i, e) for i, e in enumerate(_endpoints(target, "ENDPOINT"))]
 
 
 def _human_bytes(n: float) -> str:
@@ -181,31 +119,28 @@ def _duration(seconds: float) -> str:
             else f"{s // 60}m{s % 60:02d}s")
 
 
-def _rate(name: str, table_id: str, first: _Sample, last: _Sample) -> str:
-    """Requests per second of counter ``name`` between two samples (one sample: the
-    average since the server started)."""
-    if last.counters is None or first.counters is None:
-        return "-"
-    key = (name, table_id)
-    if first is last:
-        uptime = last.counters.get(("psfleet_server_uptime_seconds", ""), 0.0)
-        return f"{last.counters.get(key, 0.0) / uptime:.1f}" if uptime > 0 else "-"
-    elapsed = last.at_s - first.at_s
-    delta = last.counters.get(key, 0.0) - first.counters.get(key, 0.0)
-    return f"{delta / elapsed:.1f}" if elapsed > 0 else "-"
+def _rate(name: str, table_id: int, first: msg.StatsResponse,
+          last: msg.StatsResponse) -> str:
+    """Requests per second of the count ``name`` (``pulls``, ``pushes``) of a table
+    between two samples (one sample, or a restart between them: since the start)."""
+    def count(sample: msg.StatsResponse) -> int:
+        return next((getattr(t, name) for t in sample.tables if t.table_id == table_id), 0)
+
+    since_start = first is last or first.uptime_s > last.uptime_s
+    seconds = last.uptime_s - (0.0 if since_start else first.uptime_s)
+    delta = count(last) - (0 if since_start else count(first))
+    return f"{delta / seconds:.1f}" if seconds > 0 else "-"
 
 
-def _rows(server: ServerTarget, first: _Sample, last: _Sample) -> list[list[str]]:
-    uptime = "-"
-    if last.counters is not None and ("psfleet_server_uptime_seconds", "") in last.counters:
-        uptime = _duration(last.counters[("psfleet_server_uptime_seconds", "")])
+def _rows(server: ServerTarget, first: msg.StatsResponse,
+          last: msg.StatsResponse) -> list[list[str]]:
+    uptime = _duration(last.uptime_s)
     lines = []
-    for table in sorted(last.stats.tables, key=lambda t: t.table_id):
-        tid = str(table.table_id)
-        lines.append([str(server.index), server.endpoint, tid, table.name, str(table.rows),
-                      _human_bytes(table.memory_bytes),
-                      _rate("psfleet_table_pulls_total", tid, first, last),
-                      _rate("psfleet_table_pushes_total", tid, first, last), uptime])
+    for table in sorted(last.tables, key=lambda t: t.table_id):
+        lines.append([str(server.index), server.endpoint, str(table.table_id), table.name,
+                      str(table.rows), _human_bytes(table.memory_bytes),
+                      _rate("pulls", table.table_id, first, last),
+                      _rate("pushes", table.table_id, first, last), uptime])
     return lines or [[str(server.index), server.endpoint, "-", "(no tables)", "0", "0 B",
                       "-", "-", uptime]]
 
@@ -235,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         _check(args)
         target = _log_folder(args.target)
-        servers = find_servers(target, args.metrics)
+        servers = find_servers(target)
         config = dataclasses.replace(RpcConfig.from_env(), deadline_s=args.timeout_s,
                                      max_retries=0)
         if Path(target).is_dir():  # the job's own token and certificate (same user)
@@ -244,26 +179,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"psfleet status: error: {exc}", file=sys.stderr)
         return 2
     clients = {s.index: RpcClient(s.endpoint, config) for s in servers}
-    warnings: list[str] = []
     failed: dict[int, str] = {}
-    try:
-        first: dict[int, _Sample] = {}
-        for server in servers:
+
+    def sample(into: dict[int, msg.StatsResponse], among: list[ServerTarget]) -> None:
+        for server in among:
             try:
-                first[server.index] = _sample(server, clients[server.index], args.timeout_s,
-                                              warnings)
+                into[server.index] = clients[server.index].call("Stats", msg.StatsRequest())
             except PsfleetError as exc:
                 failed[server.index] = str(exc)
+
+    first: dict[int, msg.StatsResponse] = {}
+    try:
+        sample(first, servers)
         last = dict(first)
         if args.interval_s > 0 and first:
             time.sleep(args.interval_s)
-            for server in servers:
-                if server.index in first:
-                    try:
-                        last[server.index] = _sample(server, clients[server.index],
-                                                     args.timeout_s, warnings)
-                    except PsfleetError as exc:
-                        failed[server.index] = str(exc)
+            sample(last, [s for s in servers if s.index in first])
     finally:
         for client in clients.values():
             client.close()
@@ -271,10 +202,22 @@ def run(args: argparse.Namespace) -> int:
              for row in _rows(s, first[s.index], last[s.index])]
     if lines:
         _print_table(lines)
-    for warning in dict.fromkeys(warnings):
-        print(f"psfleet status: warning: {warning}", file=sys.stderr)
     for server in servers:
         if server.index in failed:
             print(f"psfleet status: error: server {server.index} at {server.endpoint}: "
                   f"{failed[server.index]}", file=sys.stderr)
+    if failed and (finished := _finished_run(Path(target))) is not None:
+        print(f"psfleet status: the run {finished} has finished (its metrics.json is "
+              "written), so its servers have stopped", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _finished_run(log_folder: Path) -> Path | None:
+    """The run folder of ``log_folder`` when its run has finished: metrics.json exists
+    and names no interrupt; else None."""
+    run_dir = log_folder.parent if log_folder.name == "log" else log_folder
+    try:
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return run_dir if metrics.get("interrupted") is None else None
