@@ -93,15 +93,24 @@ class PushHandle:
     """A push in flight (``TableClient.start_push_sparse`` / ``start_push_dense``).
 
     :meth:`result` blocks until every server the push went to has applied it, and
-    raises the first server's error after all of them answered.
+    raises the first server's error after all of them answered. A SYNC push is a long
+    poll (``psfleet.ps.sync_rounds``): a server whose reply says "not done" is polled
+    (``polls``, one per pending call) until its round is applied.
     """
 
-    def __init__(self, pending: Sequence[Pending]) -> None:
+    def __init__(self, pending: Sequence[Pending],
+                 polls: Sequence[Callable[[], bool]] | None = None) -> None:
         self._pending = list(pending)
+        self._polls = None if polls is None else list(polls)
 
     def result(self) -> None:
         """Wait for the push. Raises RpcError / RemoteError / ConfigError as a server did."""
-        _wait_all(self._pending)
+        replies = _wait_all(self._pending)
+        if self._polls is None:
+            return
+        for reply, poll in zip(replies, self._polls, strict=True):
+            if not reply.done:
+                poll_until_done(poll)
 
 
 class TableClient:
@@ -263,13 +272,17 @@ class TableClient:
         if grads.shape != expected:
             raise ConfigError(f"push to sparse table {table_id}: values of shape "
                               f"{grads.shape}, expected {expected} (one row per key)")
-        every_server = mode == PushMode.SYNC  # a sync round counts every worker's push
         push = self._push(table_id, mode, step, worker_num)
         whole = len(positions) == 1  # one server: the arrays as they are
+        if mode == PushMode.SYNC:  # a round counts every worker's push: every server
+            return self._start_sync(push, [msg.PushSparseRequest(
+                table_id=table_id, keys=codec.keys_to_bytes(keys if whole else keys[pos]),
+                grads=codec.floats_to_bytes(grads if whole else grads[pos]),
+                **self._sync_fields(push)) for pos in positions], msg.PushSparseRequest)
         return PushHandle([
             c.start_push_sparse(push, keys if whole else keys[pos],
                                 grads if whole else grads[pos])
-            for c, pos in zip(self._servers, positions, strict=True) if pos.size or every_server
+            for c, pos in zip(self._servers, positions, strict=True) if pos.size
         ])
 
     def pull_dense(self, table_id: int) -> np.ndarray:
@@ -294,8 +307,34 @@ class TableClient:
         """
         parts = self._layout(table_id).scatter(grads)
         push = self._push(table_id, mode, step, worker_num)
+        if mode == PushMode.SYNC:
+            return self._start_sync(push, [msg.PushDenseRequest(
+                table_id=table_id, grads=codec.floats_to_bytes(p), **self._sync_fields(push))
+                for p in parts], msg.PushDenseRequest)
         return PushHandle([c.start_push_dense(push, p)
                            for c, p in zip(self._servers, parts, strict=True)])
+
+    def _sync_fields(self, push: PushMeta) -> dict[str, Any]:
+        """The fields of a SYNC push message besides its payload."""
+        client_id, seq = push.push_id
+        return {"worker_index": push.worker_index, "step": push.step, "mode": msg.SYNC,
+                "worker_num": push.worker_num, "incarnation": self.incarnation,
+                "push_id": msg.PushId(client_id=client_id, seq=seq)}
+
+    def _start_sync(self, push: PushMeta, requests: Sequence[Any],
+                    kind: type[msg.PushSparseRequest] | type[msg.PushDenseRequest]
+                    ) -> PushHandle:
+        """Send a SYNC push's message to each server; the handle polls each server
+        whose round is not applied yet (the same push, ``poll`` set, no payload)."""
+        method = "PushSparse" if kind is msg.PushSparseRequest else "PushDense"
+        poll_request = kind(table_id=push.table_id, poll=True, **self._sync_fields(push))
+
+        def poller(server: Transport) -> Callable[[], bool]:
+            return lambda: bool(server.start(method, poll_request).result().done)
+
+        return PushHandle([c.start(method, r) for c, r in zip(self._servers, requests,
+                                                               strict=True)],
+                          [poller(c) for c in self._servers])
 
     def _dense_index(self, server: int) -> list[msg.DenseIndex]:
         return [msg.DenseIndex(table_id=tid, index=layout.server_index(server).astype(

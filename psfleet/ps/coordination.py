@@ -105,7 +105,8 @@ class Barrier:
 
         Raises:
             RemoteError: the other workers did not arrive within ``timeout_s`` of
-                this arrival (names them; the arrival is withdrawn), the server is
+                this arrival (names them; every waiter of the crossing names the same
+                workers, so the arrival stays), the server is
                 stopping, or ``incarnation`` is older than one of this worker that
                 arrived since (FAILED_PRECONDITION; names both).
         """
@@ -133,10 +134,7 @@ class Barrier:
 
             if not ended():
                 self._budget.wait_for(self._cond, ended)
-            newer = named.arrivals.get(worker_index)
-            if newer is None:  # another copy of this call timed out meanwhile
-                raise RemoteError(f"barrier {name!r}: worker {worker_index}'s arrival "
-                                  f"timed out after {timeout_s:.0f} s")
+            newer = named.arrivals[worker_index]
             if newer is not current:
                 raise RemoteError(self._stale(name, worker_index, incarnation, newer))
             if named.generation != generation:
@@ -146,8 +144,6 @@ class Barrier:
                 raise RemoteError(f"barrier {name!r}: the server is stopping")
             if time.monotonic() - current.started_s > timeout_s:
                 missing = describe_missing(named.arrived(), worker_num)
-                del named.arrivals[worker_index]
-                named.count -= 1
                 raise RemoteError(
                     f"barrier {name!r}: workers {missing} did not arrive within "
                     f"{timeout_s:.0f} s; check their logs (workerlog.N)")

@@ -112,13 +112,12 @@ class TableService:
         self.started_s = time.monotonic()
         self._barrier_timeout_s = barrier_timeout_s
         self._sparse_rounds: SyncRounds[tuple[np.ndarray, np.ndarray]] = SyncRounds(
-            barrier_timeout_s)
-        self._dense_rounds: SyncRounds[np.ndarray] = SyncRounds(barrier_timeout_s)
+            barrier_timeout_s, self.wait_budget)
+        self._dense_rounds: SyncRounds[np.ndarray] = SyncRounds(barrier_timeout_s,
+                                                                self.wait_budget)
         self._sparse_push_modes = {PushMode.APPLY: self._sparse_apply,
-                                   PushMode.SYNC: self._sparse_sync,
                                    PushMode.DELTA: self._sparse_delta}
         self._dense_push_modes = {PushMode.APPLY: self._dense_apply,
-                                  PushMode.SYNC: self._dense_sync,
                                   PushMode.DELTA: self._dense_delta}
         self.stop_requested = threading.Event()
 
@@ -208,10 +207,19 @@ class TableService:
         self.counters.count_pull(table_id, keys.size)
         return rows
 
-    def push_sparse(self, push: PushMeta, keys: np.ndarray, values: np.ndarray) -> None:
+    def push_sparse(self, push: PushMeta, keys: np.ndarray, values: np.ndarray,
+                    incarnation: int = 0) -> bool:
         """Apply a push of float32[N, dim] gradients (or GEO deltas) of keys uint64[N]
         (a repeated key's values are summed) as ``push.mode`` says, once per
-        ``push.push_id``. SYNC blocks until every worker's push of ``push.step`` arrived.
+        ``push.push_id``.
+
+        SYNC is one step of a long poll (``psfleet.ps.sync_rounds``): it adds the push
+        to the round of ``push.step`` (a newer ``incarnation`` of the worker replaces
+        an older one's push) and waits at most ``wait_budget.max_wait_s``.
+
+        Returns:
+            True when the push is applied (SYNC: its round); False: SYNC, poll with
+            :meth:`poll_sync_push` until True.
 
         Raises:
             RemoteError: no such table, or a sync round failed.
@@ -221,10 +229,31 @@ class TableService:
         """
         table = self._table(push.table_id, SparseTable)
         self._check_push(push, values)
-        apply = self._sparse_push_modes[push.mode]
         with self._memory_guard("push", push.table_id):
-            self._ledger.run_once(*push.push_id, lambda: apply(push, table, keys, values))
+            if push.mode == PushMode.SYNC:  # a round, idempotent by push id (SyncRounds)
+                done = self._sparse_sync(push, table, keys, values, incarnation)
+            else:
+                apply = self._sparse_push_modes[push.mode]
+                self._ledger.run_once(*push.push_id, lambda: apply(push, table, keys, values))
+                done = True
         self.counters.count_push(push.table_id, keys.size)
+        return done
+
+    def poll_sync_push(self, push: PushMeta, incarnation: int = 0) -> bool:
+        """Whether SYNC push ``push`` (its round: table, step, worker, push id) is
+        applied; waits at most ``wait_budget.max_wait_s``. Sparse or dense table.
+
+        Raises:
+            RemoteError: no such table or push (push again), a newer incarnation
+                pushed since, the others did not push within the barrier timeout
+                (names them), or the round failed.
+        """
+        table = self.tables.get(push.table_id)
+        rounds = self._dense_rounds if isinstance(table, DenseTable) else self._sparse_rounds
+        self._workers.check(f"push to table {push.table_id}", push.worker_index,
+                            push.worker_num)
+        return rounds.poll(push.table_id, push.step, push.worker_index, incarnation,
+                           push.push_id)
 
     def _check_push(self, push: PushMeta, values: np.ndarray) -> None:
         what = f"push to table {push.table_id}"
@@ -243,16 +272,21 @@ class TableService:
         self.counters.count_pull(table_id, values.size)
         return values
 
-    def push_dense(self, push: PushMeta, values: np.ndarray) -> None:
+    def push_dense(self, push: PushMeta, values: np.ndarray, incarnation: int = 0) -> bool:
         """Apply a push of float32[n] gradients (or deltas) to dense table
-        ``push.table_id`` as ``push.mode`` says, once per ``push.push_id``. Raises as
-        :meth:`push_sparse`."""
+        ``push.table_id`` as ``push.mode`` says, once per ``push.push_id``. Returns
+        and raises as :meth:`push_sparse`."""
         table = self._table(push.table_id, DenseTable)
         self._check_push(push, values)
-        apply = self._dense_push_modes[push.mode]
         with self._memory_guard("push", push.table_id):
-            self._ledger.run_once(*push.push_id, lambda: apply(push, table, values))
+            if push.mode == PushMode.SYNC:  # a round, idempotent by push id (SyncRounds)
+                done = self._dense_sync(push, table, values, incarnation)
+            else:
+                apply = self._dense_push_modes[push.mode]
+                self._ledger.run_once(*push.push_id, lambda: apply(push, table, values))
+                done = True
         self.counters.count_push(push.table_id, values.size)
+        return done
 
     # -- push modes: one method each (APPLY async, SYNC rounds, DELTA geo) --------------
     def _sparse_apply(self, push: PushMeta, table: SparseTable,
@@ -266,14 +300,15 @@ class TableService:
             table.add(keys, deltas)
 
     def _sparse_sync(self, push: PushMeta, table: SparseTable,
-                     keys: np.ndarray, grads: np.ndarray) -> None:
+                     keys: np.ndarray, grads: np.ndarray, incarnation: int = 0) -> bool:
         def apply_mean(pushes: list[tuple[np.ndarray, np.ndarray]]) -> None:
             merged_keys, summed = merge_sparse([k for k, _ in pushes], [g for _, g in pushes])
             with self._gate.write():
                 table.push(merged_keys, summed / np.float32(len(pushes)))
 
-        self._sparse_rounds.contribute(push.table_id, push.step, push.worker_index,
-                                       push.worker_num, (keys, grads), apply_mean)
+        return self._sparse_rounds.contribute(push.table_id, push.step, push.worker_index,
+                                              push.worker_num, (keys, grads), apply_mean,
+                                              incarnation, push.push_id)
 
     def _dense_apply(self, push: PushMeta, table: DenseTable, grads: np.ndarray) -> None:
         with self._gate.write():
@@ -283,14 +318,16 @@ class TableService:
         with self._gate.write():
             table.add(deltas)
 
-    def _dense_sync(self, push: PushMeta, table: DenseTable, grads: np.ndarray) -> None:
+    def _dense_sync(self, push: PushMeta, table: DenseTable, grads: np.ndarray,
+                    incarnation: int = 0) -> bool:
         def apply_mean(pushes: list[np.ndarray]) -> None:
             mean = np.add.reduce(pushes, dtype=np.float32) / np.float32(len(pushes))
             with self._gate.write():
                 table.push(mean)
 
-        self._dense_rounds.contribute(push.table_id, push.step, push.worker_index,
-                                      push.worker_num, grads, apply_mean)
+        return self._dense_rounds.contribute(push.table_id, push.step, push.worker_index,
+                                             push.worker_num, grads, apply_mean, incarnation,
+                                             push.push_id)
 
     # -- the rpc methods of psfleet.proto -------------------------------------------------
     def PullSparse(self, request: msg.PullSparseRequest) -> msg.PullSparseResponse:  # noqa: N802
@@ -299,19 +336,26 @@ class TableService:
         return msg.PullSparseResponse(values=codec.floats_to_bytes(values),
                                       dim=values.shape[1])
 
-    def PushSparse(self, request: msg.PushSparseRequest) -> msg.Empty:  # noqa: N802
+    def PushSparse(self, request: msg.PushSparseRequest) -> msg.PushResponse:  # noqa: N802
+        if request.poll:  # a SYNC push's long poll: no payload
+            return msg.PushResponse(done=self.poll_sync_push(_push_meta(request),
+                                                             request.incarnation))
         table = self._table(request.table_id, SparseTable)
-        self.push_sparse(_push_meta(request), codec.keys_from_bytes(request.keys),
-                         codec.floats_from_bytes(request.grads, table.dim))
-        return msg.Empty()
+        return msg.PushResponse(done=self.push_sparse(
+            _push_meta(request), codec.keys_from_bytes(request.keys),
+            codec.floats_from_bytes(request.grads, table.dim), request.incarnation))
 
     def PullDense(self, request: msg.PullDenseRequest) -> msg.PullDenseResponse:  # noqa: N802
         values = self.pull_dense(request.table_id, request.worker_index)
         return msg.PullDenseResponse(values=codec.floats_to_bytes(values))
 
-    def PushDense(self, request: msg.PushDenseRequest) -> msg.Empty:  # noqa: N802
-        self.push_dense(_push_meta(request), codec.floats_from_bytes(request.grads))
-        return msg.Empty()
+    def PushDense(self, request: msg.PushDenseRequest) -> msg.PushResponse:  # noqa: N802
+        if request.poll:  # a SYNC push's long poll: no payload
+            return msg.PushResponse(done=self.poll_sync_push(_push_meta(request),
+                                                             request.incarnation))
+        return msg.PushResponse(done=self.push_dense(
+            _push_meta(request), codec.floats_from_bytes(request.grads),
+            request.incarnation))
 
     def Barrier(self, request: msg.BarrierRequest) -> msg.BarrierResponse:  # noqa: N802
         """One step of a barrier's long poll (``psfleet.ps.coordination.Barrier``):

@@ -69,7 +69,7 @@ class PushId(_message.Message):
     def __init__(self, client_id: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class PushSparseRequest(_message.Message):
-    __slots__ = ("table_id", "keys", "grads", "worker_index", "step", "mode", "worker_num", "push_id")
+    __slots__ = ("table_id", "keys", "grads", "worker_index", "step", "mode", "worker_num", "push_id", "poll", "incarnation")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,8 @@ class PushSparseRequest(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     WORKER_NUM_FIELD_NUMBER: _ClassVar[int]
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    POLL_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     keys: bytes
     grads: bytes
@@ -86,7 +88,15 @@ class PushSparseRequest(_message.Message):
     mode: PushMode
     worker_num: int
     push_id: PushId
-    def __init__(self, table_id: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ...) -> None: ...
+    poll: bool
+    incarnation: int
+    def __init__(self, table_id: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., poll: _Optional[bool] = ..., incarnation: _Optional[int] = ...) -> None: ...
+
+class PushResponse(_message.Message):
+    __slots__ = ("done",)
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    done: bool
+    def __init__(self, done: _Optional[bool] = ...) -> None: ...
 
 class PullDenseRequest(_message.Message):
     __slots__ = ("table_id", "worker_index")
@@ -103,7 +113,7 @@ class PullDenseResponse(_message.Message):
     def __init__(self, values: _Optional[bytes] = ...) -> None: ...
 
 class PushDenseRequest(_message.Message):
-    __slots__ = ("table_id", "grads", "worker_index", "step", "mode", "worker_num", "push_id")
+    __slots__ = ("table_id", "grads", "worker_index", "step", "mode", "worker_num", "push_id", "poll", "incarnation")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
     WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +121,8 @@ class PushDenseRequest(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     WORKER_NUM_FIELD_NUMBER: _ClassVar[int]
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    POLL_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     grads: bytes
     worker_index: int
@@ -118,7 +130,9 @@ class PushDenseRequest(_message.Message):
     mode: PushMode
     worker_num: int
     push_id: PushId
-    def __init__(self, table_id: _Optional[int] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ...) -> None: ...
+    poll: bool
+    incarnation: int
+    def __init__(self, table_id: _Optional[int] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., poll: _Optional[bool] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class BarrierRequest(_message.Message):
     __slots__ = ("name", "worker_index", "worker_num", "incarnation", "seq")

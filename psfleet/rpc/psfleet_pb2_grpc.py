@@ -47,7 +47,7 @@ class ParameterServerStub:
         self.PushSparse = channel.unary_unary(
                 '/psfleet.ParameterServer/PushSparse',
                 request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.PushSparseRequest.SerializeToString,
-                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.PushResponse.FromString,
                 _registered_method=True)
         self.PullDense = channel.unary_unary(
                 '/psfleet.ParameterServer/PullDense',
@@ -57,7 +57,7 @@ class ParameterServerStub:
         self.PushDense = channel.unary_unary(
                 '/psfleet.ParameterServer/PushDense',
                 request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.PushDenseRequest.SerializeToString,
-                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.PushResponse.FromString,
                 _registered_method=True)
         self.Barrier = channel.unary_unary(
                 '/psfleet.ParameterServer/Barrier',
@@ -165,7 +165,7 @@ def add_ParameterServerServicer_to_server(servicer, server):
             'PushSparse': grpc.unary_unary_rpc_method_handler(
                     servicer.PushSparse,
                     request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.PushSparseRequest.FromString,
-                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.SerializeToString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.PushResponse.SerializeToString,
             ),
             'PullDense': grpc.unary_unary_rpc_method_handler(
                     servicer.PullDense,
@@ -175,7 +175,7 @@ def add_ParameterServerServicer_to_server(servicer, server):
             'PushDense': grpc.unary_unary_rpc_method_handler(
                     servicer.PushDense,
                     request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.PushDenseRequest.FromString,
-                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.SerializeToString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.PushResponse.SerializeToString,
             ),
             'Barrier': grpc.unary_unary_rpc_method_handler(
                     servicer.Barrier,
@@ -283,7 +283,7 @@ class ParameterServer:
             target,
             '/psfleet.ParameterServer/PushSparse',
             psfleet_dot_rpc_dot_psfleet__pb2.PushSparseRequest.SerializeToString,
-            psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+            psfleet_dot_rpc_dot_psfleet__pb2.PushResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -337,7 +337,7 @@ class ParameterServer:
             target,
             '/psfleet.ParameterServer/PushDense',
             psfleet_dot_rpc_dot_psfleet__pb2.PushDenseRequest.SerializeToString,
-            psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+            psfleet_dot_rpc_dot_psfleet__pb2.PushResponse.FromString,
             options,
             channel_credentials,
             insecure,
