@@ -8,6 +8,17 @@ rest by one slot, so the number of Python-level rounds is the longest probe sequ
 round on the home slots, examine a window of 8 slots per key per round, which cuts
 those rounds about eightfold.
 
+Removal (:meth:`HashIndex.remove`) leaves no tombstones: it empties the removed
+keys' slots, then takes every key of the rest of each affected cluster (the occupied
+slots after a removed one, up to the next empty slot) out and places it again, which
+restores the invariant lookups rely on (no key sits after an empty slot of its probe
+sequence). This is the batch form of Knuth's deletion for linear probing (TAOCP 6.4,
+Algorithm R); at load <= 0.5 a cluster's tail averages about one key, so a removal
+costs about two placements, and lookups stay exactly as fast as in a table that never
+removed anything (tombstones would lengthen every probe until a rebuild). Removed rows
+go on a free list that the next inserts take first, so the caller's row matrix never
+needs more rows than the most keys ever held at once.
+
 Not thread safe: the sparse table holds a lock per shard around it.
 """
 
@@ -37,6 +48,8 @@ class HashIndex:
         bits = max(4, int(np.ceil(np.log2(max(capacity, 16)))))
         self._alloc(bits)
         self._size = 0
+        self._row_limit = 0  # rows 0.._row_limit-1 have been handed out
+        self._free = np.zeros(0, dtype=np.int64)  # removed rows, reused last-in first
 
     def _alloc(self, bits: int) -> None:
         self._bits = bits
@@ -50,8 +63,17 @@ class HashIndex:
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes held by the slot arrays."""
-        return int(self._keys.nbytes + self._rows.nbytes)
+        """Bytes held by the slot arrays and the free list."""
+        return int(self._keys.nbytes + self._rows.nbytes + self._free.nbytes)
+
+    @property
+    def row_limit(self) -> int:
+        """One more than the largest row number handed out (0 when none was)."""
+        return self._row_limit
+
+    def row_limit_after(self, m: int) -> int:
+        """:attr:`row_limit` after inserting ``m`` more keys (free rows go first)."""
+        return self._row_limit + max(0, m - self._free.size)
 
     def _home(self, hashes: np.ndarray) -> np.ndarray:
         # Top bits of the mix: independent of the low bits that pick bucket and shard.
@@ -99,15 +121,79 @@ class HashIndex:
             hashes (uint64[M]): ``mix64(keys)``, when the caller has it.
 
         Returns:
-            int64[M]: rows ``len(self) .. len(self)+M-1`` in the order of ``keys``.
+            int64[M]: the keys' rows, in the order of ``keys``: rows freed by
+            :meth:`remove` first (the last freed first), then new rows from
+            :attr:`row_limit` up; ``len(self) .. len(self)+M-1`` when nothing was
+            ever removed.
         """
         m = keys.shape[0]
-        rows = np.arange(self._size, self._size + m, dtype=np.int64)
+        reused = min(m, self._free.size)
+        fresh = np.arange(self._row_limit, self._row_limit + m - reused, dtype=np.int64)
+        rows = np.concatenate([self._free[self._free.size - reused:][::-1], fresh]) \
+            if reused else fresh
         if (self._size + m) > _MAX_LOAD * (1 << self._bits):
             self._grow(self._size + m)
         self._place(keys, rows, mix64(keys) if hashes is None else hashes)
         self._size += m
+        self._row_limit += m - reused
+        if reused:
+            self._free = self._free[: self._free.size - reused].copy()
         return rows
+
+    def _find_slots(self, keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+        """Slot of each key (uint64[N]); -1 where absent. int64[N]."""
+        out = np.full(keys.shape[0], -1, dtype=np.int64)
+        pending = np.arange(keys.shape[0])
+        pos = self._home(hashes)
+        while pending.size:
+            slot_keys = self._keys[pos]
+            hit = slot_keys == keys[pending]
+            out[pending[hit]] = pos[hit]
+            more = ~(hit | (slot_keys == _EMPTY))
+            pending = pending[more]
+            pos = (pos[more] + 1) & self._mask
+        return out
+
+    def remove(self, keys: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
+        """Remove ``keys``; their rows go on the free list for later inserts.
+
+        Args:
+            keys (uint64[N]): keys to remove; absent keys and repeats are ignored.
+            hashes (uint64[N]): ``mix64(keys)``, when the caller has it.
+
+        Returns:
+            int64[N]: the row each key had, -1 where it was absent (a repeated key
+            reports its row once, then -1).
+
+        Vectorised: one numpy pass per probe step, then the cluster tails of the
+        removed slots are placed again (see the module docstring).
+        """
+        hashes = mix64(keys) if hashes is None else hashes
+        slots = self._find_slots(keys, hashes)
+        found = np.flatnonzero(slots >= 0)
+        _, first = np.unique(slots[found], return_index=True)
+        found = found[first]  # one entry per removed slot
+        out = np.full(keys.shape[0], -1, dtype=np.int64)
+        if not found.size:
+            return out
+        freed = slots[found]
+        out[found] = self._rows[freed]
+        self._keys[freed] = _EMPTY
+        # The rest of each cluster after a removed slot, up to the next empty slot.
+        tails = []
+        pos = (freed + 1) & self._mask
+        while pos.size:
+            pos = pos[self._keys[pos] != _EMPTY]
+            tails.append(pos)
+            pos = (pos + 1) & self._mask
+        moved = np.concatenate(tails)
+        if moved.size:
+            move_keys, move_rows = self._keys[moved], self._rows[moved]
+            self._keys[moved] = _EMPTY
+            self._place(move_keys, move_rows, mix64(move_keys))
+        self._free = np.concatenate([self._free, out[found]])
+        self._size -= found.size
+        return out
 
     def _place(self, keys: np.ndarray, rows: np.ndarray, hashes: np.ndarray) -> None:
         pending = np.arange(keys.shape[0])

@@ -11,12 +11,16 @@ import enum
 from dataclasses import dataclass, fields
 from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from psfleet.errors import ConfigError
 
 __all__ = [
     "RuleConfig",
+    "AccessorConfig",
+    "AccessorName",
+    "AdmissionPolicy",
+    "EvictionPolicy",
     "SparseTableConfig",
     "DenseTableConfig",
     "TableConfig",
@@ -51,6 +55,13 @@ OPTIMIZER_CLASSES: tuple[str, ...] = get_args(OptimizerClass)
 #: Initializers of new sparse rows (``psfleet.ps.hashing.init_rows``).
 Initializer = Literal["uniform", "normal", "zeros"]
 INITIALIZERS: tuple[str, ...] = get_args(Initializer)
+
+#: Per-row statistics a sparse table keeps (``psfleet.ps.accessor``).
+AccessorName = Literal["none", "ctr"]
+#: Which new ids get a row (``psfleet.ps.admission``).
+AdmissionPolicy = Literal["none", "probability", "count_filter"]
+#: Which rows go when a table reaches ``max_rows`` (``psfleet.ps.eviction``).
+EvictionPolicy = Literal["lowest_score", "lru"]
 
 #: How dense blocks are placed on servers (:class:`SlicingConfig`).
 SplitMethod = Literal["RoundRobin", "HashName"]
@@ -167,6 +178,69 @@ class RuleConfig(_Frozen):
     initial_accumulator: float = Field(0.0, ge=0)
 
 
+class AccessorConfig(_Frozen):
+    """A sparse table's row lifecycle: statistics, admission, shrink and a row cap.
+
+    The default (``name="none"``, no admission, no cap) is the table without a
+    lifecycle: every pulled or pushed id gets a row forever, at today's speed.
+
+    Attributes:
+        name: ``none`` (no statistics) or ``ctr`` (show, click, unseen_days and
+            delta_score per row, as Paddle's CtrCommonAccessor).
+        nonclk_coeff, click_coeff: a row's score is
+            ``(show - click) * nonclk_coeff + click * click_coeff`` (Paddle's
+            ``ShowClickScore``); finite.
+        show_click_decay_rate: ``shrink`` multiplies show and click by it, in [0, 1].
+        delete_threshold: ``shrink`` deletes rows whose decayed score is below it.
+        delete_after_unseen_days: ``shrink`` deletes rows not pushed for more days.
+        admission: ``none`` (every new id), ``probability`` (an id is admitted when a
+            hash of (id, admission_seed) falls below ``admit_probability``; Paddle's
+            ProbabilityEntry) or ``count_filter`` (after ``admit_count`` sightings;
+            Paddle's CountFilterEntry).
+        admit_probability: in [0, 1].
+        admit_count: sightings before admission, >= 1.
+        admission_seed: seed of the probability hash, >= 0.
+        pending_slots: count_filter's table of pending ids, per server (split over
+            the shards); an id whose slot another id takes starts counting again.
+        max_rows: rows per table per server (split over the shards: shard i holds
+            ``max_rows // num_shards`` rows, one more for the first
+            ``max_rows % num_shards``); None: no cap.
+        eviction: ``lowest_score`` (needs ``name="ctr"``) or ``lru`` (least recently
+            pulled or pushed).
+        evict_batch_fraction: a full shard evicts this fraction of its cap beyond
+            what the insert needs, so eviction (one scan of the shard) runs once per
+            that many inserts; in [0, 0.5].
+    """
+
+    name: AccessorName = "none"
+    nonclk_coeff: float = Field(0.1, allow_inf_nan=False)
+    click_coeff: float = Field(1.0, allow_inf_nan=False)
+    show_click_decay_rate: float = Field(0.98, ge=0, le=1)
+    delete_threshold: float = Field(0.8, ge=0, allow_inf_nan=False)
+    delete_after_unseen_days: float = Field(30.0, ge=0, allow_inf_nan=False)
+    admission: AdmissionPolicy = "none"
+    admit_probability: float = Field(1.0, ge=0, le=1)
+    admit_count: int = Field(1, ge=1)
+    admission_seed: int = Field(0, ge=0)
+    pending_slots: int = Field(1 << 20, ge=1, le=1 << 30)
+    max_rows: int | None = Field(None, ge=1)
+    eviction: EvictionPolicy = "lru"
+    evict_batch_fraction: float = Field(0.01, ge=0, le=0.5)
+
+    @model_validator(mode="after")
+    def _check_policies(self) -> AccessorConfig:
+        if self.eviction == "lowest_score" and self.max_rows is not None \
+                and self.name != "ctr":
+            raise ValueError("accessor.eviction: 'lowest_score' needs accessor.name "
+                             "'ctr' (rows have no score otherwise); use 'lru'")
+        return self
+
+    @property
+    def active(self) -> bool:
+        """Whether rows have a lifecycle (statistics, admission or a cap)."""
+        return self.name != "none" or self.admission != "none" or self.max_rows is not None
+
+
 class SparseTableConfig(_Frozen):
     """A sparse table: uint64 feature key -> row of ``dim`` float32 plus rule state.
 
@@ -181,6 +255,8 @@ class SparseTableConfig(_Frozen):
         num_buckets: virtual buckets keys are hashed into (DESIGN.md "Routing");
             fixed at creation.
         num_shards: internal shards per server, each with its own lock.
+        accessor: row statistics, admission, shrink and a row cap
+            (:class:`AccessorConfig`); the default has none of them.
     """
 
     kind: Literal["sparse"] = "sparse"
@@ -192,6 +268,7 @@ class SparseTableConfig(_Frozen):
     seed: int = Field(0, ge=0)
     num_buckets: int = Field(4096, gt=0)
     num_shards: int = Field(8, gt=0, le=1024)
+    accessor: AccessorConfig = AccessorConfig()
 
 
 class DenseTableConfig(_Frozen):
