@@ -157,6 +157,7 @@ class Barrier:
         now = time.monotonic()
         if old is not None and old.generation == named.generation:
             named.count -= 1  # withdrawn: replaced by this arrival
+            self._cond.notify_all()  # its waiter (if any) fails
         if (old is not None and incarnation > old.incarnation and not old.answered
                 and old.generation < named.generation):
             # The dead predecessor's arrival completed a crossing nobody told it of:
@@ -168,9 +169,9 @@ class Barrier:
                            named.generation, now)
         named.arrivals[worker_index] = arrival
         named.count += 1
-        self._cond.notify_all()  # a replaced arrival's waiter must learn of it
         if named.count >= worker_num:
             named.generation += 1
+            self._cond.notify_all()
             named.count = 0
             arrival.answered = True
             return True

@@ -115,7 +115,8 @@ class SyncRounds(Generic[P]):
                 round_.incarnations[worker_index] = incarnation
                 round_.idents[worker_index] = ident
                 round_.started_s[worker_index] = time.monotonic()
-                self._cond.notify_all()  # a replaced contribution's waiter must see it
+                if known:
+                    self._cond.notify_all()  # the replaced contribution's waiter fails
             if len(round_.payloads) == worker_num:
                 del self._rounds[key]
                 self._finished[key] = round_
