@@ -8,7 +8,8 @@
   process died); give up and report.
 
 Every exception here pickles (it may cross a process boundary) because each keeps
-its whole message in ``args``.
+its whole message in ``args``. A message quotes a request's text (a name, a config)
+through :func:`clip_text`, so one long value cannot make it unbounded.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ __all__ = [
     "LaunchError",
     "InvalidRequestError",
     "ResourceExhaustedError",
+    "clip_text",
+    "MAX_ECHO_CHARS",
 ]
+
+#: Characters of a request's text (a name) an error message quotes at most.
+MAX_ECHO_CHARS = 200
 
 
 class PsfleetError(Exception):
@@ -82,3 +88,12 @@ class ResourceExhaustedError(FatalError):
     """A server ran out of memory on a request, or a message exceeded the size limit
     (gRPC RESOURCE_EXHAUSTED). The message names the table and its size; its rows and
     index stay whole. Give the server more memory, or send smaller requests."""
+
+
+def clip_text(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """``text`` when at most ``limit`` characters, else its first ``limit`` characters,
+    ``...`` and its length, for quoting a request's text in an error message.
+
+    Example: ``clip_text("x" * 300, 4) == "xxxx... (300 characters)"``.
+    """
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

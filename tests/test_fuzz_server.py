@@ -12,8 +12,9 @@ Asserted:
 
 - the process is up after every batch, every request gets a status before its
   deadline (no hang), and the status is one :data:`ALLOWED` lists for its method
-  (never INTERNAL, UNKNOWN, DEADLINE_EXCEEDED or UNAVAILABLE); a request without the
-  job's token (or with a wrong one) gets UNAUTHENTICATED, Stop included;
+  (never INTERNAL, UNKNOWN, ABORTED, DEADLINE_EXCEEDED or UNAVAILABLE); a request
+  without the job's token (or with a wrong one) gets UNAUTHENTICATED, Stop included,
+  whatever its body; an undecodable body with the token gets INVALID_ARGUMENT (F1);
 - Save and Load of a folder outside the server's storage roots (here the test's
   folder and ``memory://fuzz``), absolute, ``file://`` or ``../``, get
   PERMISSION_DENIED and write nothing (F2: before psfleet/rpc/access.py, Save wrote
@@ -25,15 +26,21 @@ Asserted:
 - Save without the token writes nothing; the server stops on a Stop with the token
   (exit code 0) at the end.
 
-Findings that need ``psfleet/rpc/server.py`` or ``psfleet/ps/service.py`` (owned
-elsewhere) are strict xfails naming the finding, so they fail once it is fixed:
+Findings fixed in ``psfleet/rpc/server.py``, asserted here on the live process
+(tests/test_rpc_status.py has the in-process tests):
 
-- F1: an undecodable body gets INTERNAL ("Exception deserializing request!"), before
-  the auth check, instead of INVALID_ARGUMENT (UNAUTHENTICATED without the token).
-- F4: CreateTable of an existing id with another config quotes both configs whole; a
-  long table name makes the status message exceed the client's 16 KiB header limit
-  (RESOURCE_EXHAUSTED "Stream removed"). The same in psfleet/ps's own messages is
-  fixed (tests/test_fuzz_findings.py, with F5-F7 in psfleet/ps/persist.py).
+- F1: an undecodable body got INTERNAL ("Exception deserializing request!"; grpc
+  decoded it before psfleet's handler ran), before the auth check. Now the token is
+  checked on the raw body, then psfleet decodes it: INVALID_ARGUMENT naming the method
+  and the message type (UNAUTHENTICATED without the token).
+- F4: CreateTable of an existing id with another config quoted both configs whole; a
+  long table name made the status message exceed the client's metadata limits (a
+  soft 8 KiB, a hard 16 KiB: RESOURCE_EXHAUSTED "Stream removed"). Now every status
+  message is capped at ``MAX_STATUS_MESSAGE_BYTES`` on the wire with a note of its
+  full length. The same in psfleet/ps's own messages is fixed
+  (tests/test_fuzz_findings.py, with F5-F7 in psfleet/ps/persist.py).
+- A Load of a save that is missing or damaged (psfleet's DataError) got ABORTED; it is
+  FAILED_PRECONDITION (make the save first), so ABORTED is allowed for no method.
 
 The requests per method and status are printed when the module ends (also under -q).
 """
@@ -64,7 +71,7 @@ from _fuzz_requests import (
     requests_for,
 )
 from _fuzz_saves import write_damaged_saves
-from _fuzz_server import METHODS, TOKEN, FuzzServer, Outcome
+from _fuzz_server import METHODS, TOKEN, WRONG_TOKEN, FuzzServer, Outcome
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -73,6 +80,7 @@ from psfleet.ps import RemoteClient, RuleConfig, SparseTableConfig
 from psfleet.ps.types import PushMode
 from psfleet.rpc import RpcConfig
 from psfleet.rpc import psfleet_pb2 as pb
+from psfleet.rpc.server import MAX_STATUS_MESSAGE_BYTES
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
@@ -84,13 +92,13 @@ CLIENT_CONFIG = RpcConfig(deadline_s=20.0, max_retries=1, backoff_initial_s=0.05
                           auth_token=TOKEN)
 KNOWN_KEYS = np.arange(1, 4000, 97, dtype=np.uint64)
 
-#: What a client sees when the server's status message is above its 16 KiB header limit:
-#: the real status is lost (finding F4).
-_LOST_STATUS = "metadata size exceeds hard limit"
+#: What a client sees when the server's status message is above its metadata limits (a
+#: soft 8 KiB, a hard 16 KiB): the real status is lost (finding F4).
+_LOST_STATUS = "metadata size exceeds"
 _BAD_INPUT = {"INVALID_ARGUMENT", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED"}
-#: Statuses each method may return to a request carrying the job's token. ABORTED is
-#: psfleet's DataError (a save that is missing or damaged; psfleet/rpc/server.py maps
-#: PsfleetErrors other than ConfigError/RemoteError to ABORTED).
+#: Statuses each method may return to a request carrying the job's token. A save that is
+#: missing or damaged (psfleet's DataError) is FAILED_PRECONDITION (psfleet/rpc/server.py's
+#: STATUS_OF_ERROR).
 ALLOWED: dict[str, set[str]] = {
     "CreateTable": {"OK", *_BAD_INPUT},
     "PullSparse": {"OK", *_BAD_INPUT},
@@ -98,8 +106,8 @@ ALLOWED: dict[str, set[str]] = {
     "PullDense": {"OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION"},
     "PushDense": {"OK", *_BAD_INPUT},
     "Barrier": {"OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION"},
-    "Save": {"OK", *_BAD_INPUT, "ABORTED", "PERMISSION_DENIED"},  # outside storage roots
-    "Load": {"OK", *_BAD_INPUT, "ABORTED", "PERMISSION_DENIED"},
+    "Save": {"OK", *_BAD_INPUT, "PERMISSION_DENIED"},  # outside storage roots
+    "Load": {"OK", *_BAD_INPUT, "PERMISSION_DENIED"},
     "Stats": {"OK"},
     "Stop": set(),  # never sent with the token during the fuzz
 }
@@ -225,11 +233,11 @@ def _decodes(method: str, body: bytes) -> bool:
 @pytest.mark.parametrize("method", METHODS)
 def test_undecodable_bodies_keep_the_server_up(fuzz: Fuzz, method: str) -> None:
     """Random bytes and damaged messages: the server stays up and answers each; a body
-    that decodes gets a status of its method's; one that does not may get INTERNAL
-    (finding F1, asserted away in :func:`test_undecodable_body_is_invalid_argument`).
-    Save, Load and Stop bodies go without the token (a damaged Save could name any
-    path), and so does a damaged push that decodes to one to a known table: they must
-    all be refused."""
+    that decodes gets a status of its method's; one that does not gets INVALID_ARGUMENT
+    naming the method and its message type (F1). Save, Load and Stop bodies go without
+    the token (a damaged Save could name any path), and so does a damaged push that
+    decodes to one to a known table: they must all be UNAUTHENTICATED, decodable or
+    not (the token is checked before the body is decoded)."""
     codes: Counter[str] = Counter()
     fuzz.violations.clear()
 
@@ -242,11 +250,12 @@ def test_undecodable_bodies_keep_the_server_up(fuzz: Fuzz, method: str) -> None:
             token = None  # a mutation may have made a valid push to a known table
         outcome = fuzz.server.send(method, req.payload, token)
         codes[f"{'decodes' if decodes else 'undecodable'} {outcome.code}"] += 1
-        allowed = ALLOWED[method] | ({"INVALID_ARGUMENT"} if decodes else
-                                     {"INVALID_ARGUMENT", "INTERNAL"})  # F1
+        allowed = (ALLOWED[method] | {"INVALID_ARGUMENT"}) if decodes else {"INVALID_ARGUMENT"}
         if token is None:
-            allowed = {"UNAUTHENTICATED"} if decodes else {"UNAUTHENTICATED", "INTERNAL"}
-        if outcome.code not in allowed:
+            allowed = {"UNAUTHENTICATED"}
+        undecodable = f"{method}: the request body ({len(req.payload)} bytes) is not a "
+        if outcome.code not in allowed or (token is not None and not decodes and
+                                           not outcome.details.startswith(undecodable)):
             fuzz.violations.append(f"{method} body {req.payload[:80]!r}: {outcome.code} "
                                    f"{outcome.details[:200]!r}")
 
@@ -259,17 +268,24 @@ def test_undecodable_bodies_keep_the_server_up(fuzz: Fuzz, method: str) -> None:
     fuzz.assert_known_unchanged()
 
 
-@pytest.mark.xfail(strict=True, reason="F1: grpc deserializes the body before psfleet's "
-                   "handler runs; an undecodable one gets INTERNAL 'Exception deserializing "
-                   "request!' (also without the token), not INVALID_ARGUMENT/UNAUTHENTICATED;"
-                   " needs psfleet/rpc/server.py to decode requests itself")
-@pytest.mark.parametrize("method", ["PullSparse", "Stop"])
+@pytest.mark.parametrize("method", ["PullSparse", "PushSparse", "Stop"])
 def test_undecodable_body_is_invalid_argument(fuzz: Fuzz, method: str) -> None:
+    """F1: the token first (UNAUTHENTICATED without it, whatever the body), then
+    INVALID_ARGUMENT naming the method, the message type and the DecodeError."""
     body = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, length 2^32-1: cannot decode
     assert not _decodes(method, body)
-    token = TOKEN if method != "Stop" else None
-    outcome = fuzz.server.send(method, body, token)
-    assert outcome.code == ("INVALID_ARGUMENT" if token else "UNAUTHENTICATED"), outcome
+    for token in (None, WRONG_TOKEN):
+        outcome = fuzz.server.send(method, body, token)
+        assert outcome.code == "UNAUTHENTICATED", outcome
+        assert "PSFLEET_AUTH_TOKEN" in outcome.details, outcome
+    if method == "Stop":  # a Stop with the token would stop the server: refused above
+        return
+    outcome = fuzz.server.send(method, body, TOKEN)
+    assert outcome.code == "INVALID_ARGUMENT", outcome
+    assert outcome.details.startswith(
+        f"{method}: the request body (6 bytes) is not a {method}Request message "
+        "(DecodeError: "), outcome
+    fuzz.server.assert_alive(after=f"an undecodable {method}")
 
 
 def _files_under(folder: Path) -> list[Path]:
@@ -319,15 +335,15 @@ def test_dirname_with_nul_byte_is_refused(fuzz: Fuzz, method: str) -> None:
     assert outcome.code in {"INVALID_ARGUMENT", "PERMISSION_DENIED"}, outcome
 
 
-@pytest.mark.xfail(strict=True, reason="F4: CreateTable of an existing id with another "
-                   "config quotes both configs whole (psfleet/ps/service.py); with a 100,000 "
-                   "character name the status message is above the client's 16 KiB header "
-                   "limit, and the client gets RESOURCE_EXHAUSTED 'Stream removed' instead of "
-                   "INVALID_ARGUMENT")
 def test_create_table_conflict_with_a_long_name_says_why(fuzz: Fuzz) -> None:
+    """F4: the conflict's message reaches the client with its status, at most
+    MAX_STATUS_MESSAGE_BYTES (the name of 100,000 characters is clipped)."""
     config = SparseTableConfig(name="x" * 100_000, dim=DIMS[KNOWN_SPARSE])
     message = pb.CreateTableRequest(table_id=KNOWN_SPARSE, config_json=config.model_dump_json())
     outcome = fuzz.server.send("CreateTable", message.SerializeToString(), TOKEN)
     fuzz.server.assert_alive(after="CreateTable with a long name")
     assert outcome.code == "INVALID_ARGUMENT", outcome
     assert _LOST_STATUS not in outcome.details
+    assert outcome.details.startswith(f"table {KNOWN_SPARSE} "), outcome.details[:300]
+    assert "known_emb" in outcome.details, outcome.details[:300]
+    assert len(outcome.details.encode()) <= MAX_STATUS_MESSAGE_BYTES

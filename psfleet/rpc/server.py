@@ -1,11 +1,22 @@
 """Serve a :class:`ServiceHandler` over gRPC, with the standard health service.
 
 The handler (``psfleet.ps.service.TableService``) implements one Python method per rpc of
-``psfleet.proto``; this module adapts it to grpc, maps psfleet errors to status codes,
-applies the access rules of ``psfleet.rpc.access`` (the auth token on every call,
-UNAUTHENTICATED; Save and Load folders under the storage roots, PERMISSION_DENIED;
-no token: loopback only), serves TLS when configured (``psfleet.rpc.tls``), and binds
-the port (0: a free port chosen by the OS). docs/security.md.
+``psfleet.proto``; this module adapts it to grpc, maps psfleet errors to status codes
+(:data:`STATUS_OF_ERROR`), applies the access rules of ``psfleet.rpc.access`` (the auth
+token on every call, UNAUTHENTICATED; Save and Load folders under the storage roots,
+PERMISSION_DENIED; no token: loopback only), serves TLS when configured
+(``psfleet.rpc.tls``), and binds the port (0: a free port chosen by the OS).
+docs/security.md.
+
+Every call runs in this order: the token is checked on the raw body (grpc is given no
+request deserializer, so nothing of a caller without the token is parsed), then the
+body is decoded (one that does not decode is INVALID_ARGUMENT naming the method and the
+message type), then the storage roots, then the handler. Every status message sent is
+at most :data:`MAX_STATUS_MESSAGE_BYTES` on the wire (:func:`status_message`): the
+``grpc-message`` header counts toward the client's metadata limits (a soft 8 KiB,
+``grpc.max_metadata_size``, above which a response may be refused, and a hard 16 KiB),
+and a refused one reaches the client as RESOURCE_EXHAUSTED "Stream removed" instead of
+the reason.
 """
 
 from __future__ import annotations
@@ -13,59 +24,122 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
+from collections.abc import Callable
 from concurrent import futures
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import grpc
+import numpy as np
+from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from psfleet.errors import ConfigError, PsfleetError, RemoteError, ResourceExhaustedError
+from psfleet.errors import (
+    ConfigError,
+    PsfleetError,
+    ResourceExhaustedError,
+    RetryableError,
+    clip_text,
+)
 from psfleet.rpc import psfleet_pb2 as pb
-from psfleet.rpc import psfleet_pb2_grpc as pb_grpc
 from psfleet.rpc.access import StorageRoots, check_bind
 from psfleet.rpc.types import RpcConfig
 
-__all__ = ["ServiceHandler", "RunningServer", "serve", "AUTH_METADATA_KEY"]
+__all__ = ["ServiceHandler", "RunningServer", "serve", "status_message", "status_code_of",
+           "AUTH_METADATA_KEY", "MAX_STATUS_MESSAGE_BYTES", "STATUS_OF_ERROR"]
 
 logger = logging.getLogger(__name__)
 
 AUTH_METADATA_KEY = "psfleet-auth-token"
 SERVICE_NAME = "psfleet.ParameterServer"
 
+#: The longest status message sent, in bytes on the wire (UTF-8, percent-encoded): half
+#: the client's soft metadata limit (8 KiB), leaving room for the other headers.
+MAX_STATUS_MESSAGE_BYTES = 4096
+
+#: The status each error a handler raises is sent as; the first entry that matches wins
+#: (so subclasses come before their bases). Anything else is a bug: INTERNAL.
+STATUS_OF_ERROR: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    # out of memory, or above a size limit: RESOURCE_EXHAUSTED (the service names the
+    # table where it can)
+    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (MemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    # the request is wrong (InvalidRequestError included): fix the caller
+    (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    # may succeed when tried again later
+    (RetryableError, grpc.StatusCode.ABORTED),
+    # the server's state does not allow it: RemoteError (no such table, a sync round
+    # failed) and DataError (a save that does not exist or is damaged: make the save
+    # first); the caller must change that state, retrying the same call cannot help
+    (PsfleetError, grpc.StatusCode.FAILED_PRECONDITION),
+)
+
 
 class ServiceHandler(Protocol):
-    """One method per rpc; each takes the request message and returns the response.
+    """One method per rpc; each takes the request message and returns the response
+    message (the rpc's output type in ``psfleet.proto``).
 
-    Methods may raise :class:`~psfleet.errors.ConfigError` (its subclass
-    ``InvalidRequestError`` included) or :class:`~psfleet.errors.RemoteError` (sent as
-    INVALID_ARGUMENT / FAILED_PRECONDITION with the message), or
-    :class:`~psfleet.errors.ResourceExhaustedError` (RESOURCE_EXHAUSTED); a
-    MemoryError is sent as RESOURCE_EXHAUSTED too, anything else as INTERNAL.
-    They are called from many threads at once and must be thread safe.
+    Methods raise the errors of :data:`STATUS_OF_ERROR` (sent as its status with the
+    message); anything else is sent as INTERNAL. They are called from many threads at
+    once and must be thread safe. An rpc of ``psfleet.proto`` the handler has no method
+    for is answered UNIMPLEMENTED.
     """
 
-    def CreateTable(self, request: pb.CreateTableRequest) -> pb.CreateTableResponse: ...  # noqa: N802
-    def PullSparse(self, request: pb.PullSparseRequest) -> pb.PullSparseResponse: ...  # noqa: N802
-    def PushSparse(self, request: pb.PushSparseRequest) -> pb.Empty: ...  # noqa: N802
-    def PullDense(self, request: pb.PullDenseRequest) -> pb.PullDenseResponse: ...  # noqa: N802
-    def PushDense(self, request: pb.PushDenseRequest) -> pb.Empty: ...  # noqa: N802
-    def Barrier(self, request: pb.BarrierRequest) -> pb.Empty: ...  # noqa: N802
-    def Save(self, request: pb.SaveRequest) -> pb.SaveResponse: ...  # noqa: N802
-    def Load(self, request: pb.LoadRequest) -> pb.Empty: ...  # noqa: N802
-    def Stats(self, request: pb.StatsRequest) -> pb.StatsResponse: ...  # noqa: N802
-    def Stop(self, request: pb.StopRequest) -> pb.Empty: ...  # noqa: N802
-
-
-_METHODS = ("CreateTable", "PullSparse", "PushSparse", "PullDense", "PushDense", "Barrier",
-            "Save", "Load", "Stats", "Stop")
+    def CreateTable(self, request: pb.CreateTableRequest) -> Message: ...  # noqa: N802
+    def PullSparse(self, request: pb.PullSparseRequest) -> Message: ...  # noqa: N802
+    def PushSparse(self, request: pb.PushSparseRequest) -> Message: ...  # noqa: N802
+    def PullDense(self, request: pb.PullDenseRequest) -> Message: ...  # noqa: N802
+    def PushDense(self, request: pb.PushDenseRequest) -> Message: ...  # noqa: N802
+    def Barrier(self, request: pb.BarrierRequest) -> Message: ...  # noqa: N802
+    def Save(self, request: pb.SaveRequest) -> Message: ...  # noqa: N802
+    def Load(self, request: pb.LoadRequest) -> Message: ...  # noqa: N802
+    def Stats(self, request: pb.StatsRequest) -> Message: ...  # noqa: N802
+    def Stop(self, request: pb.StopRequest) -> Message: ...  # noqa: N802
 
 
 #: The rpcs whose request names a folder the server reads or writes (field ``dirname``).
 _STORAGE_METHODS = frozenset(("Save", "Load"))
 
 
+def status_message(text: str, limit_bytes: int = MAX_STATUS_MESSAGE_BYTES) -> str:
+    """``text`` as sent in a status: at most ``limit_bytes`` on the wire.
+
+    gRPC sends the message as the ``grpc-message`` header, UTF-8 with every byte
+    outside printable ASCII (and ``%``) percent-encoded as 3 bytes. A longer text is
+    clipped where its wire form reaches the limit (less room for the note) and ends
+    with ``... (N characters)``, N its full length (:func:`psfleet.errors.clip_text`).
+    Characters UTF-8 cannot encode (lone surrogates) are sent as ``\\udcxx``.
+    Vectorised: one numpy pass over the bytes, only for a text that may be too long.
+    """
+    if len(text) * 12 <= limit_bytes:  # 4 UTF-8 bytes x 3 per character at most
+        return text
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    plain = (raw >= 0x20) & (raw <= 0x7E) & (raw != 0x25)
+    wire = np.cumsum(np.where(plain, 1, 3))  # [bytes]
+    if wire[-1] <= limit_bytes:
+        return text
+    room = limit_bytes - 64  # the note "... (N characters)" and a margin
+    cut = int(np.searchsorted(wire, room, side="right"))
+    kept = raw[:cut].tobytes().decode("utf-8", "ignore")  # no half character
+    return clip_text(text, len(kept))
+
+
+def status_code_of(exc: BaseException) -> grpc.StatusCode:
+    """The status :data:`STATUS_OF_ERROR` gives ``exc``; INTERNAL when none does."""
+    for error_type, code in STATUS_OF_ERROR:
+        if isinstance(exc, error_type):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    """End the call with ``code``: the one place psfleet's status messages are sent."""
+    context.abort(code, status_message(message))
+    raise AssertionError("unreachable")  # context.abort raises
+
+
 class _Gate:
-    """The access checks of every call: token first, then the storage roots."""
+    """The access checks of every call: the token first, then the storage roots."""
 
     def __init__(self, auth_token: str | None, roots: StorageRoots) -> None:
         self._token = None if auth_token is None else auth_token.encode()
@@ -73,23 +147,27 @@ class _Gate:
         self._refused = 0
         self._lock = threading.Lock()
 
-    def check(self, name: str, request: Any, context: grpc.ServicerContext) -> None:
-        """Abort the call (UNAUTHENTICATED / PERMISSION_DENIED) unless it may run."""
-        if self._token is not None:
-            sent = dict(context.invocation_metadata()).get(AUTH_METADATA_KEY)
-            # Constant time: the comparison must not tell how much of a guess is right.
-            if not isinstance(sent, str) or not hmac.compare_digest(sent.encode(),
-                                                                    self._token):
-                self._log_refusal(name, context.peer(), "missing or wrong auth token")
-                context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                              "missing or wrong auth token (set PSFLEET_AUTH_TOKEN to the "
-                              "job's token: the same value on every server and worker; "
-                              "a fleetrun job's is in LOG_DIR/.auth_token while it runs)")
+    def check_token(self, name: str, context: grpc.ServicerContext) -> None:
+        """Abort the call (UNAUTHENTICATED) unless it carries the job's token. Runs
+        before the body is decoded."""
+        if self._token is None:
+            return
+        sent = dict(context.invocation_metadata()).get(AUTH_METADATA_KEY)
+        # Constant time: the comparison must not tell how much of a guess is right.
+        if not isinstance(sent, str) or not hmac.compare_digest(sent.encode(), self._token):
+            self._log_refusal(name, context.peer(), "missing or wrong auth token")
+            _abort(context, grpc.StatusCode.UNAUTHENTICATED,
+                   "missing or wrong auth token (set PSFLEET_AUTH_TOKEN to the job's token: "
+                   "the same value on every server and worker; a fleetrun job's is in "
+                   "LOG_DIR/.auth_token while it runs)")
+
+    def check_storage(self, name: str, request: Any, context: grpc.ServicerContext) -> None:
+        """Abort a Save or Load (PERMISSION_DENIED) of a folder outside the roots."""
         if name in _STORAGE_METHODS:
             refusal = self._roots.refusal(name, request.dirname)
             if refusal is not None:
                 self._log_refusal(name, context.peer(), refusal)
-                context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
+                _abort(context, grpc.StatusCode.PERMISSION_DENIED, refusal)
 
     def _log_refusal(self, name: str, peer: str, why: str) -> None:
         with self._lock:
@@ -97,41 +175,60 @@ class _Gate:
             count = self._refused
         # The first refusals in full; then one in 1000 (a scan must not flood the log).
         if count <= 10 or count % 1000 == 0:
-            logger.warning("refused %s from %s (%d refused so far): %s", name, peer, count, why)
+            logger.warning("refused %s from %s (%d refused so far): %s", name, peer, count,
+                           clip_text(why))
 
 
-def _make_servicer(handler: ServiceHandler, gate: _Gate) -> Any:
-    """Build a ParameterServerServicer whose methods call ``handler``."""
+def _decode(name: str, request_type: type[Message], body: bytes,
+            context: grpc.ServicerContext) -> Message:
+    """``body`` parsed as ``request_type``; INVALID_ARGUMENT when it does not parse."""
+    try:
+        return request_type.FromString(body)
+    except Exception as exc:  # DecodeError; any failure to parse is the body's
+        _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+               f"{name}: the request body ({len(body)} bytes) is not a "
+               f"{request_type.__name__} message ({type(exc).__name__}: {exc}); the client "
+               "must send psfleet.proto's messages (the same psfleet version as the server)")
 
-    def wrap(name: str) -> Any:
-        method = getattr(handler, name)
 
-        def call(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
-            gate.check(name, request, context)
-            try:
-                return method(request)
-            except ResourceExhaustedError as exc:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            except MemoryError as exc:  # the service names the table where it can
-                logger.error("%s: out of memory: %s", name, exc)
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"{name}: the server ran out of memory ({exc})")
-            except ConfigError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            except RemoteError as exc:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            except PsfleetError as exc:
-                context.abort(grpc.StatusCode.ABORTED, str(exc))
-            except Exception as exc:  # a bug: log it whole, send its summary
+def _unary(name: str, method: Callable[[Any], Any], request_type: type[Message],
+           gate: _Gate) -> Callable[[bytes, grpc.ServicerContext], Any]:
+    """The grpc behaviour of rpc ``name``: raw body in, ``method``'s response out."""
+
+    def call(body: bytes, context: grpc.ServicerContext) -> Any:
+        gate.check_token(name, context)
+        request = _decode(name, request_type, body, context)
+        gate.check_storage(name, request, context)
+        try:
+            return method(request)
+        except Exception as exc:
+            code = status_code_of(exc)
+            if code == grpc.StatusCode.INTERNAL:  # a bug: log it whole, send its summary
                 logger.exception("%s failed", name)
-                context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(exc).__name__}: {exc}")
+                _abort(context, code, f"{name}: {type(exc).__name__}: {exc}")
+            if isinstance(exc, MemoryError):  # the service names the table where it can
+                logger.error("%s: out of memory: %s", name, exc)
+                _abort(context, code, f"{name}: the server ran out of memory ({exc})")
+            _abort(context, code, str(exc))
 
-        call.__name__ = name
-        return call
+    call.__name__ = name
+    return call
 
-    cls = type("Servicer", (pb_grpc.ParameterServerServicer,),
-               {name: wrap(name) for name in _METHODS})
-    return cls()
+
+def _method_handlers(handler: ServiceHandler, gate: _Gate) -> dict[str, grpc.RpcMethodHandler]:
+    """One handler per rpc of ``psfleet.proto`` the ``handler`` implements, taking the
+    request body as bytes (no request deserializer: :func:`_unary` decodes it)."""
+    handlers = {}
+    for rpc in pb.DESCRIPTOR.services_by_name["ParameterServer"].methods:
+        method = getattr(handler, rpc.name, None)
+        if method is None:
+            continue
+        request_type: type[Message] = getattr(pb, rpc.input_type.name)
+        response_type: type[Message] = getattr(pb, rpc.output_type.name)
+        handlers[rpc.name] = grpc.unary_unary_rpc_method_handler(
+            _unary(rpc.name, method, request_type, gate), request_deserializer=None,
+            response_serializer=response_type.SerializeToString)
+    return handlers
 
 
 class RunningServer:
@@ -194,8 +291,10 @@ def serve(handler: ServiceHandler, host: str, port: int, config: RpcConfig) -> R
     executor = futures.ThreadPoolExecutor(max_workers=config.server_threads,
                                           thread_name_prefix="psfleet-rpc")
     server = grpc.server(executor, options=options)
-    pb_grpc.add_ParameterServerServicer_to_server(
-        _make_servicer(handler, _Gate(config.auth_token, roots)), server)
+    handlers = _method_handlers(handler, _Gate(config.auth_token, roots))
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{host}:{port}"
