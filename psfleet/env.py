@@ -251,6 +251,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         "SIGKILL (psfleet.launcher_guard).",
     ),
     EnvVar(
+        "PSFLEET_HEALTH_TIMEOUT_S",
+        "30",
+        "fleetrun: a server of the job that answered its gRPC health check once and then "
+        "answers none for this many seconds (or any child stopped, e.g. by SIGSTOP, this "
+        "long) is treated as dead: SIGKILLed, then restarted per --max_restarts and "
+        "--restart_policy, or the job fails naming it. A number of seconds, > 0 and <= 30.",
+    ),
+    EnvVar(
         "PSFLEET_CHECKPOINT_DIR",
         None,
         "Checkpoint folder (path or fsspec URL) a restarted server recovers its tables from "

@@ -1,7 +1,8 @@
 """One job's children on this host and the single thread that drives them.
 
 :class:`Job` starts the servers (waiting for their endpoints), then the workers,
-supervises them (restarts per :class:`~psfleet.launch.restarts.RestartPolicy`,
+supervises them (exits, and hangs through :mod:`psfleet.launch.health`; restarts of
+one child or of the whole job per :class:`~psfleet.launch.restarts.RestartPolicy`,
 the first failure reported with its log tail), and stops every child at the end.
 ``psfleet.launch.local`` builds one and runs it; the lifecycle and exit codes are
 described in the manual, :mod:`psfleet.launch.main`.
@@ -10,19 +11,23 @@ described in the manual, :mod:`psfleet.launch.main`.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable, Mapping
 from typing import BinaryIO
 
+from psfleet import env
 from psfleet.launch._signals import SignalCatcher
 from psfleet.launch.cluster import JobLayout
 from psfleet.launch.endpoints import read_endpoint
+from psfleet.launch.gang import job_restart_message, newest_checkpoint
+from psfleet.launch.health import HealthMonitor, Unresponsive, health_timeout_s
 from psfleet.launch.hosts import bind_error
-from psfleet.launch.process import ChildProcess, describe_exit, read_tail
-from psfleet.launch.restarts import RestartPolicy
+from psfleet.launch.process import ChildProcess, read_tail
+from psfleet.launch.restarts import Action, RestartPolicy, cause_of
 from psfleet.launch.specs import server_spec, worker_spec
-from psfleet.launch.types import LaunchConfig, ProcessSpec
+from psfleet.launch.types import LaunchConfig, ProcessSpec, Role
 
 __all__ = ["Job", "EXIT_FAILURE"]
 
@@ -42,6 +47,11 @@ class Job:
 
     ``environ`` is what the servers and workers inherit (``os.environ`` when None;
     the launcher adds the job's token, roots and TLS files, ``psfleet.launch.security``).
+    ``checkpoint_dir`` is the job's checkpoint folder, named in the line of a whole-job
+    restart (None: ``PSFLEET_CHECKPOINT_DIR`` of ``environ``).
+
+    Raises:
+        ConfigError: a bad ``PSFLEET_HEALTH_TIMEOUT_S`` in ``environ``.
     """
 
     def __init__(
@@ -53,9 +63,14 @@ class Job:
         *,
         restart_policy: RestartPolicy | None = None,
         environ: Mapping[str, str] | None = None,
+        checkpoint_dir: str | None = None,
     ) -> None:
         self.config = config
         self._environ = environ
+        child_environ = os.environ if environ is None else environ
+        self._health = HealthMonitor(health_timeout_s(child_environ), child_environ)
+        self._checkpoint_dir = checkpoint_dir or env.read("PSFLEET_CHECKPOINT_DIR",
+                                                          child_environ)
         self._restarts = restart_policy or RestartPolicy(0)
         self._endpoints: dict[int, str] = {}
         self._make_spec = make_spec
@@ -76,6 +91,11 @@ class Job:
         """Start servers, wait for their endpoints, start workers, supervise; exit code."""
         config, layout = self.config, self.layout
         started = time.monotonic()
+        policy = self._restarts
+        logger.info("restarts: %s; hang detection: PSFLEET_HEALTH_TIMEOUT_S=%g",
+                    f"--max_restarts {policy.max_restarts} --restart_policy {policy.policy}"
+                    if policy.max_restarts else "none (--max_restarts 0)",
+                    self._health.tracker.timeout_s)
         if layout.endpoints_known and not self._ports_free():
             return EXIT_FAILURE
         for i in layout.local_servers:
@@ -96,6 +116,8 @@ class Job:
             if endpoints:
                 logger.info("all %d server(s) ready: %s", len(endpoints), ",".join(endpoints))
         self._endpoints = dict(enumerate(endpoints))
+        for server in self.servers:
+            self._health.watch(server.pid, self._endpoints[server.spec.index])
         for k in layout.local_workers:
             if signals.signum is not None:
                 return self._interrupted(signals.signum)
@@ -196,13 +218,18 @@ class Job:
                 if code is None or child.pid in self._seen_exit:
                     continue
                 self._seen_exit.add(child.pid)
-                if code != 0 and grace_deadline is None and self._restarts.can_restart(
-                        child.spec):
-                    self._replace(child)
-                    continue
+                self._health.forget(child.pid)
                 if code != 0:
-                    return self._report_failure(child, "")
+                    outcome = self._on_failure(child, None, grace_deadline is not None)
+                    if outcome is not None:
+                        return outcome
+                    continue
                 logger.info("%s exited 0", child.name)
+            if grace_deadline is None:  # once the workers are done servers may go quiet
+                for found in self._health.overdue():
+                    outcome = self._on_hang(found)
+                    if outcome is not None:
+                        return outcome
             if not self.workers:
                 if all(s.returncode is not None for s in self.servers):
                     return 0
@@ -225,8 +252,9 @@ class Job:
     def stop_all(self, signals: SignalCatcher) -> None:
         """Signal every child group still alive, wait up to the grace, SIGKILL the rest.
 
-        Safe to call more than once; closes all log files.
+        Safe to call more than once; closes all log files and ends the health checks.
         """
+        self._health.close()
         alive = [c for c in self.children if c.group_alive()]
         if alive:
             logger.info(
@@ -281,15 +309,13 @@ class Job:
         )
         return 128 + signum
 
-    def _report_failure(self, child: ChildProcess, when: str) -> int:
+    def _report_failure(self, child: ChildProcess, when: str, cause: str | None = None) -> int:
         """Log the root-cause summary of ``child``'s failure; return the job's exit code."""
-        code = child.returncode
-        assert code is not None  # only called once the child was reaped
         child.flush_log()
         tail = read_tail(child.spec.log_path, _TAIL_LINES)
         others = [c.name for c in self.children if c is not child and c.returncode is None]
         lines = [
-            f"fleetrun: {child.name} (pid {child.pid}) failed with {describe_exit(code)}"
+            f"fleetrun: {self._who(child)} {cause_of(child, cause)}"
             + (f" {when}" if when else "")
             + "; this is the first failure (the root cause).",
             f"  log: {child.spec.log_path}",
@@ -304,9 +330,78 @@ class Job:
         logger.error("%s", "\n".join(lines))
         return EXIT_FAILURE
 
-    def _replace(self, child: ChildProcess) -> None:
+    def _who(self, child: ChildProcess) -> str:
+        """``server 0 (pid 123, 127.0.0.1:6170)`` / ``worker 1 (pid 124)``."""
+        endpoint = self._health.endpoint(child.pid)
+        return f"{child.name} (pid {child.pid}{', ' + endpoint if endpoint else ''})"
+
+    def _on_failure(self, child: ChildProcess, cause: str | None,
+                    workers_done: bool) -> int | None:
+        """Restart after ``child``'s failure (reaped) per the policy; None when the job
+        goes on, else its exit code (the failure reported)."""
+        action = self._restarts.decide(child.spec, workers_done=workers_done)
+        if action is Action.RESTART_CHILD:
+            self._replace(child, cause)
+            return None
+        if action is Action.RESTART_JOB:
+            return self._restart_job(child, cause)
+        return self._report_failure(child, "", cause)
+
+    def _on_hang(self, found: Unresponsive) -> int | None:
+        """SIGKILL the unresponsive child ``found`` names, then handle it as a failure."""
+        child = next((c for c in self.children if c.pid == found.key), None)
+        if child is None or child.pid in self._seen_exit:
+            self._health.forget(found.key)
+            return None
+        self._health.forget(child.pid)
+        child.signal_group(signal.SIGKILL)  # our own child's group, by its pid
+        deadline = time.monotonic() + _KILL_WAIT_S
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(_POLL_INTERVAL_S)
+        self._seen_exit.add(child.pid)
+        cause = (f"{found.reason} (PSFLEET_HEALTH_TIMEOUT_S="
+                 f"{self._health.tracker.timeout_s:g}); fleetrun killed it (SIGKILL)")
+        return self._on_failure(child, cause, workers_done=False)
+
+    def _restart_job(self, failed: ChildProcess, cause: str | None) -> int | None:
+        """``gang``: stop every child, then start them all again (servers first) with
+        ``PSFLEET_RESTART_NUM=k``; they resume from the newest complete checkpoint.
+        None when restarted; the exit code when a child survived SIGKILL."""
+        k = self._restarts.begin_job_restart()
+        who = self._who(failed)
+        everyone = self.children
+        for child in everyone:
+            child.signal_group(signal.SIGKILL)
+        survivors = self._wait_gone(everyone, _KILL_WAIT_S, None)
+        for child in everyone:
+            child.poll()
+            self._seen_exit.add(child.pid)
+            self._health.forget(child.pid)
+        if survivors:
+            logger.error("fleetrun: cannot restart the job: the process groups of %s "
+                         "survived SIGKILL (pids %s)", ", ".join(c.name for c in survivors),
+                         ", ".join(str(c.pid) for c in survivors))
+            return self._report_failure(failed, "", cause)
+        tail, kept = self._restarts.retire(failed, f"failed{k}")
+        for child in everyone:
+            if child is not failed:
+                self._restarts.retire(child, f"stopped{k}")
+        lines = [job_restart_message(
+            who, cause_of(failed, cause), checkpoint_dir=self._checkpoint_dir,
+            checkpoint=newest_checkpoint(self._checkpoint_dir), restart=k,
+            max_restarts=self._restarts.max_restarts) + f". Its log: {kept}"]
+        if tail:
+            lines.append(f"  last {len(tail)} line(s) of its log:")
+            lines.extend(f"    | {line}" for line in tail)
+        logger.warning("%s", "\n".join(lines))
+        respec = self._restarts.respec
+        self.servers = [self._start(respec(c.spec, k, self._endpoints)) for c in self.servers]
+        self.workers = [self._start(respec(c.spec, k, self._endpoints)) for c in self.workers]
+        return None
+
+    def _replace(self, child: ChildProcess, cause: str | None = None) -> None:
         """Restart a failed child in its place (``--max_restarts``)."""
-        spec = self._restarts.restart(child, self._endpoints)
+        spec = self._restarts.restart(child, self._endpoints, cause, self._who(child))
         group = self.servers if child in self.servers else self.workers
         group[group.index(child)] = self._start(spec)
 
@@ -314,4 +409,8 @@ class Job:
         spec = self._restarts.prepare(spec)
         child = ChildProcess(spec, self.tee_stream)
         logger.info("started %s (pid %d), log %s", spec.name, child.pid, spec.log_path)
+        self._health.watch_process(child.pid)
+        endpoint = self._endpoints.get(spec.index) if spec.role is Role.SERVER else None
+        if endpoint is not None:  # a restart; first starts are watched once they listen
+            self._health.watch(child.pid, endpoint)
         return child

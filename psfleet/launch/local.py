@@ -44,6 +44,8 @@ def launch_local(
     tee_stream: BinaryIO | None = None,
     tls: str | None = None,
     storage_roots: Sequence[str | Path] = (),
+    restart_policy: str = "process",
+    checkpoint_dir: str | None = None,
 ) -> int:
     """Run ``server_num`` servers and ``worker_num`` workers on this host; return the exit code.
 
@@ -62,7 +64,8 @@ def launch_local(
         python_executable: interpreter of the children; ``sys.executable`` when None.
         tee_worker_0: also copy worker 0's output to this process's stdout.
         max_restarts: restarts allowed per server and per worker when it fails
-            (:mod:`psfleet.launch.restarts`); 0: the first failure ends the job.
+            (``process``) or per job (``gang``) (:mod:`psfleet.launch.restarts`); 0:
+            the first failure ends the job.
         tee_stream: where worker 0's output is copied; this process's stdout when
             None. A :class:`~psfleet.launch.console.ConsoleFilter` shows only what the
             console level asks for, and nothing once a signal stops the job.
@@ -72,6 +75,11 @@ def launch_local(
         storage_roots: folders (paths or fsspec URL prefixes) the servers' Save and
             Load may use besides the working folder and ``log_dir``, e.g. the job's
             model and checkpoint folders.
+        restart_policy: what a failure restarts: ``"process"`` (the failed child;
+            async and GEO jobs) or ``"gang"`` (every server and worker, from the
+            newest complete checkpoint; sync jobs).
+        checkpoint_dir: the job's checkpoint folder, named in the line of a ``gang``
+            restart; None: ``PSFLEET_CHECKPOINT_DIR``.
 
     The job's servers need a token: ``PSFLEET_AUTH_TOKEN``, or one generated for the
     job and given to every child in its environment.
@@ -81,8 +89,9 @@ def launch_local(
         its endpoint (the root cause is logged); 128 + signum after SIGINT / SIGTERM.
 
     Raises:
-        ConfigError: an argument is out of range, ``log_dir`` cannot be created, or
-            ``tls`` is not None or ``"self-signed"``.
+        ConfigError: an argument is out of range, ``log_dir`` cannot be created,
+            ``tls`` is not None or ``"self-signed"``, ``restart_policy`` is unknown, or
+            ``PSFLEET_HEALTH_TIMEOUT_S`` is not in (0, 30].
         OSError: a child could not be started (after stopping the ones started).
     """
     config = LaunchConfig(
@@ -96,12 +105,14 @@ def launch_local(
         python_executable=python_executable or sys.executable,
     )
     return run_job(config, tee_stream, max_restarts=max_restarts, tls=tls,
-                   storage_roots=storage_roots)
+                   storage_roots=storage_roots, restart_policy=restart_policy,
+                   checkpoint_dir=checkpoint_dir)
 
 
 def run_job(config: LaunchConfig, tee_stream: BinaryIO | None = None,
             max_restarts: int = 0, *, tls: str | None = None,
-            storage_roots: Sequence[str | Path] = ()) -> int:
+            storage_roots: Sequence[str | Path] = (), restart_policy: str = "process",
+            checkpoint_dir: str | None = None) -> int:
     """Run the job ``config`` describes; see :func:`launch_local` for the contract.
 
     Args:
@@ -110,12 +121,14 @@ def run_job(config: LaunchConfig, tee_stream: BinaryIO | None = None,
         max_restarts: restarts allowed per child (``fleetrun --max_restarts``).
         tls: ``fleetrun --tls`` (see :func:`launch_local`).
         storage_roots: extra Save/Load roots (see :func:`launch_local`).
+        restart_policy: ``fleetrun --restart_policy`` (see :func:`launch_local`).
+        checkpoint_dir: the job's checkpoint folder (see :func:`launch_local`).
 
     Raises:
         ConfigError: a bad value, or a job with processes on other nodes and no
             ``PSFLEET_AUTH_TOKEN`` (``psfleet.launch.security``); nothing is started.
     """
-    restart_policy = RestartPolicy(max_restarts)
+    policy = RestartPolicy(max_restarts, restart_policy)
     config = dataclasses.replace(config, log_dir=config.log_dir.resolve())
     layout = plan_job(config)
     log_dir = config.log_dir
@@ -163,8 +176,9 @@ def run_job(config: LaunchConfig, tee_stream: BinaryIO | None = None,
         f"; worker {layout.local_workers[0]}'s output follows" if tee else "",
     )
     try:
-        return _run(Job(config, layout, tee_stream, restart_policy=restart_policy,
-                        environ=security.child_environ()))
+        job = Job(config, layout, tee_stream, restart_policy=policy,
+                  environ=security.child_environ(), checkpoint_dir=checkpoint_dir)
+        return _run(job)
     finally:
         security.cleanup()
 

@@ -41,8 +41,12 @@ Options:
     --stop_grace_s G            how long processes get to exit by themselves, seconds
                                 >= 0, before SIGTERM and again before SIGKILL (default 10).
     --max_restarts N            restart a server or worker that fails, up to N times
-                                each (default 0: the first failure ends the job). See
-                                "Restarts" below.
+                                each, or the whole job up to N times (gang) (default 0:
+                                the first failure ends the job). See "Restarts" below.
+    --restart_policy P          what a failure restarts: process (default; the failed
+                                child, for async and GEO jobs) or gang (every server and
+                                worker of the node, from the newest complete
+                                checkpoint; for sync jobs). See "Restarts" below.
     --tls self-signed           every gRPC channel of the job is TLS, with a key (mode
                                 0600) and certificate for 127.0.0.1/localhost made in
                                 ``DIR/tls/`` (one-host jobs). Without it the children
@@ -182,10 +186,11 @@ Security (docs/security.md; ``psfleet.launch.security``):
     ``PSFLEET_TLS_*`` variables make every channel TLS. Collective mode has no psfleet
     server: its torch.distributed traffic is neither authenticated nor encrypted.
 
-Restarts (--max_restarts N > 0):
-    A child that exits non-zero or is killed is restarted with the environment it
-    had plus ``PSFLEET_RESTART_NUM=n`` (its n-th restart); a server binds the port it
-    had before, so the workers' endpoint list stays valid. Each restart is logged as a
+Restarts (--max_restarts N > 0, --restart_policy process):
+    A child that exits non-zero or is killed (or hangs: see "Hang detection") is
+    restarted with the environment it had plus ``PSFLEET_RESTART_NUM=n`` (its n-th
+    restart); a server binds the port it had before, so the workers' endpoint list
+    stays valid. Each restart is logged as a
     warning with the cause (exit code or signal) and the last lines of the failed
     process's log, which is kept as ``<log>.failed<n>``. Every child also gets
     ``PSFLEET_RPC_MAX_RETRIES=1000`` (unless set): workers retry calls to a server that
@@ -196,6 +201,47 @@ Restarts (--max_restarts N > 0):
     (``fleet.load_checkpoint``). A child that fails once more than N times ends the
     job as usual (exit 1 with the failure summary). Nothing is restarted once every
     worker has finished.
+
+Whole-job restarts (--max_restarts N > 0, --restart_policy gang; sync jobs):
+    In sync mode every worker takes part in every round, so a worker restarted alone
+    cannot rejoin the round the others wait in. With ``gang`` (as torchrun's elastic
+    agent does) a failure of any child stops every server and worker of the node
+    (SIGKILL: the job goes on from a checkpoint, nothing in memory is needed) and
+    starts them all again, servers first, with ``PSFLEET_RESTART_NUM=k`` (the job's
+    k-th restart, at most N). The servers re-create their tables from the newest
+    complete checkpoint and every worker resumes from its cursor in it, so a sync job
+    with SGD ends with the same parameters as an undisturbed run of the same seed;
+    without a checkpoint the job starts from scratch. fleetrun logs one warning::
+
+        fleetrun: worker 1 (pid 4242) failed with signal SIGKILL (9); restarting the
+        whole job (--restart_policy gang): every server and worker stops and starts
+        again from checkpoint /ck/ckpt-000003-step40 (restart 1 of --max_restarts 1)
+
+    naming the checkpoint folder it finds in ``PSFLEET_CHECKPOINT_DIR`` (``psfleet
+    train`` passes ``runner.checkpoint.checkpoint_dir``). The failed child's log is kept
+    as ``<log>.failed<k>``, the others' as ``<log>.stopped<k>``. A failure after N
+    restarts ends the job with the failure summary. One node's fleetrun restarts only
+    its own children: a multi-node sync job needs a restart of every node.
+
+Hang detection (``PSFLEET_HEALTH_TIMEOUT_S``, default 30, at most 30 seconds):
+    fleetrun has a helper process (``psfleet.launch.health_probe``; fleetrun itself
+    never calls gRPC, as it forks children) ask each of its servers' gRPC health
+    service every timeout/3 seconds (at most 5), from the server's first answer on. A
+    server whose checks all go unanswered for the timeout (it accepted the connection
+    but answers nothing: SIGSTOP, every handler thread stuck), or any child found
+    stopped (process state T, e.g. SIGSTOP) that long, is treated as dead: fleetrun
+    SIGKILLs its process group and restarts it per --max_restarts and
+    --restart_policy, or ends the job (exit 1) with the summary::
+
+        fleetrun: server 0 (pid 4242, 127.0.0.1:6170) did not answer health checks for
+        30 s (PSFLEET_HEALTH_TIMEOUT_S=30); fleetrun killed it (SIGKILL); this is the
+        first failure (the root cause).
+
+    A quick NOT_SERVING or a refused connection (a server stopping or restarting) is
+    not a hang; a server that sends no HTTP/2 greeting (not gRPC) is not checked. No
+    check runs once every worker has finished. Workers have no endpoint to ask: a
+    worker that hangs without being stopped is found by the servers' and the other
+    workers' deadlines (PSFLEET_RPC_DEADLINE_S).
 
 Collective mode (--mode collective; also chosen by --nproc_per_node, --ips or --devices):
     No servers: every rank holds the whole model and gradients are all-reduced over
@@ -258,7 +304,7 @@ from psfleet.launch.collective import CollectiveOptions, run_collective
 from psfleet.launch.console import version_text
 from psfleet.launch.hosts import split_list
 from psfleet.launch.local import EXIT_FAILURE, run_job
-from psfleet.launch.restarts import check_max_restarts
+from psfleet.launch.restarts import RESTART_POLICIES, check_max_restarts
 from psfleet.launch.types import LaunchConfig
 
 __all__ = ["main", "build_parser", "config_from_args"]
@@ -334,6 +380,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="restart a failed server or worker up to N times each (default 0)",
+    )
+    parser.add_argument(
+        "--restart_policy",
+        choices=list(RESTART_POLICIES),
+        default=RESTART_POLICIES[0],
+        help="what a failure restarts: process (the failed child; async, geo) or gang "
+        "(every server and worker, from the newest checkpoint; sync) (default process)",
     )
     parser.add_argument(
         "--tls",
@@ -466,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if collective is not None:
             return run_collective(config, collective)
         return run_job(config, max_restarts=check_max_restarts(args.max_restarts),
-                       tls=args.tls)
+                       tls=args.tls, restart_policy=args.restart_policy)
     except ConfigError as e:
         print(f"fleetrun: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,0 +1,54 @@
+"""This process's part of a ``psfleet train`` job (run by fleetrun), with a fault injected.
+
+Usage::
+
+    faulty_train_job.py [--kill_worker K --at_step S] [--step_sleep_s T] CONFIG
+
+- ``--kill_worker K --at_step S``: on its first start (``PSFLEET_RESTART_NUM`` unset or
+  0), worker K SIGKILLs itself right after its S-th optimizer step returned (in sync
+  mode: once round S is applied), so a test knows exactly where the job was cut.
+- ``--step_sleep_s T``: every worker sleeps T seconds after each step, so a test can
+  act on a job that is still training.
+
+Everything else is ``psfleet train -m CONFIG`` (the run folder's config.yaml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+from psfleet.cli.main import main as cli_main
+from psfleet.fleet.optimizer import DistributedOptimizer
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kill_worker", type=int, default=None)
+    parser.add_argument("--at_step", type=int, default=0)
+    parser.add_argument("--step_sleep_s", type=float, default=0.0)
+    parser.add_argument("config")
+    args = parser.parse_args()
+    me = os.environ.get("PADDLE_TRAINER_ID")
+    first_start = os.environ.get("PSFLEET_RESTART_NUM", "0") == "0"
+    kill = (args.kill_worker is not None and first_start and me is not None
+            and int(me) == args.kill_worker)
+    original = DistributedOptimizer.step
+
+    def step(self: DistributedOptimizer) -> None:
+        original(self)
+        if kill and self.steps == args.at_step:
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if args.step_sleep_s:
+            time.sleep(args.step_sleep_s)
+
+    DistributedOptimizer.step = step  # type: ignore[method-assign]
+    return cli_main(["train", "-m", args.config])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
