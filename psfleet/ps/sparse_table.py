@@ -6,44 +6,29 @@ different keys do not serialise on one lock. Rows live in one float32 matrix per
 shard, ``[capacity, dim + state_width]``: values first, rule state after, so a pull is
 one gather and a push one gather, update and scatter. Every operation is vectorised
 over the batch; there is no Python loop per key.
+
+A table whose ``config.accessor`` is active also has a row lifecycle
+(``psfleet.ps.lifecycle``): CTR statistics beside the rows, admission of new ids, a
+row cap with eviction, ``shrink`` and ``age_one_day``. Without one, pull and push run
+exactly the code they ran before lifecycles existed (one ``is None`` test more).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import numpy as np
 
 from psfleet.errors import InvalidRequestError, RemoteError
-from psfleet.ps.hash_index import HashIndex
 from psfleet.ps.hashing import init_rows, mix64
+from psfleet.ps.lifecycle import Lifecycle, LifecycleCounts
 from psfleet.ps.merge import sum_equal_keys
 from psfleet.ps.request_checks import clip_text
 from psfleet.ps.rules import make_rule
+from psfleet.ps.table_shard import STAT_COLUMNS, Shard
 from psfleet.ps.types import RESERVED_KEY, SparseTableConfig
 
-__all__ = ["SparseTable"]
-
-_GROWTH = 1.5
-
-
-class _Shard:
-    """One lock, one hash index, one row matrix. Callers hold ``lock``."""
-
-    def __init__(self, width: int) -> None:
-        self.lock = threading.Lock()
-        self.index = HashIndex()
-        self.data = np.zeros((0, width), dtype=np.float32)
-
-    def reserve(self, rows: int) -> None:
-        if rows > self.data.shape[0]:
-            capacity = max(rows, int(self.data.shape[0] * _GROWTH), 1024)
-            grown = np.zeros((capacity, self.data.shape[1]), dtype=np.float32)
-            grown[: len(self.index)] = self.data[: len(self.index)]
-            self.data = grown
-
-
+__all__ = ["SparseTable", "LifecycleCounts"]
 def _sum_duplicates(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``keys`` (uint64[N]) made distinct, the ``values`` (float32[N, D]) of equal keys
     summed (``merge.sum_equal_keys``). Keys that are already distinct (the usual case)
@@ -60,7 +45,7 @@ class SparseTable:
     """A sparse table's shards on one server. Thread safe.
 
     Args:
-        config: dim, rule, initializer, bucket and shard counts.
+        config: dim, rule, initializer, bucket and shard counts, accessor.
     """
 
     def __init__(self, config: SparseTableConfig) -> None:
@@ -69,7 +54,12 @@ class SparseTable:
         self.dim = config.dim
         self.rule = make_rule(config.rule)
         self.state_width = self.rule.state_width(config.dim)
-        self._shards = [_Shard(self.dim + self.state_width) for _ in range(config.num_shards)]
+        width = self.dim + self.state_width
+        life = Lifecycle(config.accessor, config.num_shards) if config.accessor.active \
+            else None
+        self._life = life
+        self._shards = [Shard(width) if life is None else life.make_shard(width, i)
+                        for i in range(config.num_shards)]
 
     def __len__(self) -> int:
         return sum(len(s.index) for s in self._shards)
@@ -77,9 +67,14 @@ class SparseTable:
     @property
     def memory_bytes(self) -> int:
         """Bytes held by row matrices and hash indexes."""
-        return sum(s.data.nbytes + s.index.memory_bytes for s in self._shards)
+        return sum(s.memory_bytes for s in self._shards)
 
-    def _split(self, keys: np.ndarray) -> list[tuple[_Shard, np.ndarray, np.ndarray]]:
+    def shard_of(self, keys: np.ndarray) -> np.ndarray:
+        """int64[N]: the internal shard of each of ``keys`` (uint64[N])."""
+        buckets = (mix64(keys) % np.uint64(self.config.num_buckets)).astype(np.int64)
+        return buckets % len(self._shards)
+
+    def _split(self, keys: np.ndarray) -> list[tuple[Shard, np.ndarray, np.ndarray]]:
         """(shard, positions in ``keys``, their hashes) for every shard that has keys.
 
         ``mix64`` runs once per key here: the bucket (so the shard) and the hash
@@ -114,25 +109,30 @@ class SparseTable:
             RemoteError: a key equals the reserved 2^64-1.
         """
         out = np.empty((keys.size, self.dim), dtype=np.float32)
+        life = self._life
+        clock = 0 if life is None else life.tick()
         for shard, pos, hashes in self._split(keys):
             k = keys[pos]
             with shard.lock:
-                rows = self._rows(shard, k, hashes, create)
+                rows = self._rows(shard, k, hashes, create, clock)
                 missing = rows < 0
-                if missing.any():  # only when not creating
+                if missing.any():  # not creating, or not admitted
                     out[pos[missing]] = self._initial(k[missing])
                     pos, rows = pos[~missing], rows[~missing]
                 out[pos] = np.take(shard.data, rows, axis=0)[:, : self.dim]
+                if life is not None:
+                    life.touch(shard, rows, clock)
         return out
 
-    def _rows(self, shard: _Shard, keys: np.ndarray, hashes: np.ndarray,
-              create: bool) -> np.ndarray:
+    def _rows(self, shard: Shard, keys: np.ndarray, hashes: np.ndarray,
+              create: bool, clock: int = 0, use_admission: bool = True) -> np.ndarray:
         """Row numbers of ``keys`` in ``shard`` (caller holds its lock); missing keys
-        get new rows when ``create``, else -1."""
+        get new rows when ``create`` (and admitted), else -1."""
         rows = shard.index.lookup(keys, hashes)
         missing = rows < 0
         if create and missing.any():
-            rows[missing] = self._insert(shard, keys[missing], hashes[missing])
+            rows[missing] = self._insert(shard, keys[missing], hashes[missing],
+                                         rows[~missing], clock, use_admission)
         return rows
 
     def _check_shape(self, keys: np.ndarray, values: np.ndarray, what: str) -> None:
@@ -143,31 +143,69 @@ class SparseTable:
             )
 
     def _update(self, keys: np.ndarray, values: np.ndarray,
-                op: Callable[[np.ndarray, np.ndarray, np.ndarray], None]) -> None:
-        """``op(w, state, v)`` in place on the rows of distinct ``keys``, creating them."""
+                op: Callable[[np.ndarray, np.ndarray, np.ndarray], None],
+                counts: np.ndarray | None = None, use_admission: bool = True) -> None:
+        """``op(w, state, v)`` in place on the rows of distinct ``keys``, creating them
+        (with a lifecycle: those admitted; the others' ``values`` are dropped).
+        ``counts`` (float32[N, 2]): shows and clicks for the CTR statistics."""
+        life = self._life
+        if life is None:
+            for shard, pos, hashes in self._split(keys):
+                with shard.lock:
+                    rows = self._rows(shard, keys[pos], hashes, create=True)
+                    block = np.take(shard.data, rows, axis=0)  # [M, dim + state]
+                    op(block[:, : self.dim], block[:, self.dim:], values[pos])
+                    shard.data[rows] = block
+            return
+        clock = life.tick()
         for shard, pos, hashes in self._split(keys):
             with shard.lock:
-                rows = self._rows(shard, keys[pos], hashes, create=True)
+                rows = self._rows(shard, keys[pos], hashes, True, clock, use_admission)
+                kept = rows >= 0
+                if not kept.all():
+                    pos, rows = pos[kept], rows[kept]
                 block = np.take(shard.data, rows, axis=0)  # [M, dim + state]
                 op(block[:, : self.dim], block[:, self.dim:], values[pos])
                 shard.data[rows] = block
+                life.touch(shard, rows, clock)
+                if counts is not None:
+                    life.push_stats(shard, rows, counts[pos, 0], counts[pos, 1])
 
-    def push(self, keys: np.ndarray, grads: np.ndarray) -> None:
+    def push(self, keys: np.ndarray, grads: np.ndarray, shows: np.ndarray | None = None,
+             clicks: np.ndarray | None = None) -> None:
         """Apply the rule to the rows of ``keys`` with gradients ``grads``.
 
         Args:
             keys (uint64[N]): keys; a key given twice gets the sum of its gradients
                 (one rule step, as the worker's merge and Paddle's push merge do).
             grads (float32[N, dim]): their gradients.
+            shows, clicks (float32[N]): per-key show and click counts for the CTR
+                accessor (summed over repeated keys; None: zeros). With the ``ctr``
+                accessor every pushed row also gets unseen_days = 0 and delta_score
+                += the counts' score. Ignored by the ``none`` accessor.
 
         Missing rows are created first (a push may follow a pull that another
-        server restart lost).
+        server restart lost), if admitted (``AccessorConfig.admission``); the
+        gradients of keys not admitted are dropped.
 
         Raises:
             InvalidRequestError: a shape mismatch or the reserved key.
         """
         self._check_shape(keys, grads, "gradients")
-        self._update(*_sum_duplicates(keys, grads), self.rule.update)
+        if self._life is None or self._life.accessor is None:
+            self._update(*_sum_duplicates(keys, grads), self.rule.update)
+            return
+        counts = np.zeros((keys.size, 2), dtype=np.float32)
+        for col, (name, given) in enumerate((("shows", shows), ("clicks", clicks))):
+            if given is not None:
+                if np.shape(given) != (keys.size,):
+                    raise InvalidRequestError(
+                        f"table {self._label}: push of {keys.size} keys with {name} of "
+                        f"shape {tuple(np.shape(given))}, expected ({keys.size},)")
+                counts[:, col] = given
+        merged_keys, merged = _sum_duplicates(keys, np.hstack([grads, counts]))
+        self._update(merged_keys, np.ascontiguousarray(merged[:, : self.dim]),
+                     self.rule.update, counts=merged[:, self.dim:])
 
     def add(self, keys: np.ndarray, deltas: np.ndarray) -> None:
         """Add ``deltas`` (float32[N, dim]) to the values of ``keys``; no rule.
@@ -218,7 +256,7 @@ class SparseTable:
             w[...] = r[:, : self.dim]
             state[...] = r[:, self.dim:]
 
-        self._update(keys, rows, set_rows)
+        self._update(keys, rows, set_rows, use_admission=False)
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         """bool[N]: which of ``keys`` (uint64[N]) have a row."""
@@ -232,21 +270,35 @@ class SparseTable:
         c = self.config
         return init_rows(keys, self.dim, c.initializer, c.initial_range, c.seed)
 
-    def _insert(self, shard: _Shard, keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
-        """Create rows for absent keys (possibly repeated); return each key's row.
+    def _insert(self, shard: Shard, keys: np.ndarray, hashes: np.ndarray,
+                protected: np.ndarray, clock: int, use_admission: bool) -> np.ndarray:
+        """Create rows for absent keys (possibly repeated); return each key's row (-1:
+        not admitted). ``protected`` (int64[P]): the request's rows already present.
 
         Everything large is allocated before the index changes (initial values, rule
         state, the grown row matrix; the index's own growth is undone on failure), so
-        a MemoryError leaves the shard as it was.
+        a MemoryError leaves the shard as it was (with a lifecycle: except for rows
+        evicted to make room).
         """
         uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        initial = self._initial(uniq)  # [U, dim]
-        state = self.rule.init_state(uniq.size, self.dim)  # [U, state_width]
-        shard.reserve(len(shard.index) + uniq.size)
-        rows = shard.index.insert_new(uniq, hashes[first])
+        life = self._life
+        if life is None:
+            new, new_hashes = uniq, hashes[first]
+        else:
+            ok = life.admit_new(shard, uniq, hashes[first], protected, use_admission)
+            new, new_hashes = uniq[ok], hashes[first][ok]
+        initial = self._initial(new)  # [U, dim]
+        state = self.rule.init_state(new.size, self.dim)  # [U, state_width]
+        shard.reserve(shard.index.row_limit_after(new.size))
+        rows = shard.index.insert_new(new, new_hashes)
         shard.data[rows, : self.dim] = initial
         shard.data[rows, self.dim:] = state
-        return rows[inverse]
+        if life is None:
+            return rows[inverse]
+        life.init_rows(shard, rows, new, clock)
+        out = np.full(uniq.size, -1, dtype=np.int64)
+        out[ok] = rows
+        return out[inverse]
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """Every (keys uint64[n], rows float32[n, dim + state_width]), sorted by key."""
@@ -260,3 +312,69 @@ class SparseTable:
         all_data = np.concatenate(data)
         order = np.argsort(all_keys)
         return all_keys[order], all_data[order]
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def shrink(self) -> int:
+        """Decay every row's show and click, then delete the rows whose score is below
+        ``delete_threshold`` or whose unseen_days exceed ``delete_after_unseen_days``
+        (Paddle's CtrCommonAccessor::Shrink). Returns the rows deleted; 0 without the
+        ``ctr`` accessor. Blocks each shard in turn."""
+        if self._life is None:
+            return 0
+        deleted = 0
+        for shard in self._shards:
+            with shard.lock:
+                deleted += self._life.shrink(shard)
+        return deleted
+
+    def age_one_day(self) -> None:
+        """unseen_days += 1 for every row (a pass or day boundary); no-op without the
+        ``ctr`` accessor."""
+        if self._life is None:
+            return
+        for shard in self._shards:
+            with shard.lock:
+                self._life.age(shard)
+
+    def lifecycle_counts(self) -> LifecycleCounts:
+        """Rows admitted, rejected, evicted and deleted on this server so far."""
+        if self._life is None:
+            return LifecycleCounts()
+        return Lifecycle.counts(self._shards)
+
+    def stats_items(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every (keys uint64[n], stats float32[n, 4]) sorted by key; the columns are
+        ``STAT_COLUMNS`` (show, click, unseen_days, delta_score). Empty without the
+        ``ctr`` accessor."""
+        keys, stats = [np.zeros(0, dtype=np.uint64)], [np.zeros((0, 4), dtype=np.float32)]
+        for shard in self._shards:
+            if shard.stats is None:
+                continue
+            with shard.lock:
+                k, rows = shard.index.items()
+                keys.append(k)
+                stats.append(shard.stats[rows].copy())
+        all_keys, all_stats = np.concatenate(keys), np.concatenate(stats)
+        order = np.argsort(all_keys)
+        return all_keys[order], all_stats[order]
+
+    def load_stats(self, keys: np.ndarray, stats: np.ndarray) -> None:
+        """Set the statistics (float32[N, 4], as :meth:`stats_items`) of the rows of
+        distinct ``keys`` (uint64[N]) that exist (after :meth:`load`); others ignored.
+
+        Raises:
+            RemoteError: ``stats`` is not [N, 4], or the table has no ``ctr`` accessor.
+        """
+        if stats.shape != (keys.size, len(STAT_COLUMNS)) or self._life is None \
+                or self._life.accessor is None:
+            raise RemoteError(
+                f"table {self._label}: statistics of shape {tuple(stats.shape)} for "
+                f"{keys.size} keys; need ({keys.size}, 4) and accessor 'ctr' (this "
+                f"table: {self.config.accessor.name!r})")
+        for shard, pos, hashes in self._split(keys):
+            with shard.lock:
+                rows = shard.index.lookup(keys[pos], hashes)
+                kept = rows >= 0
+                assert shard.stats is not None
+                shard.stats[rows[kept]] = stats[pos[kept]]

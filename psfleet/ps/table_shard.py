@@ -1,0 +1,101 @@
+"""One internal shard of a sparse table: a lock, a hash index and row arrays.
+
+Rows live in one float32 matrix ``data`` [capacity, dim + state_width] (values, then
+rule state). A table with a lifecycle (``AccessorConfig.active``) keeps, beside it and
+indexed by the same row numbers, the arrays it needs, each allocated only when used:
+
+- ``row_keys`` uint64[capacity]: the key of each row, RESERVED_KEY for a free row
+  (eviction and shrink pick rows, then need their keys to remove them from the index);
+- ``stats`` float32[capacity, 4]: show, click, unseen_days, delta_score (the CTR
+  accessor; ``psfleet.ps.accessor``);
+- ``last_access`` int64[capacity]: the table clock of the row's last pull or push
+  (LRU eviction).
+
+They are parallel arrays rather than extra columns of ``data`` so that a pull or push
+of the table without a lifecycle moves exactly the bytes it did before, and a shrink
+or eviction scans a few contiguous arrays instead of every row's full width.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from psfleet.ps.hash_index import HashIndex
+from psfleet.ps.types import RESERVED_KEY
+
+__all__ = ["Shard", "STAT_COLUMNS", "SHOW", "CLICK", "UNSEEN_DAYS", "DELTA_SCORE"]
+
+_GROWTH = 1.5
+#: Columns of ``Shard.stats``.
+STAT_COLUMNS = ("show", "click", "unseen_days", "delta_score")
+SHOW, CLICK, UNSEEN_DAYS, DELTA_SCORE = range(4)
+
+
+class Shard:
+    """One lock, one hash index, the row arrays. Callers hold ``lock``.
+
+    Args:
+        width: floats per row of ``data`` (dim + state_width).
+        row_keys, stats, last_access: allocate those arrays (see the module docstring).
+        cap: most rows this shard may hold (None: no cap).
+        pending_slots: slots of the count filter's pending table (0: none).
+    """
+
+    def __init__(self, width: int, *, row_keys: bool = False, stats: bool = False,
+                 last_access: bool = False, cap: int | None = None,
+                 pending_slots: int = 0) -> None:
+        self.lock = threading.Lock()
+        self.index = HashIndex()
+        self.data = np.zeros((0, width), dtype=np.float32)
+        self.row_keys = np.zeros(0, dtype=np.uint64) if row_keys else None
+        self.stats = np.zeros((0, 4), dtype=np.float32) if stats else None
+        self.last_access = np.zeros(0, dtype=np.int64) if last_access else None
+        self.cap = cap
+        self.counts = [0, 0, 0, 0]  # LifecycleCounts: admitted, rejected, evicted, deleted
+        # The count filter's pending ids (psfleet.ps.admission), fixed size.
+        self.pending_keys = np.full(pending_slots, RESERVED_KEY, dtype=np.uint64)
+        self.pending_counts = np.zeros(pending_slots, dtype=np.int64)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by the row arrays, the pending table and the hash index."""
+        extra = [a.nbytes for a in (self.row_keys, self.stats, self.last_access)
+                 if a is not None]
+        return int(self.data.nbytes + sum(extra) + self.pending_keys.nbytes
+                   + self.pending_counts.nbytes + self.index.memory_bytes)
+
+    def reserve(self, rows: int) -> None:
+        """Grow the row arrays to at least ``rows`` rows (by 1.5x, at most ``cap``)."""
+        if rows <= self.data.shape[0]:
+            return
+        capacity = max(rows, int(self.data.shape[0] * _GROWTH), 1024)
+        if self.cap is not None:
+            capacity = max(rows, min(capacity, self.cap))
+        used = self.index.row_limit
+        grown = np.zeros((capacity, self.data.shape[1]), dtype=np.float32)
+        grown[:used] = self.data[:used]
+        extra = {}
+        if self.row_keys is not None:
+            extra["row_keys"] = np.full(capacity, RESERVED_KEY, dtype=np.uint64)
+        if self.stats is not None:
+            extra["stats"] = np.zeros((capacity, 4), dtype=np.float32)
+        if self.last_access is not None:
+            extra["last_access"] = np.zeros(capacity, dtype=np.int64)
+        for name, array in extra.items():  # everything allocated before anything changes
+            array[:used] = getattr(self, name)[:used]
+        self.data = grown
+        for name, array in extra.items():
+            setattr(self, name, array)
+
+    def live_rows(self) -> np.ndarray:
+        """int64[n]: the rows in use (needs ``row_keys``)."""
+        assert self.row_keys is not None
+        return np.flatnonzero(self.row_keys[: self.index.row_limit] != np.uint64(RESERVED_KEY))
+
+    def free_rows(self, rows: np.ndarray) -> None:
+        """Remove the keys of ``rows`` (int64[n], distinct, in use) from the shard."""
+        assert self.row_keys is not None
+        self.index.remove(self.row_keys[rows])
+        self.row_keys[rows] = np.uint64(RESERVED_KEY)
