@@ -159,3 +159,48 @@ def test_a_second_push_of_one_step_is_refused() -> None:
         finally:
             rpc.close()
             client.close()
+
+
+def test_a_restarted_worker_takes_a_round_its_predecessor_completed_unheard() -> None:
+    """Worker 1 pushed step 0 and died waiting; worker 0's push applied the round. The
+    restarted worker 1's push of step 0 is answered "applied" and changes nothing (its
+    step's gradient is in already): no second round that worker 0 never joins."""
+    with server(WaitBudget(slots=4, max_wait_s=0.05)) as running:
+        client = RemoteClient([running.endpoint], CONFIG)
+        rpc = RpcClient(running.endpoint, CONFIG)
+        try:
+            _create(client)
+            dead, other = _grads(1, 0), _grads(0, 0)
+            assert not _push(rpc, 1, 0, dead, client_id=31)  # then it is killed
+            assert _push(rpc, 0, 0, other, client_id=32)
+            assert _push(rpc, 1, 1, _grads(1, 9), client_id=33)  # the restart: done
+            values = client.pull_dense(DENSE)
+        finally:
+            rpc.close()
+            client.close()
+    mean = np.add.reduce([other, dead], dtype=np.float32) / np.float32(2)
+    np.testing.assert_allclose(values, _init() - np.float32(LR) * mean, rtol=0, atol=1e-6)
+
+
+def test_a_step_run_again_by_restarted_workers_is_a_new_round() -> None:
+    """Both workers were told step 0 was applied; restarted (incarnation 1, servers
+    kept) they run step 0 again: a second round, applied once more."""
+    with server(WaitBudget(slots=4, max_wait_s=0.05)) as running:
+        client = RemoteClient([running.endpoint], CONFIG)
+        rpc = RpcClient(running.endpoint, CONFIG)
+        try:
+            _create(client)
+            assert not _push(rpc, 0, 0, _grads(0, 0), client_id=41)
+            assert _push(rpc, 1, 0, _grads(1, 0), client_id=42)
+            assert _push(rpc, 0, 0, None, client_id=41, poll=True)
+            assert not _push(rpc, 0, 1, _grads(0, 1), client_id=43)
+            assert _push(rpc, 1, 1, _grads(1, 1), client_id=44)
+            values = client.pull_dense(DENSE)
+        finally:
+            rpc.close()
+            client.close()
+    expected = _init()
+    for step in (0, 1):
+        mean = np.add.reduce([_grads(0, step), _grads(1, step)], dtype=np.float32)
+        expected = expected - np.float32(LR) * (mean / np.float32(2))
+    np.testing.assert_allclose(values, expected, rtol=0, atol=1e-6)

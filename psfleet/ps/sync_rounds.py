@@ -11,7 +11,9 @@ error naming it, instead of waiting forever.
 Membership is by (worker index, incarnation) as at barriers
 (``psfleet.ps.coordination.Barrier``): a restarted worker's push of a step replaces
 its dead predecessor's, whose calls are then refused; a round its predecessor
-completed counts as done for it. A contribution is named by its push id, so a
+completed without being told counts as done for it (its gradient of the step is in),
+while a step its predecessor was told of is a new round (a job restarted from an
+older checkpoint runs its steps again). A contribution is named by its push id, so a
 retried push (its reply lost) is the same contribution, not a second one.
 """
 
@@ -42,6 +44,7 @@ class _Round(Generic[P]):
         self.incarnations: dict[int, int] = {}
         self.idents: dict[int, Hashable] = {}  # worker -> its push id
         self.started_s: dict[int, float] = {}
+        self.told: set[int] = set()  # workers answered "applied"
         self.done = False
         self.error: BaseException | None = None
 
@@ -97,11 +100,16 @@ class SyncRounds(Generic[P]):
                                   "stopping")
             finished = self._finished.get(key)
             if finished is not None and worker_index in finished.incarnations:
-                # A retry of a push whose round is applied, or a restarted worker's
-                # push of a step its predecessor's push completed.
                 self._check_current(finished, key, worker_index, incarnation, ident,
                                     replace_ok=True)
-                return self._outcome(finished, key)
+                if (incarnation == finished.incarnations[worker_index]
+                        or worker_index not in finished.told):
+                    # A retry of a push whose round is applied, or a restarted worker's
+                    # push of a step its dead predecessor's push completed unheard of.
+                    finished.incarnations[worker_index] = incarnation
+                    finished.idents[worker_index] = ident
+                    return self._outcome(finished, key, worker_index)
+                del self._finished[key]  # a newer incarnation runs this step again
             round_ = self._rounds.setdefault(key, _Round(worker_num))
             if round_.worker_num != worker_num:
                 raise RemoteError(f"table {table_id} step {step}: worker {worker_index} says "
@@ -131,6 +139,7 @@ class SyncRounds(Generic[P]):
                     round_.done = True
                     round_.payloads = {}  # the round's memory goes with its update
                     self._cond.notify_all()
+                round_.told.add(worker_index)
                 return True
             return self._wait(round_, key, worker_index, ident)
 
@@ -156,7 +165,7 @@ class SyncRounds(Generic[P]):
             self._check_current(round_, key, worker_index, incarnation, ident,
                                 replace_ok=False)
             if round_.done:
-                return self._outcome(round_, key)
+                return self._outcome(round_, key, worker_index)
             return self._wait(round_, key, worker_index, ident)
 
     def _wait(self, round_: _Round[P], key: tuple[int, int], worker_index: int,
@@ -170,7 +179,7 @@ class SyncRounds(Generic[P]):
             self._budget.wait_for(self._cond, ended)
         table_id, step = key
         if round_.done:
-            return self._outcome(round_, key)
+            return self._outcome(round_, key, worker_index)
         if round_.idents.get(worker_index) != ident:
             raise RemoteError(self._replaced(key, worker_index, round_))
         if self._closed:
@@ -209,7 +218,9 @@ class SyncRounds(Generic[P]):
                 "stale and must exit")
 
     @staticmethod
-    def _outcome(round_: _Round[P], key: tuple[int, int]) -> bool:
+    def _outcome(round_: _Round[P], key: tuple[int, int], worker_index: int) -> bool:
+        """True (the round is applied, ``worker_index`` is told so), or its error."""
+        round_.told.add(worker_index)
         if round_.error is not None:
             table_id, step = key
             raise RemoteError(f"sync step {step} of table {table_id} failed: {round_.error}")
