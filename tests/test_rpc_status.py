@@ -163,6 +163,7 @@ def test_status_message_is_capped_on_the_wire_with_the_full_length() -> None:
     assert status_message(wide) == "表" * (room // 9) + "... (100000 characters)"
     percent = "%" * 10_000  # '%' itself is encoded as %25
     assert status_message(percent) == "%" * (room // 3) + "... (10000 characters)"
+    assert status_message("bad \udcff name") == "bad \\udcff name"  # not UTF-8: escaped
     surrogate = "\udcff" + "x" * 10_000  # a lone surrogate cannot be sent as UTF-8
     assert status_message(surrogate).startswith("\\udcff" + "x" * 100)
     for text in (fits + "b", wide, percent, surrogate, "é" * 5000):

@@ -110,9 +110,10 @@ def status_message(text: str, limit_bytes: int = MAX_STATUS_MESSAGE_BYTES) -> st
     Characters UTF-8 cannot encode (lone surrogates) are sent as ``\\udcxx``.
     Vectorised: one numpy pass over the bytes, only for a text that may be too long.
     """
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) * 12 <= limit_bytes:  # 4 UTF-8 bytes x 3 per character at most
         return text
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     plain = (raw >= 0x20) & (raw <= 0x7E) & (raw != 0x25)
     wire = np.cumsum(np.where(plain, 1, 3))  # [bytes]
@@ -176,7 +177,7 @@ class _Gate:
         # The first refusals in full; then one in 1000 (a scan must not flood the log).
         if count <= 10 or count % 1000 == 0:
             logger.warning("refused %s from %s (%d refused so far): %s", name, peer, count,
-                           clip_text(why))
+                           clip_text(why, 2000))
 
 
 def _decode(name: str, request_type: type[Message], body: bytes,
