@@ -17,6 +17,7 @@ from psfleet import env
 from psfleet.ps.metrics_exporter import MetricsExporter, metrics_port_from_env
 from psfleet.ps.service import TableService
 from psfleet.ps.types import ServerLimits
+from psfleet.ps.wait_budget import WaitBudget
 from psfleet.rpc import RpcConfig, RunningServer, serve
 from psfleet.rpc.endpoint_file import write_endpoint_file
 
@@ -32,7 +33,8 @@ def start_server(host: str, port: int, config: RpcConfig,
     Raises:
         ConfigError: the port cannot be bound.
     """
-    service = service or TableService(barrier_timeout_s=config.deadline_s)
+    service = service or TableService(barrier_timeout_s=config.deadline_s,
+                                      wait_budget=WaitBudget.for_threads(config.server_threads))
     return service, serve(service, host, port, config)
 
 
@@ -76,7 +78,8 @@ def run_server(host: str, port: int, config: RpcConfig,
     if server_index is None:
         server_index = recover[1] if recover is not None else env.int_var(
             None, "PSFLEET_SERVER_INDEX", 0)
-    service = TableService(config.deadline_s, preload_dir, limits, job_worker_num)
+    service = TableService(config.deadline_s, preload_dir, limits, job_worker_num,
+                           WaitBudget.for_threads(config.server_threads))
     if recover is not None:
         service.recover(*recover)
     service, server = start_server(host, port, config, service)

@@ -49,6 +49,12 @@ class WaitBudget:
         self._lock = threading.Lock()
         self._waiting = 0
 
+    @classmethod
+    def for_threads(cls, server_threads: int) -> WaitBudget:
+        """The budget of a server with ``server_threads`` handler threads: half of
+        them may wait (at least one), so the other half always serve."""
+        return cls(slots=max(1, server_threads // 2))
+
     @property
     def waiting(self) -> int:
         """Calls waiting now."""
