@@ -200,6 +200,19 @@ def test_create_table_conflict_with_a_long_name_is_invalid_argument(tmp_path: Pa
 
 # -- the error -> status table -------------------------------------------------------------
 
+def test_an_unguarded_memory_error_is_resource_exhausted_naming_the_table(
+        tmp_path: Path) -> None:
+    """The service turns MemoryErrors into ResourceExhaustedErrors naming the table and
+    its size where it allocates rows; one it does not catch still names the rpc and the
+    table id of the request."""
+    with _raising_server(tmp_path, MemoryError("cannot allocate 4 GiB")) as (_, endpoint):
+        code, details = _send(endpoint, "PullSparse", msg.PullSparseRequest(
+            table_id=7).SerializeToString())
+    assert code == "RESOURCE_EXHAUSTED"
+    assert details.startswith("PullSparse on table 7: the server ran out of memory "
+                              "(cannot allocate 4 GiB); give it more memory"), details
+
+
 def test_errors_map_to_statuses_in_one_table() -> None:
     cases: dict[BaseException, str] = {
         ResourceExhaustedError("pull on table 3 ('adam', 10 rows)"): "RESOURCE_EXHAUSTED",

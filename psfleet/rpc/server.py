@@ -208,8 +208,11 @@ def _unary(name: str, method: Callable[[Any], Any], request_type: type[Message],
                 logger.exception("%s failed", name)
                 _abort(context, code, f"{name}: {type(exc).__name__}: {exc}")
             if isinstance(exc, MemoryError):  # the service names the table where it can
-                logger.error("%s: out of memory: %s", name, exc)
-                _abort(context, code, f"{name}: the server ran out of memory ({exc})")
+                table_id = getattr(request, "table_id", None)
+                what = name if table_id is None else f"{name} on table {table_id}"
+                logger.error("%s: out of memory: %s", what, exc)
+                _abort(context, code, f"{what}: the server ran out of memory ({exc}); give it "
+                       "more memory, add servers, or send smaller requests")
             _abort(context, code, str(exc))
 
     call.__name__ = name
