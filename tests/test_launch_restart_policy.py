@@ -55,6 +55,14 @@ def test_gang_policy_counts_restarts_of_the_job() -> None:
     assert policy.restarts(worker) == policy.restarts(server) == 2
 
 
+def test_gang_policy_does_not_restart_once_a_worker_finished() -> None:
+    # In sync mode a worker that exited 0 passed the job's last barrier: training is over.
+    assert RestartPolicy(1, "gang").decide(_spec(Role.SERVER, 0),
+                                           a_worker_done=True) is Action.FAIL
+    assert RestartPolicy(1, "process").decide(_spec(Role.WORKER, 1),
+                                              a_worker_done=True) is Action.RESTART_CHILD
+
+
 @pytest.mark.parametrize("policy", ["process", "gang"])
 def test_no_restart_without_max_restarts_or_once_the_workers_are_done(policy: str) -> None:
     assert RestartPolicy(0, policy).decide(_spec(Role.WORKER, 0)) is Action.FAIL

@@ -339,7 +339,9 @@ class Job:
                     workers_done: bool) -> int | None:
         """Restart after ``child``'s failure (reaped) per the policy; None when the job
         goes on, else its exit code (the failure reported)."""
-        action = self._restarts.decide(child.spec, workers_done=workers_done)
+        action = self._restarts.decide(
+            child.spec, workers_done=workers_done,
+            a_worker_done=any(w.returncode == 0 for w in self.workers))
         if action is Action.RESTART_CHILD:
             self._replace(child, cause)
             return None

@@ -220,8 +220,10 @@ Whole-job restarts (--max_restarts N > 0, --restart_policy gang; sync jobs):
     naming the checkpoint folder it finds in ``PSFLEET_CHECKPOINT_DIR`` (``psfleet
     train`` passes ``runner.checkpoint.checkpoint_dir``). The failed child's log is kept
     as ``<log>.failed<k>``, the others' as ``<log>.stopped<k>``. A failure after N
-    restarts ends the job with the failure summary. One node's fleetrun restarts only
-    its own children: a multi-node sync job needs a restart of every node.
+    restarts, or once a worker has exited 0 (in sync mode it passed the job's last
+    barrier: training is over), ends the job with the failure summary. One node's
+    fleetrun restarts only its own children: a multi-node sync job needs a restart of
+    every node.
 
 Hang detection (``PSFLEET_HEALTH_TIMEOUT_S``, default 30, at most 30 seconds):
     fleetrun has a helper process (``psfleet.launch.health_probe``; fleetrun itself

@@ -23,7 +23,8 @@ With N > 0 every child also gets ``PSFLEET_RPC_MAX_RETRIES=1000`` (unless set), 
 workers keep retrying a server that is being restarted until ``PSFLEET_RPC_DEADLINE_S``.
 The failed child's log is kept as ``<log>.failed<k>`` (k = the restart that followed);
 with ``gang`` the others' logs are kept as ``<log>.stopped<k>``. The new processes write
-``<log>`` again. Nothing is restarted once every worker has finished.
+``<log>`` again. Nothing is restarted once every worker has finished; with ``gang``,
+once any worker has (in sync mode it passed the last barrier).
 
 :meth:`RestartPolicy.decide` is the pure decision (unit tested).
 """
@@ -126,15 +127,22 @@ class RestartPolicy:
     def can_restart(self, spec: ProcessSpec) -> bool:
         return self.restarts(spec) < self.max_restarts
 
-    def decide(self, spec: ProcessSpec, *, workers_done: bool = False) -> Action:
+    def decide(self, spec: ProcessSpec, *, workers_done: bool = False,
+               a_worker_done: bool = False) -> Action:
         """What to do about the failure of the child ``spec`` describes.
 
         Args:
             spec: the failed child's spec.
             workers_done: every worker already exited 0 (the job is ending): a
                 failure then is never restarted.
+            a_worker_done: some worker already exited 0. ``gang`` then does not
+                restart: in sync mode that worker passed the job's last barrier, so
+                training is over (and a restarted worker 0 would find its run
+                finished).
         """
         if workers_done or not self.can_restart(spec):
+            return Action.FAIL
+        if self.policy == "gang" and a_worker_done:
             return Action.FAIL
         return Action.RESTART_JOB if self.policy == "gang" else Action.RESTART_CHILD
 
