@@ -87,10 +87,12 @@ def _exchange(runner: RunnerConfig, config: TrainConfig, worker_index: int,
     directory = exchange_dir(runner)
     endpoints = fleet.server_endpoints()
     if endpoints:
+        from psfleet.fleet.persistence import restart_num
         from psfleet.ps import RemoteClient
         from psfleet.rpc import RpcConfig
 
-        client = RemoteClient(endpoints, RpcConfig.from_env(), worker_index)
+        client = RemoteClient(endpoints, RpcConfig.from_env(), worker_index,
+                              incarnation=restart_num())  # a restart replaces its arrival
         try:
             client.wait_ready(server_wait_timeout_s(config.cluster.server_wait_timeout_s))
 
