@@ -12,6 +12,7 @@ a given step (on its first start only) or slow the steps down.
 - Finding 10: the server SIGSTOPped mid-run with ``PSFLEET_HEALTH_TIMEOUT_S=3``: with a
   restart left the job restarts and finishes (exit 0); without one it fails within
   ~10 s, the summary naming the server, its endpoint and "did not answer health checks".
+  In an async job (``--restart_policy process``) only the server is restarted.
 """
 
 from __future__ import annotations
@@ -49,13 +50,14 @@ JOB_SCRIPT = REPO_ROOT / "tests" / "jobs" / "faulty_train_job.py"
 STEPS = 30  # 480 examples / 2 workers / batch 8, one epoch
 
 
-def _run_folder(tmp_path: Path, name: str, train: Path, test: Path) -> tuple[Path, Path]:
-    """Prepare a sync 1x2 run as ``psfleet train`` does; (run folder, checkpoint dir)."""
+def _run_folder(tmp_path: Path, name: str, train: Path, test: Path,
+                mode: str = "sync") -> tuple[Path, Path]:
+    """Prepare a 1x2 run as ``psfleet train`` does; (run folder, checkpoint dir)."""
     checkpoint_dir = tmp_path / f"ck-{name}"
     config = tmp_path / f"{name}.yaml"
     config.write_text(json.dumps({
         "runner": {"train_data_dir": str(train), "test_data_dir": str(test), "epochs": 1,
-                   "batch_size": 8, "sync_mode": "sync", "seed": 11,
+                   "batch_size": 8, "sync_mode": mode, "seed": 11,
                    "model_save_path": str(tmp_path / f"out-{name}"),
                    "checkpoint": {"checkpoint_dir": str(checkpoint_dir), "step_interval": 10,
                                   "epoch_interval": 1, "max_num_checkpoints": 5}},
@@ -190,12 +192,13 @@ def test_sync_worker_killed_restarts_the_whole_job_and_ends_as_undisturbed(
 
 
 def _stop_server_mid_run(tmp_path: Path, data_slice: Callable[..., Path],
-                         *restart_flags: str) -> tuple[int, list[str], Path, float]:
+                         *restart_flags: str, mode: str = "sync"
+                         ) -> tuple[int, list[str], Path, float]:
     """Run a slowed-down job, SIGSTOP its server once a checkpoint past step 0 exists;
     return (exit code, fleetrun's stderr lines, run folder, seconds from the stop to
     the end)."""
     train, test = data_slice(480), data_slice(200, source="dev.csv")
-    run, ck = _run_folder(tmp_path, "stop", train, test)
+    run, ck = _run_folder(tmp_path, "stop", train, test, mode)
     argv = [*_fleetrun(run, *restart_flags), "--step_sleep_s", "0.1",
             str(run / "config.yaml")]
     env = {"PSFLEET_HEALTH_TIMEOUT_S": "3", "PSFLEET_CHECKPOINT_DIR": str(ck)}
@@ -241,3 +244,19 @@ def test_stopped_server_without_restarts_fails_naming_it(
                      r"\(PSFLEET_HEALTH_TIMEOUT_S=3\); fleetrun killed it \(SIGKILL\); this is "
                      r"the first failure \(the root cause\)", text), text[-4000:]
     print(f"job failed {ended:.1f} s after the SIGSTOP")
+
+
+def test_stopped_server_of_an_async_job_is_restarted_alone(
+        tmp_path: Path, data_slice: Callable[..., Path]) -> None:
+    code, lines, run, ended = _stop_server_mid_run(
+        tmp_path, data_slice, "--max_restarts", "1", mode="async")  # --restart_policy process
+    text = "".join(lines)
+    assert code == 0, text[-4000:]
+    assert "restarting the whole job" not in text
+    (restart,) = [line for line in lines if "restarting it" in line]
+    assert re.search(r"server 0 \(pid \d+, 127\.0\.0\.1:\d+\) did not answer health checks "
+                     r"for [3-9] s .*; fleetrun killed it \(SIGKILL\); restarting it \(restart 1 "
+                     r"of --max_restarts 1\)", restart), restart
+    assert "recovered 2 tables from checkpoint" in (run / "log" / "serverlog.0").read_text()
+    assert not (run / "log" / "workerlog.0.stopped1").exists()  # the workers went on
+    print(f"job ended {ended:.1f} s after the SIGSTOP")
