@@ -29,7 +29,7 @@ def select_victims(priority: np.ndarray, candidates: np.ndarray, keys: np.ndarra
     Args:
         priority (float32 or int64[C]): each candidate's priority (lower goes first).
         candidates (int64[C]): row numbers.
-        keys (uint64[C]): each candidate's key (breaks ties).
+        keys (uint64[R]): the key of every row (indexed by row number; breaks ties).
         n: rows wanted, 0 <= n.
 
     Returns:
@@ -42,5 +42,5 @@ def select_victims(priority: np.ndarray, candidates: np.ndarray, keys: np.ndarra
     threshold = priority[np.argpartition(priority, n - 1)[n - 1]]
     below = np.flatnonzero(priority < threshold)
     ties = np.flatnonzero(priority == threshold)
-    ties = ties[np.argsort(keys[ties], kind="stable")[: n - below.size]]
+    ties = ties[np.argsort(keys[candidates[ties]], kind="stable")[: n - below.size]]
     return candidates[np.concatenate([below, ties])]

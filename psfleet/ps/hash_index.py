@@ -38,7 +38,8 @@ _WINDOW_OFFSETS = np.arange(_WINDOW, dtype=np.int64)[None, :]
 
 
 class HashIndex:
-    """Maps uint64 keys to row numbers 0..len-1 in order of insertion.
+    """Maps uint64 keys to row numbers: 0..len-1 in order of insertion until a
+    :meth:`remove`, after which inserts reuse the freed rows first.
 
     Args:
         capacity: initial number of slots (rounded up to a power of two, >= 16).
@@ -199,11 +200,13 @@ class HashIndex:
         pending = np.arange(keys.shape[0])
         pos = self._home(hashes)
         while pending.size:
-            free = self._keys[pos] == _EMPTY
-            # Among keys whose slot is free, the first one to name a slot claims it.
-            cand = np.flatnonzero(free)
-            _, first = np.unique(pos[cand], return_index=True)
-            won = cand[first]
+            cand = np.flatnonzero(self._keys[pos] == _EMPTY)
+            # Keys naming the same free slot: each writes its number into the slot's
+            # (unused) row field; the one that stays there claims the slot. One
+            # scatter and one gather instead of a sort per round.
+            slots = pos[cand]
+            self._rows[slots] = cand
+            won = cand[self._rows[slots] == cand]
             self._keys[pos[won]] = keys[pending[won]]
             self._rows[pos[won]] = rows[pending[won]]
             lost = np.ones(pending.size, dtype=bool)

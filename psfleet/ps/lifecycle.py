@@ -143,7 +143,7 @@ class Lifecycle:
         else:
             assert self.accessor is not None and shard.stats is not None
             priority = self.accessor.row_score(shard.stats[candidates])
-        victims = select_victims(priority, candidates, shard.row_keys[candidates], n)
+        victims = select_victims(priority, candidates, shard.row_keys, n)
         shard.free_rows(victims)
         shard.counts[2] += int(victims.size)
 
