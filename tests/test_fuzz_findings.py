@@ -3,7 +3,7 @@
 - F4 (in part): a request's long name (a barrier's, a table's) was quoted whole in the
   error message; above 16 KiB the client got RESOURCE_EXHAUSTED "Stream removed"
   instead of the reason. Names are now quoted at most ``MAX_ECHO_CHARS`` characters
-  (``request_checks.clip_text``), by the worker checks, the table-size checks and the
+  (``psfleet.errors.clip_text``), by the worker checks, the table-size checks and the
   sparse and dense tables.
 - F5: a dense save's flat index was trusted: a negative position wrapped around on
   load (``values[-5]``: the last element silently overwritten), a repeated or huge one
@@ -27,11 +27,18 @@ import fsspec
 import numpy as np
 import pytest
 
-from psfleet.errors import ConfigError, DataError, InvalidRequestError, RemoteError
+from psfleet.errors import (
+    MAX_ECHO_CHARS,
+    ConfigError,
+    DataError,
+    InvalidRequestError,
+    RemoteError,
+    clip_text,
+)
 from psfleet.ps import TableService
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.persist import load_server, save_server
-from psfleet.ps.request_checks import MAX_ECHO_CHARS, check_table_config, clip_text
+from psfleet.ps.request_checks import check_table_config, config_difference
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.types import DenseTableConfig, RuleConfig, ServerLimits, SparseTableConfig
 from psfleet.rpc import messages as msg
@@ -175,3 +182,12 @@ def test_save_and_load_of_an_unusable_url_are_config_errors(
                  lambda: load_server({3: table}, "nosuchproto://x", 0, 1, {3: np.arange(2)})):
         with pytest.raises(ConfigError, match="is not a folder this process can use"):
             call()
+
+
+def test_a_config_conflict_names_only_the_fields_that_differ() -> None:
+    here = SparseTableConfig(name="emb", dim=8, rule=RuleConfig(name="adam", learning_rate=0.001))
+    sent = here.model_copy(update={"dim": 16, "rule": RuleConfig(name="adam", learning_rate=0.5)})
+    assert config_difference(here, sent) == ("dim: 8 here, 16 sent; rule.learning_rate: "
+                                             "0.001 here, 0.5 sent")
+    assert config_difference(here, DenseTableConfig(name="emb", size=4)) == (
+        "a SparseTableConfig here, a DenseTableConfig sent")

@@ -127,7 +127,8 @@ def test_create_table_twice_with_another_config_is_a_config_error() -> None:
         client.create_sparse_table(3, config)
         client.create_sparse_table(3, config)  # same config: a no-op
         other = config.model_copy(update={"dim": 16})
-        with pytest.raises(ConfigError, match=r"table 3 exists .*name='emb'.*dim=16"):
+        with pytest.raises(ConfigError, match=r"table 3 \('emb'\) exists with another "
+                                              r"config: dim: 8 here, 16 sent\. Every"):
             client.create_sparse_table(3, other)
         rpc = RpcClient(running[0].endpoint, CONFIG)
         try:

@@ -11,8 +11,7 @@ import threading
 
 import numpy as np
 
-from psfleet.errors import InvalidRequestError, RemoteError
-from psfleet.ps.request_checks import clip_text
+from psfleet.errors import InvalidRequestError, RemoteError, clip_text
 from psfleet.ps.rules import make_rule
 from psfleet.ps.types import DenseTableConfig
 

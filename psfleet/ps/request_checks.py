@@ -16,7 +16,7 @@ Policies (documented here, applied by the service):
   table's size, must not exceed :class:`~psfleet.ps.types.ServerLimits`.
 - **Echoed text.** A message quotes a request's names (a table's, a barrier's) at most
   :data:`MAX_ECHO_CHARS` characters long (:func:`clip_text`): gRPC sends the message
-  as a header, and a header above the client's limit (16 KiB by default) replaces the
+  as a header, and a header above the client's soft limit (8 KiB) replaces the
   status with RESOURCE_EXHAUSTED "Stream removed", losing the reason.
 - **Non-finite values.** A push (gradients or GEO deltas, sparse or dense) or a dense
   table's initial values containing NaN or +-Inf is rejected whole, nothing applied;
@@ -27,27 +27,43 @@ Policies (documented here, applied by the service):
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 
-from psfleet.errors import InvalidRequestError
+from psfleet.errors import MAX_ECHO_CHARS, InvalidRequestError, clip_text
 from psfleet.ps.types import DenseTableConfig, ServerLimits, SparseTableConfig
 
 __all__ = ["JobWorkers", "check_table_config", "count_non_finite", "check_pull_size",
-           "clip_text", "MAX_ECHO_CHARS"]
-
-#: Characters of a request's text (a name) an error message quotes at most.
-MAX_ECHO_CHARS = 200
+           "clip_text", "config_difference", "MAX_ECHO_CHARS"]
 
 _HOW_TO_RAISE = ("this server's limit (psfleet.ps.types.ServerLimits.{field}); a model that "
                  "needs more starts its servers with PSFLEET_SERVER_LIMITS={field}=... in "
                  "their environment (or TableService(limits=ServerLimits({field}=...)))")
 
 
-def clip_text(text: str, limit: int = MAX_ECHO_CHARS) -> str:
-    """``text`` when at most ``limit`` characters, else its first ``limit`` characters,
-    ``...`` and its length, for quoting a request's text in an error message."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+def _flat(fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one dict of dotted keys: ``{"rule": {"lr": 1}}`` -> ``{"rule.lr": 1}``."""
+    flat: dict[str, Any] = {}
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_difference(here: BaseModel, sent: BaseModel) -> str:
+    """The fields in which two table configs differ, as text:
+    ``dim: 8 here, 16 sent; rule.learning_rate: 0.001 here, 0.5 sent`` (values clipped
+    with :func:`~psfleet.errors.clip_text`), or the two types when they differ."""
+    if type(here) is not type(sent):
+        return f"a {type(here).__name__} here, a {type(sent).__name__} sent"
+    a, b = _flat(here.model_dump()), _flat(sent.model_dump())
+    return "; ".join(f"{key}: {clip_text(repr(a.get(key)))} here, "
+                     f"{clip_text(repr(b.get(key)))} sent"
+                     for key in sorted(a.keys() | b.keys()) if a.get(key) != b.get(key))
 
 
 def _over(what: str, value: int, field: str, limit: int) -> InvalidRequestError:

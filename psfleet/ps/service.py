@@ -19,7 +19,13 @@ import numpy as np
 from pydantic import ValidationError
 
 from psfleet.checkpoint import CheckpointStore
-from psfleet.errors import ConfigError, InvalidRequestError, RemoteError, ResourceExhaustedError
+from psfleet.errors import (
+    ConfigError,
+    InvalidRequestError,
+    RemoteError,
+    ResourceExhaustedError,
+    clip_text,
+)
 from psfleet.ps.coordination import Barrier, PushGate
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.merge import merge_sparse
@@ -35,6 +41,7 @@ from psfleet.ps.request_checks import (
     JobWorkers,
     check_pull_size,
     check_table_config,
+    config_difference,
     count_non_finite,
 )
 from psfleet.ps.request_counters import RequestCounters, RequestCounts
@@ -172,9 +179,10 @@ class TableService:
             if existing is not None:
                 if existing.config != config:
                     raise ConfigError(
-                        f"table {request.table_id} exists with config {existing.config!r}; "
-                        f"a worker sent {config!r}. Every worker must build the same model"
-                    )
+                        f"table {request.table_id} ({clip_text(repr(existing.config.name))}) "
+                        "exists with another config: "
+                        f"{config_difference(existing.config, config)}. Every worker must "
+                        "build the same model")
                 return msg.CreateTableResponse(created=False)
             table: Table = (
                 SparseTable(config) if isinstance(config, SparseTableConfig)
