@@ -101,6 +101,9 @@ class SparseTable:
             keys (uint64[N]): keys; duplicates allowed.
             create: insert missing rows with their initial values (training); when
                 False, missing rows read as their initial values and are not stored.
+                With a lifecycle, only keys the admission policy admits are inserted
+                (the others read as their initial values), a full shard evicts first,
+                and every row read is stamped for LRU.
 
         Returns:
             float32[N, dim]: a new array.
