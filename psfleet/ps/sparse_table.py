@@ -19,11 +19,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from psfleet.errors import InvalidRequestError, RemoteError
+from psfleet.errors import InvalidRequestError, RemoteError, clip_text
 from psfleet.ps.hashing import init_rows, mix64
 from psfleet.ps.lifecycle import Lifecycle, LifecycleCounts
 from psfleet.ps.merge import sum_equal_keys
-from psfleet.ps.request_checks import clip_text
 from psfleet.ps.rules import make_rule
 from psfleet.ps.table_shard import STAT_COLUMNS, Shard
 from psfleet.ps.types import RESERVED_KEY, SparseTableConfig
