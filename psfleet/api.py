@@ -156,7 +156,11 @@ def job_launcher(config: TrainConfig, tee_stream: BinaryIO | None = None
     return functools.partial(
         launch_local, command, cluster.server_num, cluster.worker_num, log_dir,
         server_wait_timeout_s=server_wait_timeout_s(cluster.server_wait_timeout_s),
-        max_restarts=cluster.max_restarts, tls=cluster.tls, tee_stream=tee_stream), \
+        max_restarts=cluster.max_restarts, tls=cluster.tls, tee_stream=tee_stream,
+        # sync mode cannot take back one replaced worker mid-round: restart them all
+        restart_policy="gang" if config.runner.sync_mode == "sync" else "process",
+        checkpoint_dir=(str(config.runner.checkpoint.checkpoint_dir)
+                        if config.runner.checkpoint else None)), \
         f"{plural(cluster.server_num, 'server')} x {plural(cluster.worker_num, 'worker')}"
 
 

@@ -262,7 +262,8 @@ VARIABLES: tuple[EnvVar, ...] = (
         "PSFLEET_CHECKPOINT_DIR",
         None,
         "Checkpoint folder (path or fsspec URL) a restarted server recovers its tables from "
-        "when the script does not pass checkpoint_dir to fleet.init_server().",
+        "when the script does not pass checkpoint_dir to fleet.init_server(); fleetrun "
+        "names it in the line of a gang restart.",
     ),
 )
 
