@@ -459,3 +459,29 @@ def test_lowest_score_needs_the_ctr_accessor() -> None:
     with pytest.raises(pydantic.ValidationError, match="accessor.eviction.*'ctr'"):
         SparseTableConfig(name="t", dim=2, accessor={"max_rows": 5,
                                                       "eviction": "lowest_score"})
+
+
+def test_update_stats_counts_existing_rows_only() -> None:
+    table = make_table(name="ctr")
+    held = np.array([4, 6], dtype=np.uint64)
+    table.pull(held)
+    table.age_one_day()
+    before = table.items()
+    table.update_stats(np.array([4, 9, 4], dtype=np.uint64), np.array([2, 5, 1], np.float32),
+                       np.array([1, 5, 0], np.float32))
+    for a, b in zip(before, table.items(), strict=True):  # values untouched, no row for 9
+        np.testing.assert_array_equal(a, b)
+    _, stats = table.stats_items()
+    np.testing.assert_allclose(stats, [[3, 1, 0, 2 * 0.1 + 1], [0, 0, 1, 0]], rtol=1e-6)
+
+
+def test_counts_of_the_wrong_shape_name_the_argument() -> None:
+    from psfleet.errors import InvalidRequestError
+
+    table = make_table(name="ctr")
+    keys = np.array([1, 2], dtype=np.uint64)
+    with pytest.raises(InvalidRequestError, match=r"push of 2 keys with clicks of shape \(3,\)"):
+        table.push(keys, np.zeros((2, DIM), np.float32), clicks=np.zeros(3, np.float32))
+    with pytest.raises(InvalidRequestError, match="update_stats of 2 keys with shows"):
+        table.update_stats(keys, np.zeros(1, np.float32), np.zeros(2, np.float32))
+    assert len(table) == 0

@@ -137,6 +137,19 @@ class SparseTable:
                                          rows[~missing], clock, use_admission)
         return rows
 
+    def _counts(self, keys: np.ndarray, shows: np.ndarray | None,
+                clicks: np.ndarray | None, what: str) -> np.ndarray:
+        """float32[N, 2]: ``shows`` and ``clicks`` (float32[N] each, None: zeros)."""
+        counts = np.zeros((keys.size, 2), dtype=np.float32)
+        for col, (name, given) in enumerate((("shows", shows), ("clicks", clicks))):
+            if given is not None:
+                if np.shape(given) != (keys.size,):
+                    raise InvalidRequestError(
+                        f"table {self._label}: {what} of {keys.size} keys with {name} "
+                        f"of shape {tuple(np.shape(given))}, expected ({keys.size},)")
+                counts[:, col] = given
+        return counts
+
     def _check_shape(self, keys: np.ndarray, values: np.ndarray, what: str) -> None:
         if values.shape != (keys.size, self.dim):
             raise InvalidRequestError(
@@ -197,14 +210,7 @@ class SparseTable:
         if self._life is None or self._life.accessor is None:
             self._update(*_sum_duplicates(keys, grads), self.rule.update)
             return
-        counts = np.zeros((keys.size, 2), dtype=np.float32)
-        for col, (name, given) in enumerate((("shows", shows), ("clicks", clicks))):
-            if given is not None:
-                if np.shape(given) != (keys.size,):
-                    raise InvalidRequestError(
-                        f"table {self._label}: push of {keys.size} keys with {name} of "
-                        f"shape {tuple(np.shape(given))}, expected ({keys.size},)")
-                counts[:, col] = given
+        counts = self._counts(keys, shows, clicks, "push")
         merged_keys, merged = _sum_duplicates(keys, np.hstack([grads, counts]))
         self._update(merged_keys, np.ascontiguousarray(merged[:, : self.dim]),
                      self.rule.update, counts=merged[:, self.dim:])
@@ -329,6 +335,33 @@ class SparseTable:
             with shard.lock:
                 deleted += self._life.shrink(shard)
         return deleted
+
+    def update_stats(self, keys: np.ndarray, shows: np.ndarray, clicks: np.ndarray) -> None:
+        """Add show and click counts to the existing rows of ``keys`` without a
+        gradient (GEO mode pushes parameter deltas through :meth:`add`, its counts
+        here): as :meth:`push` does to the statistics; missing keys are ignored (no
+        row is created). No-op without the ``ctr`` accessor.
+
+        Args:
+            keys (uint64[N]): keys; repeated keys' counts are summed.
+            shows, clicks (float32[N]): counts.
+
+        Raises:
+            InvalidRequestError: a shape mismatch or the reserved key.
+        """
+        counts = self._counts(keys, shows, clicks, "update_stats")
+        life = self._life
+        if life is None or life.accessor is None:
+            return
+        keys, counts = _sum_duplicates(keys, counts)
+        clock = life.tick()
+        for shard, pos, hashes in self._split(keys):
+            with shard.lock:
+                rows = shard.index.lookup(keys[pos], hashes)
+                kept = rows >= 0
+                pos, rows = pos[kept], rows[kept]
+                life.push_stats(shard, rows, counts[pos, 0], counts[pos, 1])
+                life.touch(shard, rows, clock)
 
     def age_one_day(self) -> None:
         """unseen_days += 1 for every row (a pass or day boundary); no-op without the
