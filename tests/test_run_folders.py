@@ -5,7 +5,8 @@ slices of the real Criteo sample.
   at the second; each holds its effective config (read back equal to the run's),
   metrics.json, the curves, the TensorBoard folder and the exported model.
 - A finished run named again (``-o runner.run_name=``) is refused with exit 2 naming
-  the folder, and nothing in it changes; an interrupted one may continue.
+  the folder, and nothing in it changes; an interrupted one may continue, and so may a
+  process the launcher restarted (``PSFLEET_RESTART_NUM`` > 0).
 - ``psfleet.train(dict)`` twice in one process: two run folders, two results, and
   the second run's model equals a fresh process's (fleet state is per run).
 - ``psfleet predict --model RUN_FOLDER`` (no -m) reproduces the run's test AUC.
@@ -99,6 +100,11 @@ def test_a_finished_run_is_not_continued_an_interrupted_one_is(
     assert result.returncode == 2
     assert f"{folder} holds a finished run" in result.stderr
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("*")} == before
+    # a process the launcher restarted continues its own job's folder (a gang restart
+    # after worker 0 wrote metrics.json)
+    _ok(run_cli(["train", "-m", str(config), "-o", "runner.run_name=r1"],
+                env={"PSFLEET_RESTART_NUM": "1"}))
+    assert (folder / "metrics.json").stat().st_mtime_ns > before[folder / "metrics.json"]
     # an interrupted run (metrics.json with "interrupted") continues in its folder
     metrics = json.loads((folder / "metrics.json").read_text())
     metrics["interrupted"] = {"epoch": 1, "step": 3, "batch": 3, "checkpoint": None}

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from psfleet.errors import ConfigError
+from psfleet.fleet.persistence import restart_num
 from psfleet.rec.config import TrainConfig
 from psfleet.rec.config_load import dump_config
 
@@ -82,14 +83,17 @@ def _finished(metrics_path: Path) -> bool:
 
 
 def check_run_folder(config: TrainConfig) -> None:
-    """Refuse to continue a run that finished (see the module doc).
+    """Refuse to continue a run that finished (see the module doc). A process the
+    launcher restarted (``PSFLEET_RESTART_NUM`` > 0) continues its own job's folder
+    whatever its metrics.json says: e.g. a sync job restarted whole after a process
+    failed once worker 0 had written it.
 
     Raises:
         ConfigError: the run folder's metrics.json is a finished run's (names the
             folder, and what to do).
     """
     folder = config.runner.run_dir
-    if _finished(folder / "metrics.json"):
+    if restart_num() == 0 and _finished(folder / "metrics.json"):
         raise ConfigError(
             f"runner.run_name: {config.runner.run_name!r}: {folder} holds a finished run "
             "(its metrics.json); choose another run_name, leave it unset for a new "
