@@ -42,5 +42,8 @@ def select_victims(priority: np.ndarray, candidates: np.ndarray, keys: np.ndarra
     threshold = priority[np.argpartition(priority, n - 1)[n - 1]]
     below = np.flatnonzero(priority < threshold)
     ties = np.flatnonzero(priority == threshold)
-    ties = ties[np.argsort(keys[candidates[ties]], kind="stable")[: n - below.size]]
+    need = n - below.size
+    if need < ties.size:  # the smallest keys among the ties, O(ties) not a sort
+        tie_keys = keys[candidates[ties]]
+        ties = ties[np.argpartition(tie_keys, need - 1)[:need]]
     return candidates[np.concatenate([below, ties])]
