@@ -255,3 +255,21 @@ def test_valid_requests_still_decode_and_answer(tmp_path: Path) -> None:
         expected = before - np.float32(0.5) * grads  # SGD, learning rate 0.5
         got = client.pull_sparse(0, KEYS, create=False)
         np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_a_load_that_fails_on_one_table_leaves_every_table_as_it_was(tmp_path: Path) -> None:
+    with _table_server(tmp_path) as (_, endpoint, client):
+        client.create_sparse_table(1, SparseTableConfig(
+            name="other", dim=4, rule=RuleConfig(name="sgd", learning_rate=0.5)))
+        client.pull_sparse(1, KEYS)
+        saved = tmp_path / "saved"
+        client.save(str(saved))
+        client.push_sparse(0, KEYS, np.ones((KEYS.size, 4), np.float32))
+        live = client.pull_sparse(0, KEYS, create=False)
+        (damaged,) = saved.rglob("table-1.sparse")
+        damaged.write_bytes(damaged.read_bytes()[:-64])  # the last rows cut off
+        code, details = _send(endpoint, "Load", msg.LoadRequest(
+            dirname=str(saved), server_index=0, server_num=1).SerializeToString())
+        assert code == "FAILED_PRECONDITION" and "truncated" in details, details
+        # table 0 was read from the save before table 1 failed: still the live values
+        assert np.array_equal(client.pull_sparse(0, KEYS, create=False), live)

@@ -395,10 +395,26 @@ class TableService:
                                                       sha256=d.sha256) for d in digests])
 
     def Load(self, request: msg.LoadRequest) -> msg.Empty:  # noqa: N802
+        """Replace every table by its saved state, all or nothing: the save is read into
+        new tables of the same configs, which are swapped in together (no push in
+        between) only when every table loaded; a damaged file or a MemoryError leaves
+        the live tables as they were."""
         with self._tables_lock:
-            tables = dict(self.tables)
-        loaded = load_server(tables, request.dirname, request.server_index,
-                             request.server_num, self._dense_index(request.dense))
+            live = dict(self.tables)
+        try:
+            staged: dict[int, Table] = {
+                tid: SparseTable(t.config) if isinstance(t, SparseTable)
+                else DenseTable(t.config, np.zeros(t.config.size, np.float32))
+                for tid, t in live.items()}
+            loaded = load_server(staged, request.dirname, request.server_index,
+                                 request.server_num, self._dense_index(request.dense))
+        except MemoryError as exc:
+            raise ResourceExhaustedError(
+                f"Load of {request.dirname}: the server ran out of memory ({exc}) reading "
+                "the save; its tables are unchanged. Give the server more memory or add "
+                "servers") from None
+        with self._gate.closed(), self._tables_lock:
+            self.tables.update(staged)
         logger.info("loaded from %s: %s rows/elements per table", request.dirname, loaded)
         return msg.Empty()
 
