@@ -9,15 +9,19 @@ round on the home slots, examine a window of 8 slots per key per round, which cu
 those rounds about eightfold.
 
 Removal (:meth:`HashIndex.remove`) leaves no tombstones: it empties the removed
-keys' slots, then takes every key of the rest of each affected cluster (the occupied
-slots after a removed one, up to the next empty slot) out and places it again, which
+keys' slots, then takes the keys of the rest of each affected cluster (the occupied
+slots after a removed one, up to the next empty slot) out and places them again, which
 restores the invariant lookups rely on (no key sits after an empty slot of its probe
-sequence). This is the batch form of Knuth's deletion for linear probing (TAOCP 6.4,
-Algorithm R); at load <= 0.5 a cluster's tail averages about one key, so a removal
-costs about two placements, and lookups stay exactly as fast as in a table that never
-removed anything (tombstones would lengthen every probe until a rebuild). Removed rows
-go on a free list that the next inserts take first, so the caller's row matrix never
-needs more rows than the most keys ever held at once.
+sequence); a tail key already in its home slot stays, since it cannot move closer.
+This is the batch form of Knuth's deletion for linear probing (TAOCP 6.4, Algorithm
+R). Measured at 250,000 keys in 2^19 slots, churned 4096 keys a batch: a removal
+costs about 0.4 us a key against 0.16 us for an insert, and lookups after 10^6
+removals are as fast as in a fresh index. Tombstones would make a removal one store,
+but every tombstone lengthens probes until a rebuild re-places all live keys, and at
+this load the headroom under the 0.5 bound is ~12,000 slots: a rebuild (~40 ms)
+every ~12,000 removals is ~3.5 us a removal. Removed rows go on a free list that the
+next inserts take first, so the caller's row matrix never needs more rows than the
+most keys ever held at once.
 
 Not thread safe: the sparse table holds a lock per shard around it.
 """
@@ -167,7 +171,8 @@ class HashIndex:
             reports its row once, then -1).
 
         Vectorised: one numpy pass per probe step, then the cluster tails of the
-        removed slots are placed again (see the module docstring).
+        removed slots are placed again (see the module docstring); keys
+        already in their home slot stay.
         """
         hashes = mix64(keys) if hashes is None else hashes
         slots = self._find_slots(keys, hashes)
@@ -188,6 +193,8 @@ class HashIndex:
             tails.append(pos)
             pos = (pos + 1) & self._mask
         moved = np.concatenate(tails)
+        # A key in its home slot cannot move closer: it stays (about half of them).
+        moved = moved[self._home(mix64(self._keys[moved])) != moved]
         if moved.size:
             move_keys, move_rows = self._keys[moved], self._rows[moved]
             self._keys[moved] = _EMPTY
