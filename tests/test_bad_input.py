@@ -164,6 +164,7 @@ def test_compressed_data_file_exits_2_before_any_process(
     assert_no_processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.slow  # several seconds: the slow tier
 @pytest.mark.parametrize("fraction", [None, 1.0])
 def test_training_on_nothing_fails(run_cli: RunCli, config: Path, tmp_path: Path,
                                    fraction: float | None) -> None:

@@ -176,6 +176,7 @@ def test_cli_rejects_bad_numbers(
     assert not (tmp_path / "x.tsv").exists()
 
 
+@pytest.mark.slow  # several seconds: the slow tier
 def test_cli_rejects_an_unwritable_out_path(run_cli: RunCli, tmp_path: Path) -> None:
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("")
@@ -246,6 +247,7 @@ def multihot_read(multihot_train: Path) -> MultihotFile:
     return _read_multihot(multihot_train)
 
 
+@pytest.mark.slow  # several seconds: the slow tier
 def test_multihot_same_seed_same_bytes_other_streams_differ(
         multihot_train: Path, tmp_path: Path) -> None:
     data = multihot_train.read_bytes()
@@ -377,6 +379,7 @@ def _fit_logistic_regression(keys: npt.NDArray[np.int64], labels: npt.NDArray[np
     return weights
 
 
+@pytest.mark.slow  # several seconds: the slow tier
 def test_multihot_linear_model_stays_below_the_optimum(multihot_read: MultihotFile,
                                                        tmp_path: Path) -> None:
     test = generate_multihot(20_000, MH_SEED, tmp_path / "test.csv", split="test")

@@ -72,6 +72,7 @@ def test_layers_and_initialisation_follow_paddlerec() -> None:
     )
 
 
+@pytest.mark.slow  # several seconds: the slow tier
 def test_dnn_learns_on_real_rows() -> None:
     reader = CriteoReader([DATA_DIR / "train.csv"], batch_size=64, shuffle_seed=0)
     batches = list(reader)[:8]  # 512 real rows
