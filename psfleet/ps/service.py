@@ -18,7 +18,6 @@ from typing import TypeVar
 import numpy as np
 from pydantic import ValidationError
 
-from psfleet.checkpoint import CheckpointStore
 from psfleet.errors import (
     ConfigError,
     InvalidRequestError,
@@ -29,13 +28,7 @@ from psfleet.errors import (
 from psfleet.ps.coordination import Barrier, PushGate
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.merge import merge_sparse
-from psfleet.ps.persist import (
-    load_server,
-    saved_dense_index,
-    saved_table_configs,
-    snapshot_tables,
-    write_snapshot,
-)
+from psfleet.ps.persist import load_server, snapshot_tables, write_snapshot
 from psfleet.ps.push_ledger import PushLedger
 from psfleet.ps.request_checks import (
     JobWorkers,
@@ -45,6 +38,7 @@ from psfleet.ps.request_checks import (
     count_non_finite,
 )
 from psfleet.ps.request_counters import RequestCounters, RequestCounts
+from psfleet.ps.restore import read_checkpoint, read_save
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.sync_rounds import SyncRounds
 from psfleet.ps.types import (
@@ -402,12 +396,9 @@ class TableService:
         with self._tables_lock:
             live = dict(self.tables)
         try:
-            staged: dict[int, Table] = {
-                tid: SparseTable(t.config) if isinstance(t, SparseTable)
-                else DenseTable(t.config, np.zeros(t.config.size, np.float32))
-                for tid, t in live.items()}
-            loaded = load_server(staged, request.dirname, request.server_index,
-                                 request.server_num, self._dense_index(request.dense))
+            staged, loaded = read_save({tid: t.config for tid, t in live.items()},
+                                       request.dirname, request.server_index,
+                                       request.server_num, self._dense_index(request.dense))
         except MemoryError as exc:
             raise ResourceExhaustedError(
                 f"Load of {request.dirname}: the server ran out of memory ({exc}) reading "
@@ -428,26 +419,18 @@ class TableService:
         Raises:
             DataError: the checkpoint has no tables of this server index.
         """
-        latest = CheckpointStore(checkpoint_dir).latest()
-        if latest is None:
+        found = read_checkpoint(checkpoint_dir, server_index)
+        if found is None:
             logger.warning("restart: no complete checkpoint in %s; this server starts empty",
                            checkpoint_dir)
             return False
-        server_num = latest.manifest.server_num
-        created: dict[int, Table] = {}
-        for table_id, config in saved_table_configs(latest.storage, server_index).items():
-            if isinstance(config, SparseTableConfig):
-                created[table_id] = SparseTable(config)
-            else:
-                created[table_id] = DenseTable(config, np.zeros(config.size, np.float32))
-        index = {tid: saved_dense_index(latest.storage, server_index, tid)
-                 for tid, t in created.items() if isinstance(t, DenseTable)}
-        loaded = load_server(created, latest.storage, server_index, server_num, index)
+        created, loaded, latest = found
         with self._tables_lock:
             self.tables.update(created)
         logger.info("restart: server %d of %d recovered %d tables from checkpoint %s "
-                    "(step %d): %s rows/elements per table", server_index, server_num,
-                    len(created), latest.storage.url, latest.manifest.step, loaded)
+                    "(step %d): %s rows/elements per table", server_index,
+                    latest.manifest.server_num, len(created), latest.storage.url,
+                    latest.manifest.step, loaded)
         return True
 
     def Stats(self, request: msg.StatsRequest) -> msg.StatsResponse:  # noqa: N802
