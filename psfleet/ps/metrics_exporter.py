@@ -4,7 +4,7 @@
 format) from a thread of the server process, with a registry of its own (several
 servers in one process do not mix). Nothing is done per request for it: at each scrape
 :class:`ServiceCollector` reads the service's ``Stats`` (rows, bytes, rejected pushes,
-request counts, uptime).
+request counts, row lifecycle counts, uptime).
 
 Metrics (labels ``table_id`` and ``table``, the table's name, on the per-table ones):
 
@@ -21,6 +21,11 @@ name                                     type     meaning
 ``psfleet_table_pushed_rows_total``      counter  rows pushed (dense: floats)
 ``psfleet_table_rejected_pushes_total``  counter  pushes refused, label ``reason``
                                                   (``non_finite``: NaN/Inf values)
+``psfleet_table_admitted_rows_total``    counter  new keys given a row (accessor
+                                                  admission; dense tables: 0)
+``psfleet_table_rejected_rows_total``    counter  sightings of new keys not given a row
+``psfleet_table_evicted_rows_total``     counter  rows removed to stay under ``max_rows``
+``psfleet_table_deleted_rows_total``     counter  rows removed by shrink
 =======================================  =======  ==========================================
 
 plus prometheus_client's ``process_*`` metrics (resident memory, CPU seconds, open
@@ -49,6 +54,14 @@ __all__ = ["MetricsExporter", "ServiceCollector", "metrics_port_from_env"]
 logger = logging.getLogger(__name__)
 
 _TABLE_LABELS = ("table_id", "table")
+
+#: TableStats fields counted as ``psfleet_table_<field>_rows_total``, with their help.
+_LIFECYCLE_COUNTERS = (
+    ("admitted", "New keys given a row (accessor admission; dense tables: 0)"),
+    ("rejected", "Sightings of new keys not given a row (admission or a full shard)"),
+    ("evicted", "Rows removed to stay under accessor.max_rows"),
+    ("deleted", "Rows removed by shrink"),
+)
 
 
 def metrics_port_from_env(environ: Mapping[str, str] | None = None) -> int | None:
@@ -105,8 +118,13 @@ class ServiceCollector(Collector):
         rejected = CounterMetricFamily("psfleet_table_rejected_pushes",
                                        "Pushes refused whole, by reason",
                                        labels=(*_TABLE_LABELS, "reason"))
+        lifecycle = {field: CounterMetricFamily(f"psfleet_table_{field}_rows", text,
+                                                labels=_TABLE_LABELS)
+                     for field, text in _LIFECYCLE_COUNTERS}
         for table in stats.tables:
             labels = [str(table.table_id), table.name]
+            for field, family in lifecycle.items():
+                family.add_metric(labels, getattr(table, field))
             rows.add_metric(labels, table.rows)
             memory.add_metric(labels, table.memory_bytes)
             pulls.add_metric(labels, table.pulls)
@@ -115,6 +133,7 @@ class ServiceCollector(Collector):
             pushed.add_metric(labels, table.pushed_rows)
             rejected.add_metric([*labels, "non_finite"], table.rejected_non_finite)
         yield from (rows, memory, pulls, pulled, pushes, pushed, rejected)
+        yield from lifecycle.values()
 
 
 class MetricsExporter:

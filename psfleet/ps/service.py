@@ -27,6 +27,7 @@ from psfleet.errors import (
 )
 from psfleet.ps.coordination import Barrier, PushGate
 from psfleet.ps.dense_table import DenseTable
+from psfleet.ps.lifecycle_service import lifecycle_stats
 from psfleet.ps.merge import merge_sparse
 from psfleet.ps.persist import load_server, snapshot_tables, write_snapshot
 from psfleet.ps.push_ledger import PushLedger
@@ -441,6 +442,7 @@ class TableService:
             msg.TableStats(table_id=tid, name=t.config.name, rows=len(t),
                            memory_bytes=t.memory_bytes,
                            rejected_non_finite=self._non_finite.get(tid, 0),
+                           **lifecycle_stats(t),
                            **dataclasses.asdict(counts.get(tid, RequestCounts())))
             for tid, t in items])
 

@@ -4,6 +4,7 @@ from psfleet.rpc.psfleet_pb2 import (
     APPLY,
     DELTA,
     SYNC,
+    AgeOneDayRequest,
     BarrierRequest,
     BarrierResponse,
     CreateTableRequest,
@@ -22,6 +23,8 @@ from psfleet.rpc.psfleet_pb2 import (
     PushSparseRequest,
     SaveRequest,
     SaveResponse,
+    ShrinkRequest,
+    ShrinkResponse,
     StatsRequest,
     StatsResponse,
     StopRequest,
@@ -30,6 +33,7 @@ from psfleet.rpc.psfleet_pb2 import (
 
 __all__ = [
     "APPLY",
+    "AgeOneDayRequest",
     "DELTA",
     "SYNC",
     "BarrierRequest",
@@ -49,6 +53,8 @@ __all__ = [
     "PushSparseRequest",
     "SaveRequest",
     "SaveResponse",
+    "ShrinkRequest",
+    "ShrinkResponse",
     "LoadRequest",
     "StatsRequest",
     "StatsResponse",

@@ -69,7 +69,7 @@ class PushId(_message.Message):
     def __init__(self, client_id: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class PushSparseRequest(_message.Message):
-    __slots__ = ("table_id", "keys", "grads", "worker_index", "step", "mode", "worker_num", "push_id", "poll", "incarnation")
+    __slots__ = ("table_id", "keys", "grads", "worker_index", "step", "mode", "worker_num", "push_id", "poll", "incarnation", "shows", "clicks")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +80,8 @@ class PushSparseRequest(_message.Message):
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     POLL_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SHOWS_FIELD_NUMBER: _ClassVar[int]
+    CLICKS_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     keys: bytes
     grads: bytes
@@ -90,7 +92,9 @@ class PushSparseRequest(_message.Message):
     push_id: PushId
     poll: bool
     incarnation: int
-    def __init__(self, table_id: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., poll: _Optional[bool] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    shows: bytes
+    clicks: bytes
+    def __init__(self, table_id: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., poll: _Optional[bool] = ..., incarnation: _Optional[int] = ..., shows: _Optional[bytes] = ..., clicks: _Optional[bytes] = ...) -> None: ...
 
 class PushResponse(_message.Message):
     __slots__ = ("done",)
@@ -211,7 +215,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableStats(_message.Message):
-    __slots__ = ("table_id", "name", "rows", "memory_bytes", "rejected_non_finite", "pulls", "pulled_rows", "pushes", "pushed_rows")
+    __slots__ = ("table_id", "name", "rows", "memory_bytes", "rejected_non_finite", "pulls", "pulled_rows", "pushes", "pushed_rows", "admitted", "rejected", "evicted", "deleted")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -221,6 +225,10 @@ class TableStats(_message.Message):
     PULLED_ROWS_FIELD_NUMBER: _ClassVar[int]
     PUSHES_FIELD_NUMBER: _ClassVar[int]
     PUSHED_ROWS_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     name: str
     rows: int
@@ -230,7 +238,11 @@ class TableStats(_message.Message):
     pulled_rows: int
     pushes: int
     pushed_rows: int
-    def __init__(self, table_id: _Optional[int] = ..., name: _Optional[str] = ..., rows: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., rejected_non_finite: _Optional[int] = ..., pulls: _Optional[int] = ..., pulled_rows: _Optional[int] = ..., pushes: _Optional[int] = ..., pushed_rows: _Optional[int] = ...) -> None: ...
+    admitted: int
+    rejected: int
+    evicted: int
+    deleted: int
+    def __init__(self, table_id: _Optional[int] = ..., name: _Optional[str] = ..., rows: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., rejected_non_finite: _Optional[int] = ..., pulls: _Optional[int] = ..., pulled_rows: _Optional[int] = ..., pushes: _Optional[int] = ..., pushed_rows: _Optional[int] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., evicted: _Optional[int] = ..., deleted: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("tables", "uptime_s")
@@ -239,3 +251,25 @@ class StatsResponse(_message.Message):
     tables: _containers.RepeatedCompositeFieldContainer[TableStats]
     uptime_s: float
     def __init__(self, tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+
+class ShrinkRequest(_message.Message):
+    __slots__ = ("all_tables", "table_id")
+    ALL_TABLES_FIELD_NUMBER: _ClassVar[int]
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    all_tables: bool
+    table_id: int
+    def __init__(self, all_tables: _Optional[bool] = ..., table_id: _Optional[int] = ...) -> None: ...
+
+class ShrinkResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: int
+    def __init__(self, deleted: _Optional[int] = ...) -> None: ...
+
+class AgeOneDayRequest(_message.Message):
+    __slots__ = ("all_tables", "table_id")
+    ALL_TABLES_FIELD_NUMBER: _ClassVar[int]
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    all_tables: bool
+    table_id: int
+    def __init__(self, all_tables: _Optional[bool] = ..., table_id: _Optional[int] = ...) -> None: ...

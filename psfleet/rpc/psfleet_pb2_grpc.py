@@ -84,6 +84,16 @@ class ParameterServerStub:
                 request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.StopRequest.SerializeToString,
                 response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
                 _registered_method=True)
+        self.Shrink = channel.unary_unary(
+                '/psfleet.ParameterServer/Shrink',
+                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ShrinkRequest.SerializeToString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ShrinkResponse.FromString,
+                _registered_method=True)
+        self.AgeOneDay = channel.unary_unary(
+                '/psfleet.ParameterServer/AgeOneDay',
+                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.AgeOneDayRequest.SerializeToString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -149,6 +159,18 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Shrink(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AgeOneDay(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -200,6 +222,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
             'Stop': grpc.unary_unary_rpc_method_handler(
                     servicer.Stop,
                     request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.StopRequest.FromString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.SerializeToString,
+            ),
+            'Shrink': grpc.unary_unary_rpc_method_handler(
+                    servicer.Shrink,
+                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ShrinkRequest.FromString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ShrinkResponse.SerializeToString,
+            ),
+            'AgeOneDay': grpc.unary_unary_rpc_method_handler(
+                    servicer.AgeOneDay,
+                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.AgeOneDayRequest.FromString,
                     response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.SerializeToString,
             ),
     }
@@ -472,6 +504,60 @@ class ParameterServer:
             target,
             '/psfleet.ParameterServer/Stop',
             psfleet_dot_rpc_dot_psfleet__pb2.StopRequest.SerializeToString,
+            psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Shrink(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psfleet.ParameterServer/Shrink',
+            psfleet_dot_rpc_dot_psfleet__pb2.ShrinkRequest.SerializeToString,
+            psfleet_dot_rpc_dot_psfleet__pb2.ShrinkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AgeOneDay(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psfleet.ParameterServer/AgeOneDay',
+            psfleet_dot_rpc_dot_psfleet__pb2.AgeOneDayRequest.SerializeToString,
             psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,101 @@
+"""The table service's side of the row lifecycle (accessor ``ctr``, issue 17).
+
+What ``psfleet.ps.service.TableService`` does with the table layer's lifecycle
+(``SparseTable.push(shows=, clicks=)``, ``update_stats``, ``shrink``, ``age_one_day``,
+``lifecycle_counts``), kept out of the service module: the per-table counts of
+``Stats``, the checks of a push's show and click counts, and the Shrink and
+AgeOneDay admin rpcs over a set of tables. Semantics as Paddle's fleet:
+``fleet.shrink()`` decays show/click and deletes rows (CtrCommonAccessor::Shrink),
+``fleet.set_date()`` starts a new day (every row's unseen_days += 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+
+from psfleet.errors import InvalidRequestError, RemoteError
+from psfleet.ps.dense_table import DenseTable
+from psfleet.ps.sparse_table import SparseTable
+
+__all__ = ["ShowClicks", "lifecycle_stats", "check_show_clicks", "selected_tables",
+           "shrink_tables", "age_tables"]
+
+#: A push's per-key (shows float32[N], clicks float32[N]); None: the push has none.
+ShowClicks = tuple[np.ndarray, np.ndarray] | None
+
+
+def lifecycle_stats(table: SparseTable | DenseTable) -> dict[str, int]:
+    """``TableStats`` fields ``admitted``, ``rejected``, ``evicted``, ``deleted`` of
+    ``table`` (rows since it was created on this server; dense tables: zeros)."""
+    if isinstance(table, DenseTable):
+        return {"admitted": 0, "rejected": 0, "evicted": 0, "deleted": 0}
+    return dataclasses.asdict(table.lifecycle_counts())
+
+
+def check_show_clicks(table_id: int, key_count: int, shows: np.ndarray | None,
+                      clicks: np.ndarray | None) -> ShowClicks:
+    """A push's counts, checked: both or neither, float32[N] each with N the keys',
+    finite and >= 0.
+
+    Args:
+        table_id: for the message.
+        key_count: N, the push's keys.
+        shows, clicks (float32[N] or None): the counts sent (None or empty: none).
+
+    Returns:
+        ``(shows, clicks)``, or None when neither was sent.
+
+    Raises:
+        InvalidRequestError: only one given, a length other than N, NaN/Inf or a
+            negative count (names the field).
+    """
+    no_shows = shows is None or (shows.size == 0 and key_count > 0)
+    no_clicks = clicks is None or (clicks.size == 0 and key_count > 0)
+    if no_shows and no_clicks:
+        return None
+    for name, counts, missing in (("shows", shows, no_shows), ("clicks", clicks, no_clicks)):
+        if missing or counts is None:
+            raise InvalidRequestError(
+                f"push to table {table_id}: {name} missing while the other count is sent; "
+                "send both shows and clicks (float32, one per key) or neither")
+        if counts.shape != (key_count,):
+            raise InvalidRequestError(
+                f"push to table {table_id}: {name} has {counts.size} values for "
+                f"{key_count} keys; send one float32 count per key")
+        if not bool(np.isfinite(counts).all()) or bool((counts < 0).any()):
+            raise InvalidRequestError(
+                f"push to table {table_id}: {name} holds NaN, Inf or negative counts; "
+                "counts must be finite and >= 0")
+    assert shows is not None and clicks is not None  # checked above
+    return shows, clicks
+
+
+def selected_tables(tables: Mapping[int, SparseTable | DenseTable], all_tables: bool,
+                    table_id: int, what: str) -> list[SparseTable]:
+    """The sparse tables a Shrink/AgeOneDay request names: every one, or ``table_id``.
+
+    Raises:
+        RemoteError: ``table_id`` is not a sparse table of this server.
+    """
+    if all_tables:
+        return [t for t in tables.values() if isinstance(t, SparseTable)]
+    table = tables.get(table_id)
+    if not isinstance(table, SparseTable):
+        raise RemoteError(f"{what}: no sparse table {table_id} on this server (tables: "
+                          f"{sorted(tables)}); name a sparse table or set all_tables")
+    return [table]
+
+
+def shrink_tables(tables: list[SparseTable]) -> int:
+    """Shrink each table (``SparseTable.shrink``); the rows deleted in all. Blocks
+    each shard in turn."""
+    return sum(t.shrink() for t in tables)
+
+
+def age_tables(tables: list[SparseTable]) -> None:
+    """Age every row of each table by one day (``SparseTable.age_one_day``)."""
+    for table in tables:
+        table.age_one_day()
