@@ -28,6 +28,7 @@ from psfleet.fleet import Fleet
 from psfleet.metrics import copc
 from psfleet.rec import readers as readers_module
 from psfleet.rec import reporting as reporting_module
+from psfleet.rec import resume as resume_module
 from psfleet.rec import trainer as trainer_module
 from psfleet.rec.config_load import load_config
 from psfleet.rec.curves import RunRecorder, server_scalars
@@ -209,6 +210,7 @@ def test_ctrl_c_in_epoch_2_writes_the_finished_epoch_and_the_newest_checkpoint(
     monkeypatch.setattr(trainer_module, "fleet", fresh)
     monkeypatch.setattr(reporting_module, "fleet", fresh)
     monkeypatch.setattr(readers_module, "fleet", fresh)
+    monkeypatch.setattr(resume_module, "fleet", fresh)
     build = trainer_module.build_train_reader
     monkeypatch.setattr(trainer_module, "build_train_reader",
                         lambda *a, **k: _InterruptAfter(build(*a, **k), epoch=1, batches=4))

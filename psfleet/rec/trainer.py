@@ -31,7 +31,7 @@ from torch import nn
 from tqdm import tqdm
 
 from psfleet import fleet
-from psfleet.checkpoint import CheckpointConfig, CheckpointStore, Cursor
+from psfleet.checkpoint import Cursor
 from psfleet.data import Batch, Reader
 from psfleet.errors import DataError
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy
@@ -51,6 +51,7 @@ from psfleet.rec.reporting import (
     finish_run,
     record_interrupt,
 )
+from psfleet.rec.resume import CheckpointTally, agreed_share, resume_cursor
 from psfleet.rec.run_folder import open_run_folder
 
 __all__ = ["train", "evaluate", "OPTIMIZERS"]
@@ -155,83 +156,6 @@ def _recorder(config: TrainConfig, first: bool) -> RunRecorder:
     if not first:
         return RunRecorder(folder / f"worker_{fleet.worker_index()}")
     return RunRecorder(folder, None if fleet.is_collective() else fleet.server_stats)
-
-
-def _agreed_share(checkpoint: CheckpointConfig | None) -> int | None:
-    """The examples per worker the job agreed on (stored in its checkpoints), for a
-    restarted worker that cannot count again with the others; None if unknown."""
-    latest = CheckpointStore(checkpoint.checkpoint_dir).latest() if checkpoint else None
-    agreed = latest.manifest.extra.get("examples_per_worker") if latest else None
-    if agreed is None:
-        logger.warning("restarted worker: no checkpoint gives the examples per worker; "
-                       "training on this worker's whole share (its step count may differ "
-                       "from the others')")
-        return None
-    logger.info("restarted worker: %d examples per worker per epoch, as the job agreed",
-                agreed)
-    return int(agreed)
-
-
-class _CheckpointTally:
-    """What the job's checkpoints came to, for the last lines of worker 0's log."""
-
-    def __init__(self, checkpoint: CheckpointConfig | None) -> None:
-        self.checkpoint = checkpoint
-        self.attempted = 0
-        self.written = 0
-        self.damaged_at_resume = 0  # checkpoints found at resume, none usable
-
-    def save(self, cursor: Cursor, extra: dict[str, object]) -> None:
-        """Take a checkpoint (every worker); worker 0 counts the published ones."""
-        if self.checkpoint is None:
-            return
-        self.attempted += 1
-        if fleet.save_checkpoint(self.checkpoint, cursor, extra) is not None:
-            self.written += 1
-
-    def summarize(self) -> None:
-        """Log (worker 0) how many checkpoints were written; warn when none were, or
-        when the resume found no usable checkpoint."""
-        if self.checkpoint is None:
-            return
-        where = self.checkpoint.checkpoint_dir
-        if self.damaged_at_resume:
-            logger.warning("resumed from no checkpoint: the %d checkpoint(s) in %s were all "
-                           "damaged, so this run trained from scratch", self.damaged_at_resume,
-                           where)
-        if self.attempted and not self.written:
-            logger.warning("no checkpoint was written: all %d failed (see the errors above); "
-                           "%s holds nothing of this run to resume from", self.attempted, where)
-        elif self.written < self.attempted:
-            logger.warning("checkpoints: %d written, %d FAILED (see the errors above), in %s",
-                           self.written, self.attempted - self.written, where)
-        elif self.attempted:
-            logger.info("checkpoints: %d written to %s", self.written, where)
-
-
-def _resume(checkpoint: CheckpointConfig | None, reader: Reader,
-            extra: dict[str, object], tally: _CheckpointTally) -> Cursor:
-    """Where this worker starts: the cursor of the newest complete checkpoint (tables
-    loaded into the servers by :meth:`Fleet.load_checkpoint`), or the beginning.
-
-    With checkpoints on and none written yet, a first checkpoint is taken at once
-    (holding ``extra``, e.g. the agreed examples per worker), so a server that fails
-    before the first interval can be restarted from it.
-    """
-    start = Cursor(epoch=0, batch=0, step=0)
-    if checkpoint is None:
-        return start
-    resumed = fleet.load_checkpoint(checkpoint)
-    if resumed is None:
-        if restart_num() == 0:
-            tally.damaged_at_resume = len(CheckpointStore(checkpoint.checkpoint_dir).names())
-            tally.save(start, extra)
-        return start
-    if reader.num_batches is not None and resumed.batch >= reader.num_batches:  # epoch done
-        resumed = Cursor(epoch=resumed.epoch + 1, batch=0, step=resumed.step)
-    logger.info("resuming at epoch %d, batch %d (step %d) from %s", resumed.epoch + 1,
-                resumed.batch, resumed.step, checkpoint.checkpoint_dir)
-    return resumed
 
 
 def _validate(model: nn.Module, optimizer: DistributedOptimizer, reader: Reader | None,
@@ -343,7 +267,7 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
     index, workers = fleet.worker_index(), fleet.worker_num()
     first = index == 0
     equal_steps = runner.needs_equal_steps
-    agreed = _agreed_share(checkpoint) if equal_steps and restart_num() > 0 else None
+    agreed = agreed_share(checkpoint) if equal_steps and restart_num() > 0 else None
     reader = build_train_reader(config, index, workers, equal_steps=equal_steps,
                                 example_limit=agreed)
     readers["train"] = reader
@@ -354,10 +278,10 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
         for name, built in readers.items():
             progress.malformed.observe(name, built)
     fleet.init_worker()
-    tally = _CheckpointTally(checkpoint)
+    tally = CheckpointTally(checkpoint)
     early = (EarlyStopping(runner.early_stopping, exchange_dir(runner), workers)
              if runner.early_stopping is not None else None)
-    resume = _resume(checkpoint, reader, share, tally)
+    resume = resume_cursor(checkpoint, reader, share, tally)
     progress.started = time.perf_counter()
     progress.epoch = resume.epoch
     for epoch in range(resume.epoch, runner.epochs):
