@@ -5,10 +5,16 @@ servers on 127.0.0.1 (``psfleet.ps.start_server``).
   count_filter table (admit_count 2) rejects every first sighting and admits at the
   second; a capped table evicts so that rows + evicted == admitted and rows <= cap;
   dense tables report zeros; the Prometheus counters equal Stats.
+- Shows and clicks travel with PushSparse: on two servers a ctr table's show and
+  click per key equal the sums sent (APPLY, repeated keys across pushes; DELTA adds
+  them without a gradient); a SYNC round of two workers sums both workers' counts
+  and averages their gradients; the in-process LocalClient does the same. Counts of
+  the wrong length, NaN or negative are INVALID_ARGUMENT naming the field.
 """
 
 from __future__ import annotations
 
+import threading
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,9 +23,21 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from psfleet.ps import RemoteClient, RuleConfig, SparseTableConfig, TableService, start_server
+from psfleet.errors import ConfigError, InvalidRequestError
+from psfleet.ps import (
+    LocalClient,
+    RemoteClient,
+    RuleConfig,
+    SparseTable,
+    SparseTableConfig,
+    TableService,
+    start_server,
+)
+from psfleet.ps.client import TableClient
 from psfleet.ps.metrics_exporter import MetricsExporter
-from psfleet.rpc import RpcConfig
+from psfleet.ps.types import PushMode
+from psfleet.rpc import RpcConfig, codec
+from psfleet.rpc import messages as msg
 from psfleet.rpc.server import RunningServer
 
 pytestmark = pytest.mark.service
@@ -109,3 +127,143 @@ def test_stats_and_metrics_count_the_lifecycle(one_server: Served) -> None:
     for tid, t in stats.items():
         for field in ("admitted", "rejected", "evicted", "deleted"):
             assert got[(f"psfleet_table_{field}_rows_total", str(tid))] == getattr(t, field)
+
+
+CTR = SparseTableConfig(name="ctr", dim=DIM, rule=SGD, num_shards=2, num_buckets=64,
+                        accessor={"name": "ctr"})
+
+
+@pytest.fixture
+def two_servers() -> Iterator[Served]:
+    yield from _serve(2)
+
+
+def _show_click(services: list[TableService], table_id: int = 0
+                ) -> dict[int, tuple[float, float]]:
+    """key -> (show, click) over every server's rows of ``table_id``."""
+    out: dict[int, tuple[float, float]] = {}
+    for service in services:
+        table = service.tables[table_id]
+        assert isinstance(table, SparseTable)
+        keys, stats = table.stats_items()
+        out.update({int(k): (float(s[0]), float(s[1])) for k, s in zip(keys, stats, strict=True)})
+    return out
+
+
+def _expected(pushes: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+              ) -> dict[int, tuple[float, float]]:
+    """The reference: per key, the sums of the shows and clicks sent."""
+    out: dict[int, tuple[float, float]] = {}
+    for keys, shows, clicks in pushes:
+        for k, s, c in zip(keys.tolist(), shows.tolist(), clicks.tolist(),
+                           strict=True):
+            old = out.get(k, (0.0, 0.0))
+            out[k] = (old[0] + s, old[1] + c)
+    return out
+
+
+def _assert_same(got: dict[int, tuple[float, float]],
+                 expected: dict[int, tuple[float, float]]) -> None:
+    assert sorted(got) == sorted(expected)
+    np.testing.assert_allclose([got[k] for k in sorted(got)],
+                               [expected[k] for k in sorted(got)], rtol=1e-6)
+
+
+def _counts(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    shows = rng.integers(1, 5, size=n).astype(np.float32)
+    clicks = np.minimum(rng.integers(0, 2, size=n), shows).astype(np.float32)
+    return shows, clicks
+
+
+def _push_and_check(client: TableClient, services: list[TableService]) -> None:
+    client.create_sparse_table(0, CTR)
+    rng = np.random.default_rng(3)
+    keys = _keys(300, seed=4)
+    sent = []
+    for part in (keys[:200], keys[100:]):  # keys[100:200] pushed twice
+        client.pull_sparse(0, part)
+        shows, clicks = _counts(rng, part.size)
+        client.push_sparse(0, part, np.zeros((part.size, DIM), np.float32),
+                           shows=shows, clicks=clicks)
+        sent.append((part, shows, clicks))
+    # DELTA (geo): the counts are added to existing rows, with no gradient.
+    shows, clicks = _counts(rng, 50)
+    client.push_sparse(0, keys[:50], np.zeros((50, DIM), np.float32), PushMode.DELTA,
+                       shows=shows, clicks=clicks)
+    sent.append((keys[:50], shows, clicks))
+    # A push without counts changes no statistics.
+    client.push_sparse(0, keys[:10], np.zeros((10, DIM), np.float32))
+    _assert_same(_show_click(services), _expected(sent))
+
+
+def test_pushed_shows_and_clicks_are_summed_on_two_servers(two_servers: Served) -> None:
+    _push_and_check(two_servers.client, two_servers.services)
+    rows = [len(s.tables[0]) for s in two_servers.services]
+    assert min(rows) > 0 and sum(rows) == 300  # both servers hold some keys
+
+
+def test_in_process_tables_take_shows_and_clicks() -> None:
+    client = LocalClient()
+    _push_and_check(client, [client.service])
+
+
+def test_a_sync_round_sums_the_workers_counts(two_servers: Served) -> None:
+    endpoints = [f"{HOST}:{s.port}" for s in two_servers.servers]
+    clients = [RemoteClient(endpoints, CONFIG, worker_index=w) for w in range(2)]
+    try:
+        for c in clients:
+            c.create_sparse_table(0, CTR)
+        keys = _keys(80, seed=5)
+        before = clients[0].pull_sparse(0, keys)
+        rng = np.random.default_rng(6)
+        parts = [keys[:60], keys[20:]]  # keys[20:60] from both workers
+        grads = [rng.normal(size=(p.size, DIM)).astype(np.float32) for p in parts]
+        counts = [_counts(rng, p.size) for p in parts]
+        errors: list[BaseException] = []
+
+        def push(w: int) -> None:
+            try:
+                clients[w].push_sparse(0, parts[w], grads[w], PushMode.SYNC, step=1,
+                                       worker_num=2, shows=counts[w][0], clicks=counts[w][1])
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=push, args=(w,)) for w in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors
+        _assert_same(_show_click(two_servers.services),
+                     _expected([(parts[w], *counts[w]) for w in range(2)]))
+        # The gradients are averaged over the round's 2 pushes (SGD, lr 0.1).
+        summed = np.zeros_like(before)
+        position = {int(k): i for i, k in enumerate(keys)}
+        for part, g in zip(parts, grads, strict=True):
+            summed[[position[int(k)] for k in part]] += g
+        after = clients[0].pull_sparse(0, keys)
+        np.testing.assert_allclose(after, before - 0.1 * summed / 2, rtol=1e-5, atol=1e-6)
+    finally:
+        for c in clients:
+            c.close()
+
+
+@pytest.mark.parametrize(("field", "bad"), [("shows", -1.0), ("clicks", np.nan)])
+def test_bad_counts_are_invalid_argument_naming_the_field(
+        one_server: Served, field: str, bad: float) -> None:
+    client = one_server.client
+    client.create_sparse_table(0, CTR)
+    keys = _keys(4, seed=7)
+    counts = {"shows": np.ones(4, np.float32), "clicks": np.zeros(4, np.float32)}
+    counts[field][2] = bad
+    with pytest.raises(ConfigError, match=field):
+        client.push_sparse(0, keys, np.zeros((4, DIM), np.float32), **counts)
+    service = one_server.services[0]
+    request = msg.PushSparseRequest(
+        table_id=0, keys=codec.keys_to_bytes(keys),
+        grads=codec.floats_to_bytes(np.zeros((4, DIM), np.float32)),
+        shows=codec.floats_to_bytes(np.ones(3, np.float32)),
+        clicks=codec.floats_to_bytes(np.zeros(4, np.float32)))
+    with pytest.raises(InvalidRequestError, match="shows has 3 values for 4 keys"):
+        service.PushSparse(request)
+    assert _show_click([service]) == {}  # nothing applied

@@ -248,13 +248,17 @@ class TableClient:
         return PullHandle(routed, collect)
 
     def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys, grads: np.ndarray,
-                    mode: PushMode = PushMode.APPLY, step: int = 0, worker_num: int = 1) -> None:
+                    mode: PushMode = PushMode.APPLY, step: int = 0, worker_num: int = 1,
+                    shows: np.ndarray | None = None,
+                    clicks: np.ndarray | None = None) -> None:
         """:meth:`start_push_sparse` and wait for it. Blocks."""
-        self.start_push_sparse(table_id, keys, grads, mode, step, worker_num).result()
+        self.start_push_sparse(table_id, keys, grads, mode, step, worker_num,
+                               shows, clicks).result()
 
     def start_push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
                           grads: np.ndarray, mode: PushMode = PushMode.APPLY, step: int = 0,
-                          worker_num: int = 1) -> PushHandle:
+                          worker_num: int = 1, shows: np.ndarray | None = None,
+                          clicks: np.ndarray | None = None) -> PushHandle:
         """Send float32[N, dim] gradients (or deltas) of distinct keys uint64[N] to
         their servers at once; the handle's ``result()`` waits until they applied them.
 
@@ -265,6 +269,13 @@ class TableClient:
                 applied; every server gets a push, empty or not) or DELTA.
             step: SYNC: the step number, equal on every worker.
             worker_num: SYNC: how many workers push each step.
+            shows, clicks (float32[N] each, both or neither): per-key show and click
+                counts for tables with the ``ctr`` accessor (APPLY and SYNC: with the
+                gradients; DELTA: added to the rows' statistics; a SYNC round sums
+                the workers' counts). None: no counts (the push costs what it did).
+
+        Raises:
+            ConfigError: values, shows or clicks of the wrong shape (names it).
         """
         routed = self.route(table_id, keys)
         keys, positions = routed.keys, routed.positions
@@ -272,16 +283,32 @@ class TableClient:
         if grads.shape != expected:
             raise ConfigError(f"push to sparse table {table_id}: values of shape "
                               f"{grads.shape}, expected {expected} (one row per key)")
+        counts = None if shows is None and clicks is None else _show_clicks(
+            table_id, keys.size, shows, clicks)
         push = self._push(table_id, mode, step, worker_num)
         whole = len(positions) == 1  # one server: the arrays as they are
         if mode == PushMode.SYNC:  # a round counts every worker's push: every server
-            return self._start_sync(push, [msg.PushSparseRequest(
+            requests = [msg.PushSparseRequest(
                 table_id=table_id, keys=codec.keys_to_bytes(keys if whole else keys[pos]),
                 grads=codec.floats_to_bytes(grads if whole else grads[pos]),
-                **self._sync_fields(push)) for pos in positions], msg.PushSparseRequest)
+                **self._sync_fields(push)) for pos in positions]
+            if counts is not None:
+                for request, pos in zip(requests, positions, strict=True):
+                    request.shows = codec.floats_to_bytes(counts[0] if whole else counts[0][pos])
+                    request.clicks = codec.floats_to_bytes(counts[1] if whole
+                                                           else counts[1][pos])
+            return self._start_sync(push, requests, msg.PushSparseRequest)
+        if counts is None:
+            return PushHandle([
+                c.start_push_sparse(push, keys if whole else keys[pos],
+                                    grads if whole else grads[pos])
+                for c, pos in zip(self._servers, positions, strict=True) if pos.size
+            ])
         return PushHandle([
             c.start_push_sparse(push, keys if whole else keys[pos],
-                                grads if whole else grads[pos])
+                                grads if whole else grads[pos],
+                                counts[0] if whole else counts[0][pos],
+                                counts[1] if whole else counts[1][pos])
             for c, pos in zip(self._servers, positions, strict=True) if pos.size
         ])
 
@@ -442,3 +469,23 @@ class LocalClient(TableClient):
     def __init__(self, service: TableService | None = None, worker_index: int = 0) -> None:
         self.service = service or TableService()
         super().__init__([InProcessTransport(self.service)], worker_index)
+
+
+def _show_clicks(table_id: int, key_count: int, shows: np.ndarray | None,
+                 clicks: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """A push's show and click counts as float32[N] each (N the keys').
+
+    Raises:
+        ConfigError: only one of them given, or one of another shape (names it).
+    """
+    out = []
+    for name, counts in (("shows", shows), ("clicks", clicks)):
+        if counts is None:
+            raise ConfigError(f"push to sparse table {table_id}: {name} is None while the "
+                              "other count is given; give both shows and clicks or neither")
+        array = np.ascontiguousarray(counts, dtype=np.float32)
+        if array.shape != (key_count,):
+            raise ConfigError(f"push to sparse table {table_id}: {name} of shape "
+                              f"{array.shape}, expected ({key_count},) (one count per key)")
+        out.append(array)
+    return out[0], out[1]

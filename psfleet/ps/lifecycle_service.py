@@ -18,10 +18,11 @@ import numpy as np
 
 from psfleet.errors import InvalidRequestError, RemoteError
 from psfleet.ps.dense_table import DenseTable
+from psfleet.ps.merge import merge_sparse
 from psfleet.ps.sparse_table import SparseTable
 
-__all__ = ["ShowClicks", "lifecycle_stats", "check_show_clicks", "selected_tables",
-           "shrink_tables", "age_tables"]
+__all__ = ["ShowClicks", "lifecycle_stats", "check_show_clicks", "sync_mean_with_counts",
+           "selected_tables", "shrink_tables", "age_tables"]
 
 #: A push's per-key (shows float32[N], clicks float32[N]); None: the push has none.
 ShowClicks = tuple[np.ndarray, np.ndarray] | None
@@ -71,6 +72,32 @@ def check_show_clicks(table_id: int, key_count: int, shows: np.ndarray | None,
                 "counts must be finite and >= 0")
     assert shows is not None and clicks is not None  # checked above
     return shows, clicks
+
+
+def sync_mean_with_counts(pushes: list[tuple[np.ndarray, np.ndarray, ShowClicks]]
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A SYNC round's update when some pushes carry show/click counts: the mean of the
+    gradients (as without counts) and the sum of the counts, per distinct key.
+
+    Args:
+        pushes: each worker's (keys uint64[N_i], grads float32[N_i, dim], counts or
+            None: zeros).
+
+    Returns:
+        (keys uint64[U], mean grads float32[U, dim], shows float32[U], clicks
+        float32[U]): the mean divides by the number of pushes, as the round without
+        counts does.
+    """
+    widened = []
+    for keys, grads, counts in pushes:
+        extra = (np.zeros((keys.size, 2), np.float32) if counts is None
+                 else np.stack(counts, axis=1).astype(np.float32, copy=False))  # [N_i, 2]
+        widened.append(np.hstack([grads, extra]))  # [N_i, dim + 2]
+    merged_keys, summed = merge_sparse([k for k, _, _ in pushes], widened)
+    dim = pushes[0][1].shape[1]
+    mean = np.ascontiguousarray(summed[:, :dim]) / np.float32(len(pushes))
+    return (merged_keys, mean, np.ascontiguousarray(summed[:, dim]),
+            np.ascontiguousarray(summed[:, dim + 1]))
 
 
 def selected_tables(tables: Mapping[int, SparseTable | DenseTable], all_tables: bool,

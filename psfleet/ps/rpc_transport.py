@@ -53,11 +53,17 @@ class RpcTransport:
             table_id=table_id, keys=codec.keys_to_bytes(keys), create=create))
         return _Decoded(call, lambda reply: codec.floats_from_bytes(reply.values, dim))
 
-    def start_push_sparse(self, push: PushMeta, keys: np.ndarray,
-                          values: np.ndarray) -> _Decoded:
-        return _Decoded(self.client.start("PushSparse", msg.PushSparseRequest(
+    def start_push_sparse(self, push: PushMeta, keys: np.ndarray, values: np.ndarray,
+                          shows: np.ndarray | None = None,
+                          clicks: np.ndarray | None = None) -> _Decoded:
+        request = msg.PushSparseRequest(
             table_id=push.table_id, keys=codec.keys_to_bytes(keys),
-            grads=codec.floats_to_bytes(values), **_push_fields(push))), _no_reply)
+            grads=codec.floats_to_bytes(values), **_push_fields(push))
+        if shows is not None:
+            request.shows = codec.floats_to_bytes(shows)
+        if clicks is not None:
+            request.clicks = codec.floats_to_bytes(clicks)
+        return _Decoded(self.client.start("PushSparse", request), _no_reply)
 
     def start_pull_dense(self, table_id: int, worker_index: int) -> _Decoded:
         call = self.client.start("PullDense", msg.PullDenseRequest(

@@ -27,7 +27,12 @@ from psfleet.errors import (
 )
 from psfleet.ps.coordination import Barrier, PushGate
 from psfleet.ps.dense_table import DenseTable
-from psfleet.ps.lifecycle_service import lifecycle_stats
+from psfleet.ps.lifecycle_service import (
+    ShowClicks,
+    check_show_clicks,
+    lifecycle_stats,
+    sync_mean_with_counts,
+)
 from psfleet.ps.merge import merge_sparse
 from psfleet.ps.persist import load_server, snapshot_tables, write_snapshot
 from psfleet.ps.push_ledger import PushLedger
@@ -113,8 +118,8 @@ class TableService:
         self.counters = RequestCounters()
         self.started_s = time.monotonic()
         self._barrier_timeout_s = barrier_timeout_s
-        self._sparse_rounds: SyncRounds[tuple[np.ndarray, np.ndarray]] = SyncRounds(
-            barrier_timeout_s, self.wait_budget)
+        self._sparse_rounds: SyncRounds[tuple[np.ndarray, np.ndarray, ShowClicks]] = \
+            SyncRounds(barrier_timeout_s, self.wait_budget)
         self._dense_rounds: SyncRounds[np.ndarray] = SyncRounds(barrier_timeout_s,
                                                                 self.wait_budget)
         self._sparse_push_modes = {PushMode.APPLY: self._sparse_apply,
@@ -211,7 +216,8 @@ class TableService:
         return rows
 
     def push_sparse(self, push: PushMeta, keys: np.ndarray, values: np.ndarray,
-                    incarnation: int = 0) -> bool:
+                    incarnation: int = 0, shows: np.ndarray | None = None,
+                    clicks: np.ndarray | None = None) -> bool:
         """Apply a push of float32[N, dim] gradients (or GEO deltas) of keys uint64[N]
         (a repeated key's values are summed) as ``push.mode`` says, once per
         ``push.push_id``.
@@ -220,24 +226,33 @@ class TableService:
         to the round of ``push.step`` (a newer ``incarnation`` of the worker replaces
         an older one's push) and waits at most ``wait_budget.max_wait_s``.
 
+        ``shows`` and ``clicks`` (float32[N] each, both or neither) are per-key counts
+        for a ``ctr`` accessor (``psfleet.ps.lifecycle_service``): APPLY passes them
+        to ``SparseTable.push``, DELTA to ``update_stats``, and a SYNC round sums them
+        over the workers' pushes (its gradients are averaged).
+
         Returns:
             True when the push is applied (SYNC: its round); False: SYNC, poll with
             :meth:`poll_sync_push` until True.
 
         Raises:
             RemoteError: no such table, or a sync round failed.
-            InvalidRequestError: a shape mismatch, NaN/Inf values, or worker counts
-                outside the job's.
+            InvalidRequestError: a shape mismatch, NaN/Inf values, worker counts
+                outside the job's, or shows/clicks of another length than the keys',
+                non-finite or negative (names the field).
             ResourceExhaustedError: out of memory (names the table).
         """
         table = self._table(push.table_id, SparseTable)
         self._check_push(push, values)
+        counts = (None if shows is None and clicks is None
+                  else check_show_clicks(push.table_id, keys.size, shows, clicks))
         with self._memory_guard("push", push.table_id):
             if push.mode == PushMode.SYNC:  # a round, idempotent by push id (SyncRounds)
-                done = self._sparse_sync(push, table, keys, values, incarnation)
+                done = self._sparse_sync(push, table, keys, values, incarnation, counts)
             else:
                 apply = self._sparse_push_modes[push.mode]
-                self._ledger.run_once(*push.push_id, lambda: apply(push, table, keys, values))
+                self._ledger.run_once(*push.push_id,
+                                      lambda: apply(push, table, keys, values, counts))
                 done = True
         self.counters.count_push(push.table_id, keys.size)
         return done
@@ -292,26 +307,38 @@ class TableService:
         return done
 
     # -- push modes: one method each (APPLY async, SYNC rounds, DELTA geo) --------------
-    def _sparse_apply(self, push: PushMeta, table: SparseTable,
-                      keys: np.ndarray, grads: np.ndarray) -> None:
+    def _sparse_apply(self, push: PushMeta, table: SparseTable, keys: np.ndarray,
+                      grads: np.ndarray, counts: ShowClicks = None) -> None:
         with self._gate.write():
-            table.push(keys, grads)
+            if counts is None:
+                table.push(keys, grads)
+            else:
+                table.push(keys, grads, *counts)
 
-    def _sparse_delta(self, push: PushMeta, table: SparseTable,
-                      keys: np.ndarray, deltas: np.ndarray) -> None:
+    def _sparse_delta(self, push: PushMeta, table: SparseTable, keys: np.ndarray,
+                      deltas: np.ndarray, counts: ShowClicks = None) -> None:
         with self._gate.write():
             table.add(keys, deltas)
+            if counts is not None:
+                table.update_stats(keys, *counts)
 
-    def _sparse_sync(self, push: PushMeta, table: SparseTable,
-                     keys: np.ndarray, grads: np.ndarray, incarnation: int = 0) -> bool:
-        def apply_mean(pushes: list[tuple[np.ndarray, np.ndarray]]) -> None:
-            merged_keys, summed = merge_sparse([k for k, _ in pushes], [g for _, g in pushes])
+    def _sparse_sync(self, push: PushMeta, table: SparseTable, keys: np.ndarray,
+                     grads: np.ndarray, incarnation: int = 0,
+                     counts: ShowClicks = None) -> bool:
+        def apply_mean(pushes: list[tuple[np.ndarray, np.ndarray, ShowClicks]]) -> None:
+            if all(c is None for _, _, c in pushes):
+                merged_keys, summed = merge_sparse([k for k, _, _ in pushes],
+                                                   [g for _, g, _ in pushes])
+                with self._gate.write():
+                    table.push(merged_keys, summed / np.float32(len(pushes)))
+                return
+            merged_keys, mean, shows, clicks = sync_mean_with_counts(pushes)
             with self._gate.write():
-                table.push(merged_keys, summed / np.float32(len(pushes)))
+                table.push(merged_keys, mean, shows, clicks)
 
         return self._sparse_rounds.contribute(push.table_id, push.step, push.worker_index,
-                                              push.worker_num, (keys, grads), apply_mean,
-                                              incarnation, push.push_id)
+                                              push.worker_num, (keys, grads, counts),
+                                              apply_mean, incarnation, push.push_id)
 
     def _dense_apply(self, push: PushMeta, table: DenseTable, grads: np.ndarray) -> None:
         with self._gate.write():
@@ -344,9 +371,12 @@ class TableService:
             return msg.PushResponse(done=self.poll_sync_push(_push_meta(request),
                                                              request.incarnation))
         table = self._table(request.table_id, SparseTable)
+        shows = codec.floats_from_bytes(request.shows) if request.shows else None
+        clicks = codec.floats_from_bytes(request.clicks) if request.clicks else None
         return msg.PushResponse(done=self.push_sparse(
             _push_meta(request), codec.keys_from_bytes(request.keys),
-            codec.floats_from_bytes(request.grads, table.dim), request.incarnation))
+            codec.floats_from_bytes(request.grads, table.dim), request.incarnation,
+            shows, clicks))
 
     def PullDense(self, request: msg.PullDenseRequest) -> msg.PullDenseResponse:  # noqa: N802
         values = self.pull_dense(request.table_id, request.worker_index)

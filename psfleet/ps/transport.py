@@ -44,9 +44,11 @@ class Transport(Protocol):
                           dim: int) -> Pending:
         """Pull rows of ``keys`` (uint64[N]); the reply is float32[N, dim]."""
 
-    def start_push_sparse(self, push: PushMeta, keys: np.ndarray,
-                          values: np.ndarray) -> Pending:
-        """Push float32[N, dim] values of distinct keys uint64[N]; the reply is None."""
+    def start_push_sparse(self, push: PushMeta, keys: np.ndarray, values: np.ndarray,
+                          shows: np.ndarray | None = None,
+                          clicks: np.ndarray | None = None) -> Pending:
+        """Push float32[N, dim] values of distinct keys uint64[N], with per-key show
+        and click counts (float32[N] each, or None); the reply is None."""
 
     def start_pull_dense(self, table_id: int, worker_index: int) -> Pending:
         """Pull this server's dense blocks; the reply is float32[n]."""
@@ -100,9 +102,12 @@ class InProcessTransport:
                           dim: int) -> _Done:
         return _call(self.service.pull_sparse, table_id, keys, create)
 
-    def start_push_sparse(self, push: PushMeta, keys: np.ndarray,
-                          values: np.ndarray) -> _Done:
-        return _call(self.service.push_sparse, push, keys, values)
+    def start_push_sparse(self, push: PushMeta, keys: np.ndarray, values: np.ndarray,
+                          shows: np.ndarray | None = None,
+                          clicks: np.ndarray | None = None) -> _Done:
+        if shows is None and clicks is None:
+            return _call(self.service.push_sparse, push, keys, values)
+        return _call(self.service.push_sparse, push, keys, values, 0, shows, clicks)
 
     def start_pull_dense(self, table_id: int, worker_index: int) -> _Done:
         return _call(self.service.pull_dense, table_id, worker_index)
