@@ -10,6 +10,11 @@ servers on 127.0.0.1 (``psfleet.ps.start_server``).
   them without a gradient); a SYNC round of two workers sums both workers' counts
   and averages their gradients; the in-process LocalClient does the same. Counts of
   the wrong length, NaN or negative are INVALID_ARGUMENT naming the field.
+- Shrink and AgeOneDay (TableClient.shrink / age_one_day, every server): rows pushed
+  on day 0 only, aged twice, are deleted by a shrink with delete_after_unseen_days 1,
+  exactly those (a reference set), and Stats counts them as deleted; a table without
+  the ctr accessor is untouched; an unknown table is refused; with an auth token
+  both rpcs are refused without it (UNAUTHENTICATED, as Save).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from psfleet.errors import ConfigError, InvalidRequestError
+from psfleet.errors import ConfigError, InvalidRequestError, RemoteError
 from psfleet.ps import (
     LocalClient,
     RemoteClient,
@@ -36,7 +41,7 @@ from psfleet.ps import (
 from psfleet.ps.client import TableClient
 from psfleet.ps.metrics_exporter import MetricsExporter
 from psfleet.ps.types import PushMode
-from psfleet.rpc import RpcConfig, codec
+from psfleet.rpc import RpcClient, RpcConfig, codec
 from psfleet.rpc import messages as msg
 from psfleet.rpc.server import RunningServer
 
@@ -57,9 +62,9 @@ class Served:
     client: RemoteClient
 
 
-def _serve(count: int) -> Iterator[Served]:
-    started = [start_server(HOST, 0, CONFIG) for _ in range(count)]
-    client = RemoteClient([f"{HOST}:{s.port}" for _, s in started], CONFIG)
+def _serve(count: int, config: RpcConfig = CONFIG) -> Iterator[Served]:
+    started = [start_server(HOST, 0, config) for _ in range(count)]
+    client = RemoteClient([f"{HOST}:{s.port}" for _, s in started], config)
     try:
         yield Served([svc for svc, _ in started], [s for _, s in started], client)
     finally:
@@ -267,3 +272,57 @@ def test_bad_counts_are_invalid_argument_naming_the_field(
     with pytest.raises(InvalidRequestError, match="shows has 3 values for 4 keys"):
         service.PushSparse(request)
     assert _show_click([service]) == {}  # nothing applied
+
+
+def test_shrink_deletes_exactly_the_rows_unseen_too_long(two_servers: Served) -> None:
+    client = two_servers.client
+    client.create_sparse_table(0, SparseTableConfig(
+        name="ctr", dim=DIM, rule=SGD, num_shards=2, num_buckets=64, accessor={
+            "name": "ctr", "delete_after_unseen_days": 1, "delete_threshold": 0.0,
+            "show_click_decay_rate": 1.0}))
+    client.create_sparse_table(1, SparseTableConfig(name="plain", dim=DIM, rule=SGD))
+    rng = np.random.default_rng(8)
+    keys = _keys(300, seed=9)
+    zeros = np.zeros((keys.size, DIM), np.float32)
+    client.pull_sparse(0, keys)
+    client.pull_sparse(1, keys)
+    client.push_sparse(0, keys, zeros, shows=np.ones(keys.size, np.float32),
+                       clicks=np.zeros(keys.size, np.float32))
+    client.age_one_day()  # every row: unseen 1 day
+    seen = keys[:100]
+    shows, clicks = _counts(rng, seen.size)
+    client.push_sparse(0, seen, zeros[:100], shows=shows, clicks=clicks)  # unseen 0
+    client.age_one_day(0)  # seen: 1 day, the others: 2 days
+    assert client.shrink(1) == 0  # no ctr accessor: nothing to shrink
+
+    deleted = client.shrink()
+    assert deleted == keys.size - seen.size
+    survivors = np.sort(np.concatenate([s.tables[0].items()[0] for s in two_servers.services]))
+    np.testing.assert_array_equal(survivors, np.sort(seen))
+    assert sum(len(s.tables[1]) for s in two_servers.services) == keys.size
+    stats = [{t.table_id: t for t in r.tables} for r in client.stats()]
+    assert sum(s[0].deleted for s in stats) == deleted
+    assert sum(s[0].rows for s in stats) == seen.size
+    assert sum(s[1].deleted for s in stats) == 0
+    assert client.shrink() == 0  # the survivors are 1 day unseen: kept
+    with pytest.raises(RemoteError, match="no sparse table 7"):
+        client.shrink(7)
+    with pytest.raises(RemoteError, match="no sparse table 7"):
+        client.age_one_day(7)
+
+
+def test_lifecycle_rpcs_need_the_auth_token() -> None:
+    config = RpcConfig(deadline_s=20.0, max_retries=0, server_threads=4,
+                       auth_token="lifecycle-secret")
+    for served in _serve(1, config):
+        served.client.create_sparse_table(0, CTR)
+        assert served.client.shrink() == 0  # with the token: served
+        stranger = RpcClient(f"{HOST}:{served.servers[0].port}",
+                             RpcConfig(deadline_s=20.0, max_retries=0))
+        try:
+            for method, request in (("Shrink", msg.ShrinkRequest(all_tables=True)),
+                                    ("AgeOneDay", msg.AgeOneDayRequest(all_tables=True))):
+                with pytest.raises(ConfigError, match="auth token"):
+                    stranger.call(method, request)
+        finally:
+            stranger.close()

@@ -49,6 +49,8 @@ load_model = _fleet.load_model
 save_checkpoint = _fleet.save_checkpoint
 load_checkpoint = _fleet.load_checkpoint
 save_inference_model = _fleet.save_inference_model
+shrink = _fleet.shrink
+set_date = _fleet.set_date
 
 __all__ = [
     "AsyncSettings",
@@ -93,6 +95,8 @@ __all__ = [
     "save_persistables",
     "server_endpoints",
     "server_num",
+    "set_date",
+    "shrink",
     "stop_worker",
     "worker_index",
     "worker_num",

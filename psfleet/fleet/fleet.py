@@ -319,6 +319,62 @@ class Fleet:
         """
         return self._require_runtime().client.stats()
 
+    # -- the row lifecycle of ctr tables (psfleet.ps.lifecycle_service) -------------------
+    def _lifecycle_call(self, call: Any) -> Any:
+        """Run ``call(client)`` once for the job, between two barriers: on the first
+        worker after flushing its pushes (servers), or on every rank's own tables
+        (collective: they stay identical). Returns ``call``'s result there, else None."""
+        client = self.client
+        self.flush()
+        self.barrier_worker()
+        result = None
+        if self.is_collective() or self.is_first_worker():
+            result = call(client)
+        self.barrier_worker()
+        return result
+
+    def shrink(self, threshold: float | None = None) -> int:
+        """Shrink every sparse table with the ``ctr`` accessor, as Paddle's
+        ``fleet.shrink()``: show and click decay by ``show_click_decay_rate``, then the
+        rows scoring below ``delete_threshold`` or unseen for more than
+        ``delete_after_unseen_days`` days are deleted (CtrCommonAccessor::Shrink).
+        Every worker calls it (it holds barriers); blocks until done everywhere.
+
+        Args:
+            threshold: ignored, as by Paddle's MemorySparseTable (thresholds are the
+                accessor config's); a value is logged as a warning.
+
+        Returns:
+            The rows deleted, on the first worker (collective: every rank, its own
+            tables); 0 on the other workers.
+
+        Raises:
+            FatalError: before init_worker.
+        """
+        if threshold is not None:
+            logger.warning("fleet.shrink(threshold=%r): the threshold is not used; "
+                           "shrink follows each table's accessor config "
+                           "(delete_threshold, delete_after_unseen_days)", threshold)
+        deleted = self._lifecycle_call(lambda client: client.shrink())
+        if deleted is not None:
+            logger.info("shrink deleted %d rows", deleted)
+        return int(deleted or 0)
+
+    def set_date(self, table_id: int | None = None, day_id: int | str | None = None) -> None:
+        """Start a new day (or pass) for sparse table ``table_id`` (None: every
+        sparse table), as Paddle's ``fleet.set_date``: every row's unseen_days grows
+        by one (rows pushed since then count 0 again), which ``shrink`` compares with
+        ``delete_after_unseen_days``. Each call is one day, whatever ``day_id``
+        (logged only). Every worker calls it (barriers); blocks.
+
+        Raises:
+            FatalError: before init_worker.
+            RemoteError: ``table_id`` is not a sparse table.
+        """
+        self._lifecycle_call(lambda client: client.age_one_day(table_id))
+        logger.info("set_date %s: table %s aged one day", day_id,
+                    "all" if table_id is None else table_id)
+
     def barrier_worker(self) -> None:
         """Block until every worker reaches this call (collective: every rank)."""
         role = self.role

@@ -420,6 +420,32 @@ class TableClient:
         self._all("Stop", [msg.StopRequest(worker_index=worker_index)] * len(self._servers))
         logger.info("told servers %s to stop", self.endpoints)
 
+    def shrink(self, table_id: int | None = None) -> int:
+        """Every server shrinks its share of sparse table ``table_id`` (None: of every
+        sparse table): show/click decay, then rows below the accessor's
+        ``delete_threshold`` or unseen longer than ``delete_after_unseen_days`` are
+        deleted (tables without the ``ctr`` accessor are unchanged). Blocks.
+
+        Returns:
+            The rows deleted on all servers.
+
+        Raises:
+            RemoteError: ``table_id`` is not a sparse table.
+        """
+        request = msg.ShrinkRequest(all_tables=table_id is None, table_id=table_id or 0)
+        replies: list[Any] = self._all("Shrink", [request] * len(self._servers))
+        return sum(int(r.deleted) for r in replies)
+
+    def age_one_day(self, table_id: int | None = None) -> None:
+        """Every server adds one to the unseen_days of every row of sparse table
+        ``table_id`` (None: of every sparse table); a day or pass boundary. Blocks.
+
+        Raises:
+            RemoteError: ``table_id`` is not a sparse table.
+        """
+        request = msg.AgeOneDayRequest(all_tables=table_id is None, table_id=table_id or 0)
+        self._all("AgeOneDay", [request] * len(self._servers))
+
     def stats(self) -> list[msg.StatsResponse]:
         """Each server's table statistics (rows, bytes)."""
         return self._all("Stats", [msg.StatsRequest()] * len(self._servers))  # type: ignore[return-value]

@@ -29,8 +29,11 @@ from psfleet.ps.coordination import Barrier, PushGate
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.lifecycle_service import (
     ShowClicks,
+    age_tables,
     check_show_clicks,
     lifecycle_stats,
+    selected_tables,
+    shrink_tables,
     sync_mean_with_counts,
 )
 from psfleet.ps.merge import merge_sparse
@@ -475,6 +478,28 @@ class TableService:
                            **lifecycle_stats(t),
                            **dataclasses.asdict(counts.get(tid, RequestCounts())))
             for tid, t in items])
+
+    def Shrink(self, request: msg.ShrinkRequest) -> msg.ShrinkResponse:  # noqa: N802
+        """Shrink the named sparse tables (``psfleet.ps.lifecycle_service``): decay
+        show/click, delete rows by score or unseen days. Raises RemoteError when
+        ``table_id`` is not a sparse table here."""
+        with self._tables_lock:
+            tables = selected_tables(self.tables, request.all_tables, request.table_id,
+                                     "Shrink")
+        with self._gate.write():
+            deleted = shrink_tables(tables)
+        logger.info("shrink of %d tables deleted %d rows", len(tables), deleted)
+        return msg.ShrinkResponse(deleted=deleted)
+
+    def AgeOneDay(self, request: msg.AgeOneDayRequest) -> msg.Empty:  # noqa: N802
+        """unseen_days += 1 for every row of the named sparse tables. Raises
+        RemoteError when ``table_id`` is not a sparse table here."""
+        with self._tables_lock:
+            tables = selected_tables(self.tables, request.all_tables, request.table_id,
+                                     "AgeOneDay")
+        with self._gate.write():
+            age_tables(tables)
+        return msg.Empty()
 
     def close(self) -> None:
         """Fail the calls blocked in a Barrier or a sync round (the server is stopping)."""

@@ -94,6 +94,8 @@ class ServiceHandler(Protocol):
     def Load(self, request: pb.LoadRequest) -> Message: ...  # noqa: N802
     def Stats(self, request: pb.StatsRequest) -> Message: ...  # noqa: N802
     def Stop(self, request: pb.StopRequest) -> Message: ...  # noqa: N802
+    def Shrink(self, request: pb.ShrinkRequest) -> Message: ...  # noqa: N802
+    def AgeOneDay(self, request: pb.AgeOneDayRequest) -> Message: ...  # noqa: N802
 
 
 #: The rpcs whose request names a folder the server reads or writes (field ``dirname``).
