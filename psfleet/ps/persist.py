@@ -5,6 +5,7 @@ Layout under a save's folder (a checkpoint, or ``fleet.save_persistables(dirname
     server-<i>/tables.json          {table_id: TableConfig JSON} of the tables server i held
     server-<i>/table-<id>.sparse    a sparse table's rows, grouped by virtual bucket
     server-<i>/table-<id>.dense     a dense table's values, rule state and flat index (npz)
+    server-<i>/table-<id>.stats     a ctr table's row statistics (psfleet.ps.persist_stats)
     manifest.json                   written last by worker 0 (see psfleet.checkpoint)
 
 A ``.sparse`` file (all little-endian)::
@@ -39,6 +40,7 @@ import numpy as np
 from psfleet.checkpoint.storage import FileDigest, Storage
 from psfleet.errors import ConfigError, DataError, RemoteError
 from psfleet.ps.dense_table import DenseTable
+from psfleet.ps.persist_stats import StatsSnapshot, load_stats, snapshot_stats, write_stats
 from psfleet.ps.routing import BucketRouter, bucket_of
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.types import TableConfig, table_config_from_json
@@ -111,11 +113,14 @@ def _sparse_bytes(config: TableConfig, keys: np.ndarray, rows: np.ndarray
 
 
 def write_snapshot(snapshot: Snapshot, dirname: str | Path | Storage, server_index: int,
-                   dense_index: Mapping[int, np.ndarray]) -> list[FileDigest]:
+                   dense_index: Mapping[int, np.ndarray],
+                   stats: StatsSnapshot | None = None) -> list[FileDigest]:
     """Write a snapshot's files under ``dirname/server-<server_index>/``.
 
     Args:
         snapshot: from :func:`snapshot_tables`.
+        stats: the ctr tables' statistics taken with it
+            (``psfleet.ps.persist_stats.snapshot_stats``); None: none written.
         dirname: the save's folder (a path, an fsspec URL or a Storage).
         server_index: this server's index.
         dense_index: for each dense table, the flat indices (int64[n]) of its elements.
@@ -157,6 +162,7 @@ def write_snapshot(snapshot: Snapshot, dirname: str | Path | Storage, server_ind
             with storage.write(rel) as writer:
                 writer.write(buffer.getbuffer())
         digests.append(FileDigest(rel, writer.size, writer.hash.hexdigest()))
+    digests += write_stats(storage, folder, stats or {})
     digests.append(storage.write_bytes(f"{folder}/tables.json",
                                        (json.dumps(configs, indent=1) + "\n").encode()))
     return digests
@@ -168,7 +174,8 @@ def save_server(tables: Mapping[int, Table], dirname: str | Path | Storage, serv
 
     See :func:`write_snapshot` for the arguments, result and errors.
     """
-    return write_snapshot(snapshot_tables(tables), dirname, server_index, dense_index)
+    return write_snapshot(snapshot_tables(tables), dirname, server_index, dense_index,
+                          snapshot_stats(tables))
 
 
 def _servers(storage: Storage) -> list[str]:
@@ -400,6 +407,7 @@ def load_server(tables: Mapping[int, Table], dirname: str | Path | Storage, serv
         if isinstance(table, SparseTable):
             files = _files(storage, table_id, "sparse")
             loaded[table_id] = _load_sparse(table, storage, files, server_index, server_num)
+            load_stats(table, table_id, storage, _servers(storage), server_index, server_num)
         else:
             servers = _servers(storage)
             if (not any(storage.exists(s, f"table-{table_id}.dense") for s in servers)

@@ -38,6 +38,7 @@ from psfleet.ps.lifecycle_service import (
 )
 from psfleet.ps.merge import merge_sparse
 from psfleet.ps.persist import load_server, snapshot_tables, write_snapshot
+from psfleet.ps.persist_stats import snapshot_stats
 from psfleet.ps.push_ledger import PushLedger
 from psfleet.ps.request_checks import (
     JobWorkers,
@@ -412,9 +413,10 @@ class TableService:
             tables = dict(self.tables)
         with self._gate.closed():
             snapshot = snapshot_tables(tables)
+            stats = snapshot_stats(tables)
         try:
             digests = write_snapshot(snapshot, request.dirname, request.server_index,
-                                     self._dense_index(request.dense))
+                                     self._dense_index(request.dense), stats)
         except OSError as exc:
             raise RemoteError(f"save to {request.dirname!r} failed: {exc}") from None
         logger.info("saved %d tables to %s/server-%d", len(tables), request.dirname,
