@@ -271,6 +271,9 @@ def test_bad_counts_are_invalid_argument_naming_the_field(
         clicks=codec.floats_to_bytes(np.zeros(4, np.float32)))
     with pytest.raises(InvalidRequestError, match="shows has 3 values for 4 keys"):
         service.PushSparse(request)
+    request.shows, request.clicks = codec.floats_to_bytes(np.ones(4, np.float32)), b"abc"
+    with pytest.raises(InvalidRequestError, match="clicks buffer of 3 bytes"):
+        service.PushSparse(request)
     assert _show_click([service]) == {}  # nothing applied
 
 

@@ -20,9 +20,10 @@ from psfleet.errors import InvalidRequestError, RemoteError
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.merge import merge_sparse
 from psfleet.ps.sparse_table import SparseTable
+from psfleet.rpc import codec
 
-__all__ = ["ShowClicks", "lifecycle_stats", "check_show_clicks", "sync_mean_with_counts",
-           "selected_tables", "shrink_tables", "age_tables"]
+__all__ = ["ShowClicks", "lifecycle_stats", "decode_counts", "check_show_clicks",
+           "sync_mean_with_counts", "selected_tables", "shrink_tables", "age_tables"]
 
 #: A push's per-key (shows float32[N], clicks float32[N]); None: the push has none.
 ShowClicks = tuple[np.ndarray, np.ndarray] | None
@@ -34,6 +35,21 @@ def lifecycle_stats(table: SparseTable | DenseTable) -> dict[str, int]:
     if isinstance(table, DenseTable):
         return {"admitted": 0, "rejected": 0, "evicted": 0, "deleted": 0}
     return dataclasses.asdict(table.lifecycle_counts())
+
+
+def decode_counts(table_id: int, name: str, buf: bytes) -> np.ndarray | None:
+    """A PushSparse's ``shows`` or ``clicks`` buffer as a read-only float32[N] view;
+    None when empty (not sent).
+
+    Raises:
+        InvalidRequestError: the length is not a multiple of 4 (names the field).
+    """
+    if not buf:
+        return None
+    if len(buf) % 4:
+        raise InvalidRequestError(f"push to table {table_id}: {name} buffer of {len(buf)} "
+                                  "bytes is not float32 counts (a multiple of 4 bytes)")
+    return codec.floats_from_bytes(buf)
 
 
 def check_show_clicks(table_id: int, key_count: int, shows: np.ndarray | None,

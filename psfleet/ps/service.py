@@ -31,6 +31,7 @@ from psfleet.ps.lifecycle_service import (
     ShowClicks,
     age_tables,
     check_show_clicks,
+    decode_counts,
     lifecycle_stats,
     selected_tables,
     shrink_tables,
@@ -375,8 +376,8 @@ class TableService:
             return msg.PushResponse(done=self.poll_sync_push(_push_meta(request),
                                                              request.incarnation))
         table = self._table(request.table_id, SparseTable)
-        shows = codec.floats_from_bytes(request.shows) if request.shows else None
-        clicks = codec.floats_from_bytes(request.clicks) if request.clicks else None
+        shows = decode_counts(request.table_id, "shows", request.shows)
+        clicks = decode_counts(request.table_id, "clicks", request.clicks)
         return msg.PushResponse(done=self.push_sparse(
             _push_meta(request), codec.keys_from_bytes(request.keys),
             codec.floats_from_bytes(request.grads, table.dim), request.incarnation,
