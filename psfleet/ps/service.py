@@ -28,19 +28,17 @@ from psfleet.errors import (
 from psfleet.ps.coordination import Barrier, PushGate
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.lifecycle_service import (
-    ShowClicks,
     age_tables,
     check_show_clicks,
     decode_counts,
     lifecycle_stats,
     selected_tables,
     shrink_tables,
-    sync_mean_with_counts,
 )
-from psfleet.ps.merge import merge_sparse
 from psfleet.ps.persist import load_server, snapshot_tables, write_snapshot
 from psfleet.ps.persist_stats import snapshot_stats
 from psfleet.ps.push_ledger import PushLedger
+from psfleet.ps.push_modes import PushModes
 from psfleet.ps.request_checks import (
     JobWorkers,
     check_pull_size,
@@ -51,7 +49,6 @@ from psfleet.ps.request_checks import (
 from psfleet.ps.request_counters import RequestCounters, RequestCounts
 from psfleet.ps.restore import read_checkpoint, read_save
 from psfleet.ps.sparse_table import SparseTable
-from psfleet.ps.sync_rounds import SyncRounds
 from psfleet.ps.types import (
     PushMeta,
     PushMode,
@@ -123,14 +120,7 @@ class TableService:
         self.counters = RequestCounters()
         self.started_s = time.monotonic()
         self._barrier_timeout_s = barrier_timeout_s
-        self._sparse_rounds: SyncRounds[tuple[np.ndarray, np.ndarray, ShowClicks]] = \
-            SyncRounds(barrier_timeout_s, self.wait_budget)
-        self._dense_rounds: SyncRounds[np.ndarray] = SyncRounds(barrier_timeout_s,
-                                                                self.wait_budget)
-        self._sparse_push_modes = {PushMode.APPLY: self._sparse_apply,
-                                   PushMode.DELTA: self._sparse_delta}
-        self._dense_push_modes = {PushMode.APPLY: self._dense_apply,
-                                  PushMode.DELTA: self._dense_delta}
+        self._modes = PushModes(self._gate, barrier_timeout_s, self.wait_budget)
         self.stop_requested = threading.Event()
 
     def _table(self, table_id: int, kind: type[_T]) -> _T:
@@ -253,9 +243,9 @@ class TableService:
                   else check_show_clicks(push.table_id, keys.size, shows, clicks))
         with self._memory_guard("push", push.table_id):
             if push.mode == PushMode.SYNC:  # a round, idempotent by push id (SyncRounds)
-                done = self._sparse_sync(push, table, keys, values, incarnation, counts)
+                done = self._modes.sparse_sync(push, table, keys, values, incarnation, counts)
             else:
-                apply = self._sparse_push_modes[push.mode]
+                apply = self._modes.sparse[push.mode]
                 self._ledger.run_once(*push.push_id,
                                       lambda: apply(push, table, keys, values, counts))
                 done = True
@@ -272,7 +262,8 @@ class TableService:
                 (names them), or the round failed.
         """
         table = self.tables.get(push.table_id)
-        rounds = self._dense_rounds if isinstance(table, DenseTable) else self._sparse_rounds
+        modes = self._modes
+        rounds = modes.dense_rounds if isinstance(table, DenseTable) else modes.sparse_rounds
         self._workers.check(f"push to table {push.table_id}", push.worker_index,
                             push.worker_num)
         return rounds.poll(push.table_id, push.step, push.worker_index, incarnation,
@@ -303,68 +294,14 @@ class TableService:
         self._check_push(push, values)
         with self._memory_guard("push", push.table_id):
             if push.mode == PushMode.SYNC:  # a round, idempotent by push id (SyncRounds)
-                done = self._dense_sync(push, table, values, incarnation)
+                done = self._modes.dense_sync(push, table, values, incarnation)
             else:
-                apply = self._dense_push_modes[push.mode]
+                apply = self._modes.dense[push.mode]
                 self._ledger.run_once(*push.push_id, lambda: apply(push, table, values))
                 done = True
         self.counters.count_push(push.table_id, values.size)
         return done
 
-    # -- push modes: one method each (APPLY async, SYNC rounds, DELTA geo) --------------
-    def _sparse_apply(self, push: PushMeta, table: SparseTable, keys: np.ndarray,
-                      grads: np.ndarray, counts: ShowClicks = None) -> None:
-        with self._gate.write():
-            if counts is None:
-                table.push(keys, grads)
-            else:
-                table.push(keys, grads, *counts)
-
-    def _sparse_delta(self, push: PushMeta, table: SparseTable, keys: np.ndarray,
-                      deltas: np.ndarray, counts: ShowClicks = None) -> None:
-        with self._gate.write():
-            table.add(keys, deltas)
-            if counts is not None:
-                table.update_stats(keys, *counts)
-
-    def _sparse_sync(self, push: PushMeta, table: SparseTable, keys: np.ndarray,
-                     grads: np.ndarray, incarnation: int = 0,
-                     counts: ShowClicks = None) -> bool:
-        def apply_mean(pushes: list[tuple[np.ndarray, np.ndarray, ShowClicks]]) -> None:
-            if all(c is None for _, _, c in pushes):
-                merged_keys, summed = merge_sparse([k for k, _, _ in pushes],
-                                                   [g for _, g, _ in pushes])
-                with self._gate.write():
-                    table.push(merged_keys, summed / np.float32(len(pushes)))
-                return
-            merged_keys, mean, shows, clicks = sync_mean_with_counts(pushes)
-            with self._gate.write():
-                table.push(merged_keys, mean, shows, clicks)
-
-        return self._sparse_rounds.contribute(push.table_id, push.step, push.worker_index,
-                                              push.worker_num, (keys, grads, counts),
-                                              apply_mean, incarnation, push.push_id)
-
-    def _dense_apply(self, push: PushMeta, table: DenseTable, grads: np.ndarray) -> None:
-        with self._gate.write():
-            table.push(grads, push.worker_index)
-
-    def _dense_delta(self, push: PushMeta, table: DenseTable, deltas: np.ndarray) -> None:
-        with self._gate.write():
-            table.add(deltas)
-
-    def _dense_sync(self, push: PushMeta, table: DenseTable, grads: np.ndarray,
-                    incarnation: int = 0) -> bool:
-        def apply_mean(pushes: list[np.ndarray]) -> None:
-            mean = np.add.reduce(pushes, dtype=np.float32) / np.float32(len(pushes))
-            with self._gate.write():
-                table.push(mean)
-
-        return self._dense_rounds.contribute(push.table_id, push.step, push.worker_index,
-                                             push.worker_num, grads, apply_mean, incarnation,
-                                             push.push_id)
-
-    # -- the rpc methods of psfleet.proto -------------------------------------------------
     def PullSparse(self, request: msg.PullSparseRequest) -> msg.PullSparseResponse:  # noqa: N802
         values = self.pull_sparse(request.table_id, codec.keys_from_bytes(request.keys),
                                   request.create)
@@ -507,8 +444,8 @@ class TableService:
     def close(self) -> None:
         """Fail the calls blocked in a Barrier or a sync round (the server is stopping)."""
         self._barrier.close()
-        self._sparse_rounds.close()
-        self._dense_rounds.close()
+        self._modes.sparse_rounds.close()
+        self._modes.dense_rounds.close()
 
     def Stop(self, request: msg.StopRequest) -> msg.Empty:  # noqa: N802
         logger.info("stop requested by worker %d", request.worker_index)
