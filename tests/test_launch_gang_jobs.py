@@ -9,10 +9,12 @@ a given step (on its first start only) or slow the steps down.
   fleetrun logs one line naming worker 1, the checkpoint of step 10 and "restart 1 of
   --max_restarts 1", restarts every process, and the job exits 0 with final tables
   (final checkpoint) and exported model bit-identical to an undisturbed run's.
-- Finding 10: the server SIGSTOPped mid-run with ``PSFLEET_HEALTH_TIMEOUT_S=3``: with a
-  restart left the job restarts and finishes (exit 0); without one it fails within
-  ~10 s, the summary naming the server, its endpoint and "did not answer health checks".
-  In an async job (``--restart_policy process``) only the server is restarted.
+- Finding 10: the server SIGSTOPped mid-run with ``PSFLEET_HEALTH_TIMEOUT_S=3``: without
+  a restart the job fails within ~10 s, the summary naming the server, its endpoint and
+  "did not answer health checks"; in an async job (``--restart_policy process``) with a
+  restart left only the server is restarted and the job finishes. (A gang restart after
+  a hang is the same restart as after the SIGKILL above; it is not run again here, to
+  keep CI within its time.)
 """
 
 from __future__ import annotations
@@ -215,22 +217,6 @@ def _stop_server_mid_run(tmp_path: Path, data_slice: Callable[..., Path],
         ended = time.monotonic() - stopped
         assert not psutil.pid_exists(server) or psutil.Process(server).status() == "zombie"
     return proc.returncode, lines, run, ended
-
-
-def test_stopped_server_is_killed_and_the_job_restarts(
-        tmp_path: Path, data_slice: Callable[..., Path]) -> None:
-    code, lines, run, ended = _stop_server_mid_run(
-        tmp_path, data_slice, "--max_restarts", "1", "--restart_policy", "gang")
-    text = "".join(lines)
-    assert code == 0, text[-4000:]
-    restart = [line for line in lines if "restarting the whole job" in line]
-    assert len(restart) == 1, text[-4000:]
-    assert re.search(r"server 0 \(pid \d+, 127\.0\.0\.1:\d+\) did not answer health checks "
-                     r"for [3-9] s", restart[0]), restart[0]
-    assert "killed it (SIGKILL)" in restart[0] and "from checkpoint" in restart[0]
-    assert (run / "log" / "serverlog.0.failed1").is_file()
-    assert json.loads((run / "metrics.json").read_text())["test"]["examples"] == 200
-    print(f"job ended {ended:.1f} s after the SIGSTOP")
 
 
 def test_stopped_server_without_restarts_fails_naming_it(
