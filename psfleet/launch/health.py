@@ -243,18 +243,17 @@ class HealthMonitor:
             return self.tracker.overdue(now)
 
     def close(self) -> None:
-        """End the probe (closing its input; SIGKILL if it lingers) and the reader."""
+        """End the probe and the reader, at once: the probe keeps no state, so it is
+        SIGKILLed (our child, by pid) rather than waited for (a check in flight to a
+        server that just exited could hold it for its call timeout, seconds per job)."""
         probe, self._probe = self._probe, None
         if probe is None:
             return
         with contextlib.suppress(OSError, ValueError):
             if probe.stdin is not None:
                 probe.stdin.close()
-        try:
-            probe.wait(_PROBE_EXIT_S)
-        except subprocess.TimeoutExpired:
-            probe.kill()
-            probe.wait()
+        probe.kill()
+        probe.wait()
         if self._reader is not None:
             self._reader.join(_PROBE_EXIT_S)
         if probe.stdout is not None:
