@@ -38,12 +38,10 @@ import torch
 from conftest import REPO_ROOT, clean_env, kill_processes, run_command
 
 from psfleet.api import prepare
-from psfleet.checkpoint import CheckpointStore
 from psfleet.export import load_inference_model
 from psfleet.ps.dense_table import DenseTable
-from psfleet.ps.persist import load_server, saved_table_configs
+from psfleet.ps.restore import read_checkpoint
 from psfleet.ps.sparse_table import SparseTable
-from psfleet.ps.types import DenseTableConfig, SparseTableConfig
 from psfleet.rec.run_folder import open_run_folder
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
@@ -77,17 +75,12 @@ def _fleetrun(run: Path, *args: str) -> list[str]:
 
 def _final_parameters(checkpoint_dir: Path) -> list[torch.Tensor]:
     """(keys, rows, dense) of the newest checkpoint (the one taken at the end)."""
-    latest = CheckpointStore(checkpoint_dir).latest()
-    assert latest is not None
+    found = read_checkpoint(str(checkpoint_dir), 0)
+    assert found is not None
+    tables, _, latest = found
     assert latest.manifest.step == STEPS, latest.storage.url
-    configs = saved_table_configs(latest.storage, 0)
-    sparse_config, dense_config = configs[0], configs[1]
-    assert isinstance(sparse_config, SparseTableConfig)
-    assert isinstance(dense_config, DenseTableConfig)
-    sparse = SparseTable(sparse_config)
-    dense = DenseTable(dense_config, np.zeros(dense_config.size, np.float32))
-    load_server({0: sparse, 1: dense}, latest.storage, 0, 1,
-                {1: np.arange(dense_config.size)})
+    sparse, dense = tables[0], tables[1]
+    assert isinstance(sparse, SparseTable) and isinstance(dense, DenseTable)
     keys, rows = sparse.items()
     order = np.argsort(keys)
     return [torch.from_numpy(keys[order]), torch.from_numpy(rows[order]),
