@@ -8,8 +8,16 @@ from psfleet.nn.sparse_embedding import (
     live_embeddings,
     use_prefetched,
 )
-from psfleet.nn.types import POOLINGS, EmbeddingTableSpec, Pooling, Prefetch, RowAccess
+from psfleet.nn.types import (
+    POOLINGS,
+    AccessorSpec,
+    EmbeddingTableSpec,
+    Pooling,
+    Prefetch,
+    RowAccess,
+    check_accessor,
+)
 
-__all__ = ["POOLINGS", "EmbeddingTableSpec", "FeatureEmbeddings", "Pooling", "Prefetch",
-           "RowAccess", "SparseEmbedding", "SparseEmbeddingBag", "check_distinct_names",
-           "live_embeddings", "use_prefetched"]
+__all__ = ["POOLINGS", "AccessorSpec", "EmbeddingTableSpec", "FeatureEmbeddings",
+           "Pooling", "Prefetch", "RowAccess", "SparseEmbedding", "SparseEmbeddingBag",
+           "check_accessor", "check_distinct_names", "live_embeddings", "use_prefetched"]

@@ -23,7 +23,7 @@ from torch.nn.functional import embedding_bag
 
 from psfleet.errors import ConfigError
 from psfleet.nn.sparse_embedding import SparseEmbedding
-from psfleet.nn.types import Pooling, Prefetch, check_pooling
+from psfleet.nn.types import AccessorSpec, Pooling, Prefetch, check_pooling
 from psfleet.ps.types import Initializer, RuleConfig
 
 __all__ = ["SparseEmbeddingBag", "bag_weights"]
@@ -74,7 +74,7 @@ class SparseEmbeddingBag(SparseEmbedding):
         dim: floats per row.
         name: table name; distinct per embedding.
         pooling: ``sum``, ``mean`` or ``sqrtn`` (:data:`~psfleet.nn.types.Pooling`).
-        rule, initializer, initial_range, num_buckets: as SparseEmbedding's.
+        rule, initializer, initial_range, num_buckets, accessor: as SparseEmbedding's.
 
     Shapes:
         input: values (Tensor[N], int64) keys, offsets (Tensor[K + 1], int64),
@@ -90,10 +90,12 @@ class SparseEmbeddingBag(SparseEmbedding):
 
     def __init__(self, dim: int, name: str = "embedding_bag", pooling: Pooling = "sum",
                  rule: RuleConfig | None = None, initializer: Initializer = "uniform",
-                 initial_range: float = 0.01, num_buckets: int = 4096) -> None:
+                 initial_range: float = 0.01, num_buckets: int = 4096,
+                 accessor: AccessorSpec = None) -> None:
         checked = check_pooling(pooling, f"SparseEmbeddingBag {name!r}")  # before registering
         super().__init__(dim, name=name, rule=rule, initializer=initializer,
-                         initial_range=initial_range, num_buckets=num_buckets)
+                         initial_range=initial_range, num_buckets=num_buckets,
+                         accessor=accessor)
         self.pooling: Pooling = checked
 
     def forward(self, values: torch.Tensor, offsets: torch.Tensor,  # type: ignore[override]

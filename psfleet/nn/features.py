@@ -91,14 +91,15 @@ class FeatureEmbeddings(nn.Module):
             if all(isinstance(step, int) for step in plan):
                 modules.append(SparseEmbedding(
                     spec.dim, name=spec.name, rule=spec.rule, initializer=spec.initializer,
-                    initial_range=spec.initial_range, num_buckets=num_buckets))
+                    initial_range=spec.initial_range, num_buckets=num_buckets,
+                    accessor=spec.accessor))
                 self._columns.append(None if plan == list(range(len(schema.sparse)))
                                      else torch.tensor(plan, dtype=torch.int64))
             else:
                 modules.append(SparseEmbeddingBag(
                     spec.dim, name=spec.name, pooling=spec.pooling, rule=spec.rule,
                     initializer=spec.initializer, initial_range=spec.initial_range,
-                    num_buckets=num_buckets))
+                    num_buckets=num_buckets, accessor=spec.accessor))
                 self._columns.append(None)
             self._plans.append(plan)
             self._prefixes.append(_table_prefix(schema.features.index(spec.features[0]))

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from psfleet.errors import ConfigError, FatalError
-from psfleet.nn.types import Prefetch, RowAccess
+from psfleet.nn.types import AccessorSpec, Prefetch, RowAccess, check_accessor
 from psfleet.ps.types import Initializer, RuleConfig, SparseTableConfig
 
 __all__ = ["SparseEmbedding", "live_embeddings", "use_prefetched"]
@@ -82,6 +82,15 @@ class SparseEmbedding(nn.Module):
         initializer: ``uniform``, ``normal`` or ``zeros`` (see SparseTableConfig).
         initial_range: range (uniform) or std (normal) of initial values.
         num_buckets: virtual buckets of the table (fixed at creation).
+        accessor: the table's row statistics and lifecycle: an AccessorConfig, a dict
+            of its fields (validated), or None for the table without statistics
+            (``AccessorConfig()``). With ``name="ctr"`` the training steps push each
+            row's show and click counts, taken from the labels given to
+            ``optimizer.step(labels=...)``.
+
+    Raises:
+        ConfigError: on construction, an argument is out of range (names the
+            embedding and the field, e.g. ``accessor.nonclk_coeff``).
 
     Shapes:
         input: ids (Tensor[..., S], int64): feature keys (uint64 bits in int64).
@@ -90,7 +99,7 @@ class SparseEmbedding(nn.Module):
 
     def __init__(self, dim: int, name: str = "embedding", rule: RuleConfig | None = None,
                  initializer: Initializer = "uniform", initial_range: float = 0.01,
-                 num_buckets: int = 4096) -> None:
+                 num_buckets: int = 4096, accessor: AccessorSpec = None) -> None:
         super().__init__()
         self.dim = dim
         self.name = name
@@ -98,6 +107,7 @@ class SparseEmbedding(nn.Module):
         self.initializer = initializer
         self.initial_range = initial_range
         self.num_buckets = num_buckets
+        self.accessor = check_accessor(accessor, f"{type(self).__name__} {name!r}")
         self._access: RowAccess | None = None
         self._table_id = -1
         self._armed: Prefetch | None = None  # set by use(): the next forward's rows
@@ -119,7 +129,8 @@ class SparseEmbedding(nn.Module):
             return SparseTableConfig(
                 name=self.name, dim=self.dim, rule=self.rule or default_rule,
                 initializer=self.initializer,
-                initial_range=self.initial_range, num_buckets=self.num_buckets)
+                initial_range=self.initial_range, num_buckets=self.num_buckets,
+                accessor=self.accessor)
         except ValueError as exc:
             raise ConfigError(f"{type(self).__name__} {self.name!r}: {exc}") from None
 

@@ -10,22 +10,28 @@ the rows whose gradients the step pushes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
 from psfleet.errors import ConfigError
 from psfleet.ps.client import PullHandle
 from psfleet.ps.routing import RoutedKeys
-from psfleet.ps.types import Initializer, RuleConfig
+from psfleet.ps.types import AccessorConfig, Initializer, RuleConfig
 
 if TYPE_CHECKING:
     from psfleet.nn.sparse_embedding import SparseEmbedding
 
-__all__ = ["POOLINGS", "EmbeddingTableSpec", "Pooling", "Prefetch", "RowAccess",
-           "check_pooling"]
+__all__ = ["POOLINGS", "AccessorSpec", "EmbeddingTableSpec", "Pooling", "Prefetch",
+           "RowAccess", "check_accessor", "check_pooling"]
+
+#: An embedding's accessor as given: the config, its fields as a dict (YAML), or None
+#: (the table without statistics, ``AccessorConfig()``).
+AccessorSpec = AccessorConfig | Mapping[str, Any] | None
 
 #: How a bag of ids (one feature of one example) becomes one vector, with ``w`` the ids'
 #: weights (1 without weights) and ``e`` their rows: ``sum`` = sum(w*e); ``mean`` =
@@ -47,6 +53,36 @@ def check_pooling(pooling: str, where: str) -> Pooling:
         raise ConfigError(f"{where}: pooling {pooling!r} is not one of "
                           f"{', '.join(POOLINGS)}")
     return pooling  # type: ignore[return-value]
+
+
+def check_accessor(accessor: AccessorSpec, where: str) -> AccessorConfig:
+    """``accessor`` as an :class:`~psfleet.ps.types.AccessorConfig` (None: the default,
+    no statistics; a mapping is validated field by field).
+
+    Raises:
+        ConfigError: a field is unknown or out of range, or ``accessor`` is neither a
+            config, a mapping nor None (names ``where`` and ``accessor.<field>``).
+    """
+    if accessor is None:
+        return AccessorConfig()
+    if isinstance(accessor, AccessorConfig):
+        return accessor
+    if not isinstance(accessor, Mapping):
+        raise ConfigError(f"{where}: accessor must be an AccessorConfig, a dict of its "
+                          f"fields or None, got {type(accessor).__name__}")
+    try:
+        return AccessorConfig.model_validate(dict(accessor))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        if not field:  # a rule over several fields: its message names them
+            raise ConfigError(f"{where}: {first['msg'].removeprefix('Value error, ')}"
+                              ) from None
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"{where}: accessor.{field}: unknown field; the fields are "
+                              f"{', '.join(AccessorConfig.model_fields)}") from None
+        raise ConfigError(f"{where}: accessor.{field}: {first['msg']} (got "
+                          f"{first.get('input')!r})") from None
 
 
 class RowAccess(Protocol):
@@ -118,10 +154,13 @@ class EmbeddingTableSpec:
         shared_ids: the same raw id in two of the table's features is one row (the
             parsers' per-slot key prefix is replaced by one prefix of the table's), e.g.
             a target item and the items of a history.
+        accessor: the table's row statistics and lifecycle (:data:`AccessorSpec`; a
+            dict is validated into an AccessorConfig); None: none (today's table).
 
     Raises:
         ConfigError: on construction, if ``features`` is empty or repeats a name, or
-            ``pooling`` is not one of :data:`POOLINGS`.
+            ``pooling`` is not one of :data:`POOLINGS`, or ``accessor`` is invalid
+            (names the field).
     """
 
     name: str
@@ -132,10 +171,12 @@ class EmbeddingTableSpec:
     initializer: Initializer = "uniform"
     initial_range: float = 0.01
     shared_ids: bool = False
+    accessor: AccessorSpec = None
 
     def __post_init__(self) -> None:
         where = f"EmbeddingTableSpec {self.name!r}"
         object.__setattr__(self, "features", tuple(self.features))
+        object.__setattr__(self, "accessor", check_accessor(self.accessor, where))
         if not self.features:
             raise ConfigError(f"{where}: features is empty; name at least one feature "
                               "of the schema")
