@@ -6,6 +6,10 @@ distributed optimizer turns the optimizer into server-side rules. ``step()`` ask
 worker runtime's step collector (:class:`psfleet.fleet.step.StepCollector`) to push the
 step's sparse gradients (collected there by the embeddings' forwards) and the flat
 dense gradient, and installs the freshest dense values it returns.
+
+Tables with the ``ctr`` accessor count each key's shows and clicks from the batch
+labels, so their steps take the labels: ``optimizer.step(labels=batch.label)`` or
+``optimizer.minimize(loss, labels=batch.label)``.
 """
 
 from __future__ import annotations
@@ -114,11 +118,20 @@ class DistributedOptimizer:
         """Clear the dense parameters' gradients."""
         self.inner.zero_grad(set_to_none=set_to_none)
 
-    def step(self) -> None:
+    def step(self, labels: torch.Tensor | np.ndarray | None = None) -> None:
         """Have the runtime push this step's gradients (sparse rows collected by the
         forwards, then dense); install fresh dense values if any arrived.
 
+        Args:
+            labels (Tensor[B] or [B, 1], float or int 0/1) or None: the labels of the
+                batch the step's forwards read. Needed when a table read this step has
+                the ``ctr`` accessor: each key's push carries show = its occurrences
+                in the batch and click = the sum of their examples' labels (Paddle's
+                DownpourWorker::CollectLabelInfo). Ignored by the other tables.
+
         Raises:
+            ConfigError: a ctr table was read and ``labels`` is None (names the table),
+                or labels' length is not the batch's (names both); nothing was pushed.
             FatalError: ``fleet.init_worker()`` was not called, or sending failed.
         """
         if self._step is None:
@@ -127,12 +140,17 @@ class DistributedOptimizer:
         if self.params:
             grads = torch.cat([p.grad.reshape(-1) if p.grad is not None
                                else torch.zeros(p.numel()) for p in self.params]).numpy()
-        fresh = self._step.end_step(grads)
+        fresh = self._step.end_step(grads, labels)
         if fresh is not None:
             self.install(fresh)
         self.steps += 1
 
-    def minimize(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` then :meth:`step` (the seeds' spelling)."""
+    def minimize(self, loss: torch.Tensor,
+                 labels: torch.Tensor | np.ndarray | None = None) -> None:
+        """``loss.backward()`` then :meth:`step` with ``labels`` (the seeds' spelling).
+
+        Raises:
+            as :meth:`step`.
+        """
         loss.backward()
-        self.step()
+        self.step(labels)

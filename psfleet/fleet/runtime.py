@@ -132,7 +132,9 @@ class WorkerRuntime:
         self.mode = mode
         sparse = tables.sparse_configs()
         self.step = StepCollector(communicator, {i: c.dim for i, c in sparse.items()},
-                                  tables.dense_table_id)
+                                  tables.dense_table_id,
+                                  {i: c.name for i, c in sparse.items()
+                                   if c.accessor.name == "ctr"})
 
     @classmethod
     def connect(cls, config: RuntimeConfig, hooks: WorkerHooks,

@@ -99,8 +99,8 @@ class SparseEmbeddingBag(SparseEmbedding):
         self.pooling: Pooling = checked
 
     def forward(self, values: torch.Tensor, offsets: torch.Tensor,  # type: ignore[override]
-                weights: torch.Tensor | None = None, prefetched: Prefetch | None = None
-                ) -> torch.Tensor:
+                weights: torch.Tensor | None = None, prefetched: Prefetch | None = None,
+                batch_size: int | None = None) -> torch.Tensor:
         """The pooled row of each of K bags.
 
         Args:
@@ -110,6 +110,9 @@ class SparseEmbeddingBag(SparseEmbedding):
                 allowed; they pool to zeros).
             weights (Tensor[N], float32) or None: a weight per id (libSVM values).
             prefetched: the handle of :meth:`prefetch` over ``values`` (equal values).
+            batch_size: the examples the bags belong to, bags feature-major (bag
+                ``f * B + b`` is example b): only read with the ``ctr`` accessor, for
+                the show and click counts; None: one bag per example (K).
 
         Returns:
             Tensor[K, dim], float32 (the pooling's formula in
@@ -118,10 +121,11 @@ class SparseEmbeddingBag(SparseEmbedding):
         Raises:
             FatalError: not bound to a table.
             ConfigError: a shape or dtype above does not hold, offsets do not run from
-                0 to N non-decreasing, or ``prefetched`` was made for other ids.
+                0 to N non-decreasing, ``prefetched`` was made for other ids, or (ctr
+                accessor, training) K is not a multiple of ``batch_size``.
         """
         self._check_bags(values, offsets, weights)
-        rows, inverse = self.lookup(values, prefetched)  # [U, dim], [N]
+        rows, inverse = self.lookup(values, prefetched, offsets, batch_size)  # [U, dim], [N]
         if self.pooling == "mean" and weights is None:
             return embedding_bag(inverse, rows, offsets, mode="mean",
                                    include_last_offset=True)

@@ -132,7 +132,7 @@ class FeatureEmbeddings(nn.Module):
             if offsets is None:
                 out.append(module(ids))  # [B, F_t, D]
             else:
-                pooled = module(ids, offsets, weights)  # [F_t * B, D]
+                pooled = module(ids, offsets, weights, batch_size=batch)  # [F_t * B, D]
                 out.append(pooled.view(len(spec.features), batch, spec.dim).permute(1, 0, 2))
         return out
 

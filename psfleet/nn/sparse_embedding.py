@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from psfleet.errors import ConfigError, FatalError
-from psfleet.nn.types import AccessorSpec, Prefetch, RowAccess, check_accessor
+from psfleet.nn.types import AccessorSpec, Occurrences, Prefetch, RowAccess, check_accessor
 from psfleet.ps.types import Initializer, RuleConfig, SparseTableConfig
 
 __all__ = ["SparseEmbedding", "live_embeddings", "use_prefetched"]
@@ -197,7 +197,8 @@ class SparseEmbedding(nn.Module):
         rows, inverse = self.lookup(ids, prefetched)
         return rows[inverse].reshape(*ids.shape, self.dim)
 
-    def lookup(self, ids: torch.Tensor, prefetched: Prefetch | None = None
+    def lookup(self, ids: torch.Tensor, prefetched: Prefetch | None = None,
+               offsets: torch.Tensor | None = None, batch_size: int | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """The distinct rows of ``ids`` and where each id is among them: the step every
         forward of a table-backed module shares (dedup, one pull, record).
@@ -207,9 +208,18 @@ class SparseEmbedding(nn.Module):
         table per step, however many forwards read the table). Uses ``prefetched`` (or
         the handle armed by :meth:`use`) when it was made for ids equal to these.
 
+        With the ``ctr`` accessor, a training forward also records which example
+        each id belongs to (:class:`~psfleet.nn.types.Occurrences`), so the step
+        pushes each key's show and click counts from the batch labels: the index
+        along dim 0 of ``ids``, or for bags (``offsets`` given) bag k's example
+        ``k % batch_size``. Without it nothing more is computed.
+
         Args:
             ids (Tensor[...], int64): feature keys (uint64 bits in int64).
             prefetched: as in :meth:`forward`.
+            offsets (Tensor[K + 1], int64) or None: ``ids`` are K bags (CSR), for the
+                examples of the ``ctr`` accessor's counts.
+            batch_size: the bags' examples (bags feature-major); None: K.
 
         Returns:
             rows (Tensor[U, dim], float32) of the U distinct ids, and inverse
@@ -242,8 +252,20 @@ class SparseEmbedding(nn.Module):
         rows = torch.from_numpy(pull.result())  # [U, dim]
         if training:
             rows.requires_grad_(True)
-            access.record(self._table_id, pull.keys, rows)  # routed once, pushed with it
+            inverse = inverse.reshape(-1)
+            access.record(self._table_id, pull.keys, rows,  # routed once, pushed with it
+                          self._occurrences(ids, inverse, offsets, batch_size, label))
         return rows, inverse.reshape(-1)
+
+    def _occurrences(self, ids: torch.Tensor, inverse: torch.Tensor,
+                     offsets: torch.Tensor | None, batch_size: int | None, label: str
+                     ) -> Occurrences | None:
+        """The forward's occurrences for the ``ctr`` accessor's counts; None without it."""
+        if self.accessor.name != "ctr":
+            return None
+        if offsets is None:
+            return Occurrences.of_rows(ids, inverse, label)
+        return Occurrences.of_bags(offsets, inverse, batch_size, label)
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, dim={self.dim}, table_id={self._table_id}"

@@ -26,8 +26,8 @@ from psfleet.ps.types import AccessorConfig, Initializer, RuleConfig
 if TYPE_CHECKING:
     from psfleet.nn.sparse_embedding import SparseEmbedding
 
-__all__ = ["POOLINGS", "AccessorSpec", "EmbeddingTableSpec", "Pooling", "Prefetch",
-           "RowAccess", "check_accessor", "check_pooling"]
+__all__ = ["POOLINGS", "AccessorSpec", "EmbeddingTableSpec", "Occurrences", "Pooling",
+           "Prefetch", "RowAccess", "check_accessor", "check_pooling"]
 
 #: An embedding's accessor as given: the config, its fields as a dict (YAML), or None
 #: (the table without statistics, ``AccessorConfig()``).
@@ -99,11 +99,90 @@ class RowAccess(Protocol):
         ...
 
     def record(self, table_id: int, keys: np.ndarray | RoutedKeys,
-               rows: torch.Tensor) -> None:
+               rows: torch.Tensor, occurrences: Occurrences | None = None) -> None:
         """Collect a training forward's leaf ``rows`` (float32[U, dim], requires grad)
         of keys uint64[U] (as the pull's handle gave them, routed): the step pushes
-        their gradients after backward."""
+        their gradients after backward. ``occurrences`` (tables with the ``ctr``
+        accessor): which example each id of the forward belongs to, so the step
+        pushes the keys' show and click counts with them."""
         ...
+
+
+@dataclass(frozen=True, eq=False)
+class Occurrences:
+    """Where a training forward's ids came from: for each of its N ids, which of its U
+    distinct keys it is and which example of the batch it belongs to.
+
+    A step turns them into per-key counts from the batch labels (:meth:`counts`), as
+    Paddle's parameter server does (``DownpourWorker::CollectLabelInfo`` gives every
+    feasign occurrence its instance's label; the push carries show 1 and click =
+    label per occurrence, summed per key).
+
+    Attributes:
+        inverse (Tensor[N], int64): position of each id among the U distinct keys.
+        example (Tensor[N], int64): the example of each id, in ``[0, num_examples)``.
+        num_examples: the batch's examples as the forward saw them (labels must have
+            this length).
+        where: who read the ids (``SparseEmbedding 'name'``), for errors.
+    """
+
+    inverse: torch.Tensor
+    example: torch.Tensor
+    num_examples: int
+    where: str
+
+    @classmethod
+    def of_rows(cls, ids: torch.Tensor, inverse: torch.Tensor, where: str) -> Occurrences:
+        """Ids Tensor[B, ...] (int64): example = the index along dim 0 (a 0-d or empty
+        batch is one example / none)."""
+        batch = int(ids.shape[0]) if ids.dim() else 1
+        per_example = ids.numel() // batch if batch else 0
+        example = torch.arange(batch).repeat_interleave(per_example, output_size=ids.numel())
+        return cls(inverse, example, batch, where)
+
+    @classmethod
+    def of_bags(cls, offsets: torch.Tensor, inverse: torch.Tensor, batch_size: int | None,
+                where: str) -> Occurrences:
+        """Bags in CSR form (offsets Tensor[K + 1], int64), feature-major: bag k is
+        example ``k % batch_size`` (None: ``K``, one bag per example).
+
+        Raises:
+            ConfigError: ``batch_size`` < 1 or not a divisor of K (names both).
+        """
+        bags = int(offsets.numel()) - 1
+        batch = bags if batch_size is None else batch_size
+        if batch < 1 and bags or batch and bags % batch:
+            raise ConfigError(f"{where}: {bags} bags are not a whole number of bags per "
+                              f"example for batch_size={batch_size}; pass the batch's "
+                              "example count (bags feature-major: bag f * B + b)")
+        lengths = offsets[1:] - offsets[:-1]  # [K]
+        bag = torch.repeat_interleave(torch.arange(bags), lengths,
+                                      output_size=int(offsets[-1]))  # [N]
+        return cls(inverse, bag % batch if batch else bag, batch, where)
+
+    def counts(self, labels: np.ndarray, unique: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per distinct key: shows = its occurrences, clicks = the sum of the labels of
+        its occurrences' examples.
+
+        Args:
+            labels (float64[num_examples]): the batch's labels.
+            unique: U, the forward's distinct keys.
+
+        Returns:
+            (shows float32[U], clicks float32[U]).
+
+        Raises:
+            ConfigError: ``labels`` is not of length :attr:`num_examples` (names both).
+        """
+        if labels.shape[0] != self.num_examples:
+            raise ConfigError(f"{self.where}: labels has {labels.shape[0]} entries but the "
+                              f"forward read a batch of {self.num_examples} examples; pass "
+                              "one label per example of the batch")
+        inverse = self.inverse.numpy()
+        shows = np.bincount(inverse, minlength=unique).astype(np.float32)
+        clicks = np.bincount(inverse, weights=labels[self.example.numpy()],
+                             minlength=unique).astype(np.float32)
+        return shows, clicks
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,4 +1,5 @@
-"""Summing the gradients of equal keys (worker merges, server sync rounds)."""
+"""Summing the gradients of equal keys (worker merges, server sync rounds), and with
+them the show and click counts of tables with the ``ctr`` accessor."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from psfleet.ps.routing import RoutedKeys, keys_of
 
-__all__ = ["merge_sparse", "sum_equal_keys"]
+__all__ = ["merge_sparse", "merge_sparse_counts", "sum_equal_keys"]
 
 
 @overload
@@ -35,6 +36,30 @@ def merge_sparse(keys: Sequence[np.ndarray | RoutedKeys], grads: Sequence[np.nda
     if len(keys) == 1:
         return keys[0], grads[0]
     return sum_equal_keys(np.concatenate([keys_of(k) for k in keys]), np.concatenate(grads))
+
+
+def merge_sparse_counts(keys: Sequence[np.ndarray | RoutedKeys], grads: Sequence[np.ndarray],
+                        shows: Sequence[np.ndarray], clicks: Sequence[np.ndarray]
+                        ) -> tuple[np.ndarray | RoutedKeys, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`merge_sparse` with per-key show and click counts summed alongside.
+
+    Args:
+        keys, grads: as :func:`merge_sparse` (uint64[N_i] / routed, float32[N_i, dim]).
+        shows, clicks: float32[N_i] each, aligned with ``keys``.
+
+    Returns:
+        (keys uint64[U], grads float32[U, dim], shows float32[U], clicks float32[U]):
+        equal keys' rows and counts summed; a single push is returned as it is.
+    """
+    if len(keys) == 1:
+        return keys[0], grads[0], shows[0], clicks[0]
+    dim = grads[0].shape[1]
+    # The counts ride as two more columns, so one vectorised pass sums all three.
+    widened = np.concatenate([np.concatenate([g, s[:, None], c[:, None]], axis=1)
+                              for g, s, c in zip(grads, shows, clicks, strict=True)])
+    merged_keys, summed = sum_equal_keys(np.concatenate([keys_of(k) for k in keys]), widened)
+    return (merged_keys, np.ascontiguousarray(summed[:, :dim]),
+            np.ascontiguousarray(summed[:, dim]), np.ascontiguousarray(summed[:, dim + 1]))
 
 
 def sum_equal_keys(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -98,8 +98,12 @@ class CollectiveCommunicator(LocalCommunicator, Joinable):
     def on_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
         self._dims[table_id] = config.dim
 
+    #: Every rank holds its own tables: no show/click counts are sent.
+    takes_counts = False
+
     def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
-                    grads: np.ndarray) -> None:
+                    grads: np.ndarray, shows: np.ndarray | None = None,
+                    clicks: np.ndarray | None = None) -> None:
         pending_keys, pending_grads = self._pending[table_id]
         pending_keys.append(keys_of(keys))
         pending_grads.append(grads)

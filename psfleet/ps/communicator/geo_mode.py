@@ -10,6 +10,11 @@ hold the average of the workers' models, not W times their common movement), the
 servers add the deltas, and the worker takes the servers' fresh dense values.
 Communication drops by about ``geo_step`` times; workers see each other's updates
 at the next sync.
+
+Tables with the ``ctr`` accessor: the show and click counts of the interval's pushes
+are summed per key and sent with the deltas (DELTA pushes add them to the rows'
+statistics). The local copies keep no lifecycle (no statistics, admission or cap):
+the servers' tables do.
 """
 
 from __future__ import annotations
@@ -19,10 +24,17 @@ import numpy as np
 from psfleet.ps.client import PullHandle, TableClient
 from psfleet.ps.communicator.types import Communicator
 from psfleet.ps.dense_table import DenseTable
+from psfleet.ps.merge import sum_equal_keys
 from psfleet.ps.routing import RoutedKeys, keys_of
 from psfleet.ps.rules import SgdRule
 from psfleet.ps.sparse_table import SparseTable
-from psfleet.ps.types import DenseTableConfig, PushMode, RuleConfig, SparseTableConfig
+from psfleet.ps.types import (
+    AccessorConfig,
+    DenseTableConfig,
+    PushMode,
+    RuleConfig,
+    SparseTableConfig,
+)
 
 __all__ = ["GeoCommunicator"]
 
@@ -48,8 +60,11 @@ class GeoCommunicator(Communicator):
         self._local_dense: dict[int, DenseTable] = {}
         self._base_dense: dict[int, np.ndarray] = {}
         self._dirty: set[int] = set()
+        # ctr tables: the interval's pushed keys, shows and clicks (summed at the sync)
+        self._counts: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 
     def on_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
+        config = config.model_copy(update={"accessor": AccessorConfig()})  # servers' job
         self._local[table_id] = SparseTable(config)
         self._base[table_id] = self._new_base(config)
 
@@ -81,9 +96,12 @@ class GeoCommunicator(Communicator):
         return PullHandle.ready(keys, self.pull_sparse(table_id, keys, create))
 
     def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
-                    grads: np.ndarray) -> None:
+                    grads: np.ndarray, shows: np.ndarray | None = None,
+                    clicks: np.ndarray | None = None) -> None:
         if grads.shape[0]:
             self._local[table_id].push(keys_of(keys), grads)
+            if shows is not None and clicks is not None:
+                self._counts.setdefault(table_id, []).append((keys_of(keys), shows, clicks))
 
     def push_dense(self, table_id: int, grads: np.ndarray) -> None:
         self._local_dense[table_id].push(grads)
@@ -107,9 +125,16 @@ class GeoCommunicator(Communicator):
     def _sync(self) -> None:
         for table_id, base in self._base.items():
             keys, rows = base.items()
+            counts = self._counts.pop(table_id, None)
             if keys.size:
                 delta = self._local[table_id].pull(keys) - rows[:, : base.dim]
-                self.client.push_sparse(table_id, keys, delta * self._scale, PushMode.DELTA)
+                if counts is None:
+                    self.client.push_sparse(table_id, keys, delta * self._scale,
+                                            PushMode.DELTA)
+                else:
+                    shows, clicks = _aligned_counts(keys, counts)
+                    self.client.push_sparse(table_id, keys, delta * self._scale,
+                                            PushMode.DELTA, shows=shows, clicks=clicks)
             self._base[table_id] = self._new_base(base.config)
         for table_id, local in self._local_dense.items():
             delta = local.pull() - self._base_dense[table_id]
@@ -119,3 +144,18 @@ class GeoCommunicator(Communicator):
             self._base_dense[table_id] = fresh
             self._dirty.add(table_id)
         self.syncs += 1
+
+
+def _aligned_counts(keys: np.ndarray, counts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The interval's pushed (keys, shows, clicks) summed per key and laid out along
+    ``keys`` (uint64[N], the rows whose deltas are sent; every pushed key was pulled,
+    so it is among them): (shows float32[N], clicks float32[N]), zero elsewhere."""
+    pushed, summed = sum_equal_keys(
+        np.concatenate([k for k, _, _ in counts]),
+        np.concatenate([np.stack([s, c], axis=1) for _, s, c in counts]))  # [P], [P, 2]
+    at = np.minimum(np.searchsorted(pushed, keys), max(pushed.size - 1, 0))
+    found = pushed[at] == keys if pushed.size else np.zeros(keys.size, dtype=bool)
+    aligned = np.zeros((keys.size, 2), dtype=np.float32)
+    aligned[found] = summed[at[found]]
+    return np.ascontiguousarray(aligned[:, 0]), np.ascontiguousarray(aligned[:, 1])

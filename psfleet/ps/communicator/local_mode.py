@@ -23,8 +23,9 @@ class LocalCommunicator(Communicator):
         self._dirty: set[int] = set()
 
     def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
-                    grads: np.ndarray) -> None:
-        self.client.push_sparse(table_id, keys, grads)
+                    grads: np.ndarray, shows: np.ndarray | None = None,
+                    clicks: np.ndarray | None = None) -> None:
+        self.client.push_sparse(table_id, keys, grads, shows=shows, clicks=clicks)
 
     def push_dense(self, table_id: int, grads: np.ndarray) -> None:
         self.client.push_dense(table_id, grads)

@@ -16,7 +16,7 @@ import numpy as np
 
 from psfleet.ps.client import TableClient
 from psfleet.ps.communicator.types import Communicator
-from psfleet.ps.merge import merge_sparse
+from psfleet.ps.merge import merge_sparse, merge_sparse_counts
 from psfleet.ps.routing import RoutedKeys
 from psfleet.ps.types import PushMode
 
@@ -37,14 +37,22 @@ class SyncCommunicator(Communicator):
         self.step = 0
         self._sparse: dict[int, tuple[list[np.ndarray | RoutedKeys], list[np.ndarray]]] = (
             defaultdict(lambda: ([], [])))
+        # ctr tables: the pushes' (shows, clicks), aligned with _sparse's lists
+        self._counts: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = (
+            defaultdict(lambda: ([], [])))
         self._dense: dict[int, np.ndarray] = {}
         self._fresh: dict[int, np.ndarray] = {}
 
     def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
-                    grads: np.ndarray) -> None:
+                    grads: np.ndarray, shows: np.ndarray | None = None,
+                    clicks: np.ndarray | None = None) -> None:
         pending_keys, pending_grads = self._sparse[table_id]
         pending_keys.append(keys)
         pending_grads.append(grads)
+        if shows is not None and clicks is not None:
+            pending_shows, pending_clicks = self._counts[table_id]
+            pending_shows.append(shows)
+            pending_clicks.append(clicks)
 
     def push_dense(self, table_id: int, grads: np.ndarray) -> None:
         self._dense[table_id] = grads
@@ -52,14 +60,21 @@ class SyncCommunicator(Communicator):
     def end_step(self) -> None:
         """Run this step's round on every table; blocks until every worker pushed."""
         for table_id in sorted(self._sparse):
-            keys, grads = merge_sparse(*self._sparse[table_id])
-            self.client.push_sparse(table_id, keys, grads, PushMode.SYNC, self.step,
-                                    self.worker_num)
+            if table_id in self._counts:  # a ctr table: the round sums the counts too
+                keys, grads, shows, clicks = merge_sparse_counts(
+                    *self._sparse[table_id], *self._counts[table_id])
+                self.client.push_sparse(table_id, keys, grads, PushMode.SYNC, self.step,
+                                        self.worker_num, shows, clicks)
+            else:
+                keys, grads = merge_sparse(*self._sparse[table_id])
+                self.client.push_sparse(table_id, keys, grads, PushMode.SYNC, self.step,
+                                        self.worker_num)
         for table_id in sorted(self._dense):
             self.client.push_dense(table_id, self._dense[table_id], PushMode.SYNC, self.step,
                                    self.worker_num)
             self._fresh[table_id] = self.client.pull_dense(table_id)
         self._sparse.clear()
+        self._counts.clear()
         self._dense.clear()
         self.step += 1
 

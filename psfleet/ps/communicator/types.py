@@ -110,11 +110,19 @@ class Communicator(ABC):
         """
         return self.client.start_pull_sparse(table_id, keys, create)
 
+    #: Whether pushes carry the ``ctr`` tables' show and click counts to the tables
+    #: (every mode with servers; not collective, whose ranks hold no servers' tables).
+    takes_counts = True
+
     @abstractmethod
     def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
-                    grads: np.ndarray) -> None:
+                    grads: np.ndarray, shows: np.ndarray | None = None,
+                    clicks: np.ndarray | None = None) -> None:
         """Hand over gradients float32[N, dim] of distinct keys uint64[N] (or the keys
-        routed by their pull, ``PullHandle.keys``).
+        routed by their pull, ``PullHandle.keys``), and for a table with the ``ctr``
+        accessor its per-key show and click counts (float32[N] each, both or
+        neither; ``TableClient.push_sparse``). Every push of a ctr table carries
+        counts; merged pushes sum them per key like the gradients.
 
         The arrays must not be modified afterwards (they may be sent later).
         """

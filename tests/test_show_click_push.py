@@ -1,0 +1,123 @@
+"""Show and click counts fed from the batch labels, end to end over gRPC.
+
+A one-worker job against one in-process server on 127.0.0.1 trains a few steps of a
+model whose SparseEmbedding has the ``ctr`` accessor, on real rows of the Criteo
+sample, passing each batch's labels to ``optimizer.step(labels=...)``. Afterwards the
+server's show and click per key (``SparseTable.stats_items``) equal a numpy
+reference computed from the batches: show = the key's occurrences, click = the sum
+of the labels of the examples it occurred in (Paddle's ``CollectLabelInfo``). In
+sync, async and geo mode; the model's other table (no accessor) keeps no statistics.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from psfleet.data.criteo import parse_lines
+from psfleet.errors import ConfigError
+from psfleet.fleet import DistributedStrategy, Fleet, Role, UserDefinedRoleMaker
+from psfleet.nn import SparseEmbedding
+from psfleet.ps import TableService, start_server
+from psfleet.rpc import RpcConfig
+
+pytestmark = pytest.mark.service
+
+DIM = 4
+BATCH = 64
+STEPS = 6
+SLOTS = 26
+
+
+def _batches(criteo_dir: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """STEPS batches of (ids Tensor[BATCH, 26] int64, labels Tensor[BATCH] float32)."""
+    with (criteo_dir / "train.csv").open(encoding="utf-8") as f:
+        lines = [next(f) for _ in range(BATCH * STEPS)]
+    chunk = parse_lines(lines, "train.csv")
+    assert chunk.sparse.shape == (BATCH * STEPS, SLOTS)
+    ids = torch.from_numpy(chunk.sparse.view(np.int64).copy())
+    labels = torch.from_numpy(chunk.labels.copy())
+    return [(ids[i:i + BATCH], labels[i:i + BATCH]) for i in range(0, BATCH * STEPS, BATCH)]
+
+
+def _reference(batches: list[tuple[torch.Tensor, torch.Tensor]]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(keys uint64[K] sorted, shows float64[K], clicks float64[K]) of the batches."""
+    keys = np.concatenate([ids.numpy().reshape(-1) for ids, _ in batches]).view(np.uint64)
+    labels = np.concatenate([np.repeat(lab.numpy().astype(np.float64), SLOTS)
+                             for _, lab in batches])
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    return (uniq, np.bincount(inverse, minlength=uniq.size),
+            np.bincount(inverse, weights=labels, minlength=uniq.size))
+
+
+class CtrModel(torch.nn.Module):
+    def __init__(self, tag: str) -> None:
+        super().__init__()
+        self.ctr = SparseEmbedding(DIM, name=f"show_click_{tag}", accessor={"name": "ctr"})
+        self.plain = SparseEmbedding(1, name=f"show_click_{tag}_plain")
+        self.dense = torch.nn.Linear(SLOTS * DIM, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [B, 26] -> logits [B]
+        wide = self.plain(ids).sum(dim=(1, 2))
+        return self.dense(self.ctr(ids).reshape(ids.shape[0], -1)).squeeze(1) + wide
+
+
+def _train(mode: str, batches: list[tuple[torch.Tensor, torch.Tensor]],
+           extra: dict[str, object]) -> tuple[TableService, CtrModel]:
+    """Train the batches in ``mode`` against one in-process server; its service."""
+    service = TableService()
+    _, server = start_server("127.0.0.1", 0, RpcConfig(), service)
+    try:
+        model = CtrModel(mode)
+        f = Fleet()
+        f.init(UserDefinedRoleMaker(0, Role.WORKER, 1, [server.endpoint]))
+        optimizer = f.distributed_optimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                            DistributedStrategy(mode=mode, **extra))
+        f.init_worker()
+        try:
+            loss_fn = torch.nn.BCEWithLogitsLoss()
+            first_ids, first_labels = batches[0]
+            loss = loss_fn(model(first_ids), first_labels)
+            optimizer.zero_grad()
+            loss.backward()
+            with pytest.raises(ConfigError, match=rf"'show_click_{mode}' .*ctr accessor.*"
+                                                  r"optimizer.step\(labels="):
+                optimizer.step()  # nothing pushed; the rows stay for the next call
+            with pytest.raises(ConfigError, match="labels has 63 entries but the forward "
+                                                  "read a batch of 64 examples"):
+                optimizer.step(labels=first_labels[:-1])
+            optimizer.step(labels=first_labels)
+            for ids, labels in batches[1:]:
+                loss = loss_fn(model(ids), labels)
+                optimizer.zero_grad()
+                optimizer.minimize(loss, labels=labels)
+            f.flush()
+        finally:
+            f.stop_worker()
+    finally:
+        server.stop(grace_s=0.5)
+    return service, model
+
+
+@pytest.mark.parametrize(("mode", "extra"), [
+    ("sync", {}),
+    ("async", {"a_sync_configs": {"max_merge_var_num": 4, "send_wait_times": 2}}),
+    ("geo", {"geo_step": 4}),
+])
+def test_server_shows_and_clicks_equal_the_batches_counts(
+        criteo_dir: Path, mode: str, extra: dict[str, object]) -> None:
+    batches = _batches(criteo_dir)
+    keys, shows, clicks = _reference(batches)
+    assert clicks.sum() > 0 and (shows > clicks).any()  # real labels: some 1, some 0
+    service, model = _train(mode, batches, extra)
+    got_keys, stats = service.tables[model.ctr.table_id].stats_items()
+    np.testing.assert_array_equal(got_keys, keys)
+    np.testing.assert_array_equal(stats[:, 0], shows)
+    np.testing.assert_array_equal(stats[:, 1], clicks)
+    assert stats[:, 0].sum() == BATCH * STEPS * SLOTS
+    plain_keys, _ = service.tables[model.plain.table_id].stats_items()
+    assert plain_keys.size == 0  # no accessor: no statistics kept
