@@ -22,6 +22,7 @@ from psfleet.errors import ConfigError
 from psfleet.fleet import DistributedStrategy, Fleet, Role, UserDefinedRoleMaker
 from psfleet.nn import SparseEmbedding
 from psfleet.ps import TableService, start_server
+from psfleet.ps.sparse_table import SparseTable
 from psfleet.rpc import RpcConfig
 
 pytestmark = pytest.mark.service
@@ -114,10 +115,12 @@ def test_server_shows_and_clicks_equal_the_batches_counts(
     keys, shows, clicks = _reference(batches)
     assert clicks.sum() > 0 and (shows > clicks).any()  # real labels: some 1, some 0
     service, model = _train(mode, batches, extra)
-    got_keys, stats = service.tables[model.ctr.table_id].stats_items()
+    table, plain = service.tables[model.ctr.table_id], service.tables[model.plain.table_id]
+    assert isinstance(table, SparseTable) and isinstance(plain, SparseTable)
+    got_keys, stats = table.stats_items()
     np.testing.assert_array_equal(got_keys, keys)
     np.testing.assert_array_equal(stats[:, 0], shows)
     np.testing.assert_array_equal(stats[:, 1], clicks)
     assert stats[:, 0].sum() == BATCH * STEPS * SLOTS
-    plain_keys, _ = service.tables[model.plain.table_id].stats_items()
+    plain_keys, _ = plain.stats_items()
     assert plain_keys.size == 0  # no accessor: no statistics kept
