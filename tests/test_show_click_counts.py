@@ -30,7 +30,7 @@ from psfleet.ps.communicator import AsyncCommunicator, AsyncConfig, LocalCommuni
 from psfleet.ps.communicator.collective_mode import CollectiveCommunicator
 from psfleet.ps.communicator.geo_mode import _aligned_counts
 from psfleet.ps.communicator.types import Communicator
-from psfleet.ps.merge import merge_sparse, merge_sparse_counts
+from psfleet.ps.merge import merge_pushes, merge_sparse, merge_sparse_counts
 from psfleet.ps.routing import RoutedKeys
 from psfleet.ps.sparse_table import SparseTable
 
@@ -110,6 +110,19 @@ def test_merge_sparse_counts_sums_counts_like_gradients() -> None:
         np.testing.assert_array_equal(got, want)
     one = merge_sparse_counts(keys[:1], grads[:1], shows[:1], clicks[:1])
     assert one[0] is keys[0] and one[2] is shows[0]  # a single push as it is
+
+
+def test_merge_pushes_gives_zero_counts_to_pushes_without_and_none_when_no_push_has_any(
+        ) -> None:
+    keys = [np.array([1, 2], np.uint64), np.array([2, 3], np.uint64)]
+    grads = [np.ones((2, DIM), np.float32), np.ones((2, DIM), np.float32)]
+    merged, summed, shows, clicks = merge_pushes(keys, grads, [None, np.array([4, 5], np.float32)],
+                                                 [None, np.array([1, 2], np.float32)])
+    np.testing.assert_array_equal(merged, [1, 2, 3])
+    np.testing.assert_array_equal(summed[:, 0], [1, 2, 1])
+    np.testing.assert_array_equal(shows, [0, 4, 5])  # type: ignore[arg-type]
+    np.testing.assert_array_equal(clicks, [0, 1, 2])  # type: ignore[arg-type]
+    assert merge_pushes(keys, grads, [None, None], [None, None])[2:] == (None, None)
 
 
 def test_geo_aligns_the_intervals_counts_to_its_delta_keys() -> None:

@@ -11,7 +11,7 @@ import torch
 
 from psfleet.ps.routing import RoutedKeys, keys_of
 
-__all__ = ["merge_sparse", "merge_sparse_counts", "sum_equal_keys"]
+__all__ = ["merge_pushes", "merge_sparse", "merge_sparse_counts", "sum_equal_keys"]
 
 
 @overload
@@ -60,6 +60,30 @@ def merge_sparse_counts(keys: Sequence[np.ndarray | RoutedKeys], grads: Sequence
     merged_keys, summed = sum_equal_keys(np.concatenate([keys_of(k) for k in keys]), widened)
     return (merged_keys, np.ascontiguousarray(summed[:, :dim]),
             np.ascontiguousarray(summed[:, dim]), np.ascontiguousarray(summed[:, dim + 1]))
+
+
+def merge_pushes(keys: Sequence[np.ndarray | RoutedKeys], grads: Sequence[np.ndarray],
+                 shows: Sequence[np.ndarray | None], clicks: Sequence[np.ndarray | None]
+                 ) -> tuple[np.ndarray | RoutedKeys, np.ndarray, np.ndarray | None,
+                            np.ndarray | None]:
+    """Merge pushes of one table some of which may carry counts (a communicator's
+    queue): :func:`merge_sparse` when none does (counts None, no extra cost), else
+    :func:`merge_sparse_counts` with zero counts for the pushes without.
+
+    Args:
+        keys, grads: as :func:`merge_sparse`.
+        shows, clicks: float32[N_i] or None per push (both or neither per push).
+
+    Returns:
+        (keys, grads, shows float32[U] or None, clicks float32[U] or None).
+    """
+    if all(s is None for s in shows):
+        merged, summed = merge_sparse(keys, grads)
+        return merged, summed, None, None
+    def filled(counts: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        return [np.zeros(g.shape[0], np.float32) if c is None else c
+                for c, g in zip(counts, grads, strict=True)]
+    return merge_sparse_counts(keys, grads, filled(shows), filled(clicks))
 
 
 def sum_equal_keys(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -24,7 +24,7 @@ import numpy as np
 from psfleet.errors import FatalError
 from psfleet.ps.client import PushHandle, TableClient
 from psfleet.ps.communicator.types import AsyncConfig, Communicator
-from psfleet.ps.merge import merge_sparse, merge_sparse_counts
+from psfleet.ps.merge import merge_pushes
 from psfleet.ps.routing import RoutedKeys
 
 __all__ = ["AsyncCommunicator"]
@@ -39,9 +39,11 @@ class _Step:
     sparse_keys: dict[int, list[np.ndarray | RoutedKeys]] = field(
         default_factory=lambda: defaultdict(list))
     sparse_grads: dict[int, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
-    #: ctr tables: each push's shows and clicks, aligned with sparse_keys
-    sparse_shows: dict[int, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
-    sparse_clicks: dict[int, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
+    #: each push's shows and clicks (ctr tables; None: no counts), aligned with sparse_keys
+    sparse_shows: dict[int, list[np.ndarray | None]] = field(
+        default_factory=lambda: defaultdict(list))
+    sparse_clicks: dict[int, list[np.ndarray | None]] = field(
+        default_factory=lambda: defaultdict(list))
     dense: dict[int, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
 
     def empty(self) -> bool:
@@ -51,9 +53,8 @@ class _Step:
         for tid, keys in other.sparse_keys.items():
             self.sparse_keys[tid].extend(keys)
             self.sparse_grads[tid].extend(other.sparse_grads[tid])
-            if tid in other.sparse_shows:  # merged steps sum their counts
-                self.sparse_shows[tid].extend(other.sparse_shows[tid])
-                self.sparse_clicks[tid].extend(other.sparse_clicks[tid])
+            self.sparse_shows[tid].extend(other.sparse_shows[tid])  # merged steps sum
+            self.sparse_clicks[tid].extend(other.sparse_clicks[tid])  # their counts
         for tid, grads in other.dense.items():
             self.dense[tid].extend(grads)
 
@@ -107,9 +108,8 @@ class AsyncCommunicator(Communicator):
                     clicks: np.ndarray | None = None) -> None:
         self._open.sparse_keys[table_id].append(keys)
         self._open.sparse_grads[table_id].append(grads)
-        if shows is not None and clicks is not None:
-            self._open.sparse_shows[table_id].append(shows)
-            self._open.sparse_clicks[table_id].append(clicks)
+        self._open.sparse_shows[table_id].append(shows)
+        self._open.sparse_clicks[table_id].append(clicks)
 
     def push_dense(self, table_id: int, grads: np.ndarray) -> None:
         self._open.dense[table_id].append(grads)
@@ -186,13 +186,13 @@ class AsyncCommunicator(Communicator):
 
     def _start_sparse(self, step: _Step, table_id: int) -> PushHandle:
         """Send one table's merged pushes of ``step`` (with summed counts: ctr)."""
-        keys, grads = step.sparse_keys[table_id], step.sparse_grads[table_id]
-        if table_id not in step.sparse_shows:
-            return self.client.start_push_sparse(table_id, *merge_sparse(keys, grads))
-        merged_keys, summed, shows, clicks = merge_sparse_counts(
-            keys, grads, step.sparse_shows[table_id], step.sparse_clicks[table_id])
-        return self.client.start_push_sparse(table_id, merged_keys, summed,
-                                             shows=shows, clicks=clicks)
+        keys, grads, shows, clicks = merge_pushes(
+            step.sparse_keys[table_id], step.sparse_grads[table_id],
+            step.sparse_shows[table_id], step.sparse_clicks[table_id])
+        if shows is None:  # no counts: exactly the push of a table without them
+            return self.client.start_push_sparse(table_id, keys, grads)
+        return self.client.start_push_sparse(table_id, keys, grads, shows=shows,
+                                             clicks=clicks)
 
     def _send(self, step: _Step, steps: int) -> None:
         # Every table's push goes out at once; then wait for all of them.

@@ -16,7 +16,7 @@ import numpy as np
 
 from psfleet.ps.client import TableClient
 from psfleet.ps.communicator.types import Communicator
-from psfleet.ps.merge import merge_sparse, merge_sparse_counts
+from psfleet.ps.merge import merge_pushes
 from psfleet.ps.routing import RoutedKeys
 from psfleet.ps.types import PushMode
 
@@ -35,24 +35,21 @@ class SyncCommunicator(Communicator):
         super().__init__(client)
         self.worker_num = worker_num
         self.step = 0
-        self._sparse: dict[int, tuple[list[np.ndarray | RoutedKeys], list[np.ndarray]]] = (
-            defaultdict(lambda: ([], [])))
-        # ctr tables: the pushes' (shows, clicks), aligned with _sparse's lists
-        self._counts: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = (
-            defaultdict(lambda: ([], [])))
+        # per table: the step's pushes' keys, grads, shows and clicks (None: no counts)
+        self._sparse: dict[int, tuple[list[np.ndarray | RoutedKeys], list[np.ndarray],
+                                      list[np.ndarray | None], list[np.ndarray | None]]] = (
+            defaultdict(lambda: ([], [], [], [])))
         self._dense: dict[int, np.ndarray] = {}
         self._fresh: dict[int, np.ndarray] = {}
 
     def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
                     grads: np.ndarray, shows: np.ndarray | None = None,
                     clicks: np.ndarray | None = None) -> None:
-        pending_keys, pending_grads = self._sparse[table_id]
+        pending_keys, pending_grads, pending_shows, pending_clicks = self._sparse[table_id]
         pending_keys.append(keys)
         pending_grads.append(grads)
-        if shows is not None and clicks is not None:
-            pending_shows, pending_clicks = self._counts[table_id]
-            pending_shows.append(shows)
-            pending_clicks.append(clicks)
+        pending_shows.append(shows)
+        pending_clicks.append(clicks)
 
     def push_dense(self, table_id: int, grads: np.ndarray) -> None:
         self._dense[table_id] = grads
@@ -60,21 +57,19 @@ class SyncCommunicator(Communicator):
     def end_step(self) -> None:
         """Run this step's round on every table; blocks until every worker pushed."""
         for table_id in sorted(self._sparse):
-            if table_id in self._counts:  # a ctr table: the round sums the counts too
-                keys, grads, shows, clicks = merge_sparse_counts(
-                    *self._sparse[table_id], *self._counts[table_id])
-                self.client.push_sparse(table_id, keys, grads, PushMode.SYNC, self.step,
-                                        self.worker_num, shows, clicks)
-            else:
-                keys, grads = merge_sparse(*self._sparse[table_id])
+            # a ctr table's counts go with its gradients; the round sums them too
+            keys, grads, shows, clicks = merge_pushes(*self._sparse[table_id])
+            if shows is None:  # no counts: exactly the push of a table without them
                 self.client.push_sparse(table_id, keys, grads, PushMode.SYNC, self.step,
                                         self.worker_num)
+            else:
+                self.client.push_sparse(table_id, keys, grads, PushMode.SYNC, self.step,
+                                        self.worker_num, shows, clicks)
         for table_id in sorted(self._dense):
             self.client.push_dense(table_id, self._dense[table_id], PushMode.SYNC, self.step,
                                    self.worker_num)
             self._fresh[table_id] = self.client.pull_dense(table_id)
         self._sparse.clear()
-        self._counts.clear()
         self._dense.clear()
         self.step += 1
 
