@@ -305,3 +305,61 @@ def test_collective_mode_takes_no_counts_and_needs_no_labels() -> None:
     step = StepCollector(CollectiveCommunicator.__new__(CollectiveCommunicator), {0: DIM},
                          None, {0: "ctr"})
     assert step._ctr == {}  # noqa: SLF001 - counts are never made in collective mode
+
+
+def test_feature_embeddings_count_every_feature_of_each_example_through_the_runtime(
+        ) -> None:
+    from psfleet.data.jagged import JaggedRows, KeyedJagged
+    from psfleet.data.types import FeatureSchema
+    from psfleet.fleet import DistributedStrategy, Role
+    from psfleet.fleet.role_maker import RoleInfo
+    from psfleet.fleet.runtime import ParameterServerHooks, RuntimeConfig, WorkerRuntime
+    from psfleet.nn import EmbeddingTableSpec, FeatureEmbeddings
+    from psfleet.rpc import RpcConfig
+
+    schema = FeatureSchema(dense=(), sparse=("user", "item"), multi=("history",))
+    features = FeatureEmbeddings(schema, [
+        EmbeddingTableSpec("sc_fe_users", 2, ("user",), accessor={"name": "ctr"}),
+        EmbeddingTableSpec("sc_fe_items", 3, ("item", "history"), accessor={"name": "ctr"},
+                           shared_ids=True)])
+    bias = torch.nn.Parameter(torch.zeros(1))
+    optimizer = DistributedOptimizer(torch.optim.SGD([bias], lr=0.1))
+    config = RuntimeConfig(RoleInfo(Role.WORKER, 0, 1), DistributedStrategy(),
+                           RpcConfig(), 10.0)
+    runtime = WorkerRuntime.connect(config, ParameterServerHooks(), optimizer,
+                                    list(table_modules(features)))
+    try:
+        rng = np.random.default_rng(7)
+        batch = 9
+        raw = rng.integers(0, 6, size=(batch, 2)).astype(np.uint64)
+        lengths = rng.integers(0, 4, size=(batch, 1)).astype(np.int32)
+        history = rng.integers(0, 6, size=int(lengths.sum())).astype(np.uint64)
+        labels = rng.integers(0, 2, size=batch).astype(np.float32)
+        jagged = KeyedJagged.from_rows(("history",), JaggedRows(history, lengths))
+        users, items = features(torch.from_numpy(raw.view(np.int64)), jagged)
+        (users.sum() + items.sum() + bias).backward()
+        optimizer.step(labels=torch.from_numpy(labels))
+        runtime.flush()
+        # The oracle, example by example: users read raw[:, 0]; items read raw[:, 1]
+        # and the example's history ids, under one shared prefix (raw ids only here).
+        starts = np.concatenate([[0], np.cumsum(lengths[:, 0])])
+        item_ids = [np.concatenate([raw[b, 1:], history[starts[b]:starts[b + 1]]])
+                    for b in range(batch)]
+        item_keys = np.concatenate(item_ids)
+        item_example = np.repeat(np.arange(batch), [ids.size for ids in item_ids])
+        ids_by_table = {"sc_fe_users": (raw[:, 0], np.arange(batch)),
+                        "sc_fe_items": (item_keys, item_example)}
+        for name, (keys, example) in ids_by_table.items():
+            table_id = runtime.tables.sparse_ids()[name]
+            got_keys, stats = _stats(runtime.client, table_id)  # type: ignore[arg-type]
+            _, shows, clicks = _reference(keys & np.uint64((1 << 33) - 1), example,
+                                          labels.astype(np.float64))
+            assert got_keys.size == shows.size
+            np.testing.assert_array_equal(stats[:, 0], shows)
+            np.testing.assert_array_equal(stats[:, 1], clicks)
+    finally:
+        runtime.stop()
+
+
+def table_modules(features: torch.nn.Module) -> list[SparseEmbedding]:
+    return [m for m in features.modules() if isinstance(m, SparseEmbedding)]
