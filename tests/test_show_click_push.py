@@ -7,10 +7,13 @@ server's show and click per key (``SparseTable.stats_items``) equal a numpy
 reference computed from the batches: show = the key's occurrences, click = the sum
 of the labels of the examples it occurred in (Paddle's ``CollectLabelInfo``). In
 sync, async and geo mode; the model's other table (no accessor) keeps no statistics.
+Two sync workers, each training half of every batch, leave the counts of the whole
+batches (a round sums the workers' counts).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +22,15 @@ import torch
 
 from psfleet.data.criteo import parse_lines
 from psfleet.errors import ConfigError
-from psfleet.fleet import DistributedStrategy, Fleet, Role, UserDefinedRoleMaker
+from psfleet.fleet import (
+    DistributedOptimizer,
+    DistributedStrategy,
+    Fleet,
+    Role,
+    UserDefinedRoleMaker,
+)
+from psfleet.fleet.role_maker import RoleInfo
+from psfleet.fleet.runtime import ParameterServerHooks, RuntimeConfig, WorkerRuntime
 from psfleet.nn import SparseEmbedding
 from psfleet.ps import TableService, start_server
 from psfleet.ps.sparse_table import SparseTable
@@ -76,6 +87,7 @@ def _train(mode: str, batches: list[tuple[torch.Tensor, torch.Tensor]],
         model = CtrModel(mode)
         f = Fleet()
         f.init(UserDefinedRoleMaker(0, Role.WORKER, 1, [server.endpoint]))
+        f.distributed_model(model)
         optimizer = f.distributed_optimizer(torch.optim.Adam(model.parameters(), lr=0.01),
                                             DistributedStrategy(mode=mode, **extra))
         f.init_worker()
@@ -124,3 +136,41 @@ def test_server_shows_and_clicks_equal_the_batches_counts(
     assert stats[:, 0].sum() == BATCH * STEPS * SLOTS
     plain_keys, _ = plain.stats_items()
     assert plain_keys.size == 0  # no accessor: no statistics kept
+
+
+def test_two_sync_workers_rounds_sum_their_counts(criteo_dir: Path) -> None:
+    batches = _batches(criteo_dir)
+    keys, shows, clicks = _reference(batches)
+    service = TableService()
+    _, server = start_server("127.0.0.1", 0, RpcConfig(), service)
+    models = [CtrModel("sync2"), CtrModel("sync2")]  # the same tables on both workers
+
+    def worker(index: int) -> None:
+        model = models[index]
+        optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01))
+        config = RuntimeConfig(RoleInfo(Role.WORKER, index, 2, server_endpoints=(
+            server.endpoint,)), DistributedStrategy(mode="sync"), RpcConfig(), 10.0)
+        runtime = WorkerRuntime.connect(config, ParameterServerHooks(), optimizer,
+                                        [model.ctr, model.plain])
+        try:
+            loss_fn = torch.nn.BCEWithLogitsLoss()
+            for ids, labels in batches:
+                half = slice(index * BATCH // 2, (index + 1) * BATCH // 2)
+                loss = loss_fn(model(ids[half]), labels[half])
+                optimizer.zero_grad()
+                optimizer.minimize(loss, labels=labels[half])
+        finally:
+            runtime.stop()
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            for future in [pool.submit(worker, i) for i in range(2)]:
+                future.result(timeout=120)
+    finally:
+        server.stop(grace_s=0.5)
+    table = service.tables[models[0].ctr.table_id]
+    assert isinstance(table, SparseTable)
+    got_keys, stats = table.stats_items()
+    np.testing.assert_array_equal(got_keys, keys)
+    np.testing.assert_array_equal(stats[:, 0], shows)
+    np.testing.assert_array_equal(stats[:, 1], clicks)
