@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from psfleet.errors import ConfigError
+from psfleet.errors import ConfigError, DataError
 from psfleet.fleet import DistributedOptimizer
 from psfleet.fleet.step import StepCollector
 from psfleet.nn import SparseEmbedding, SparseEmbeddingBag
@@ -211,6 +211,9 @@ def test_a_ctr_step_without_labels_names_the_table_and_pushes_nothing() -> None:
         worker.optimizer.step()
     with pytest.raises(ConfigError, match=r"labels must be of shape \[B\] or \[B, 1\]"):
         worker.optimizer.step(labels=torch.zeros(8, 2))
+    with pytest.raises(DataError, match=r"labels: 1 of 8 are not finite \(the first is "
+                                        r"example 3: nan\)"):
+        worker.optimizer.step(labels=torch.tensor([0, 1, 0, float("nan"), 0, 0, 1, 1]))
     after = worker.client.pull_sparse(PLAIN, ids.reshape(-1).numpy().view(np.uint64),
                                       create=False)
     np.testing.assert_array_equal(before, after)  # the plain table was not pushed either

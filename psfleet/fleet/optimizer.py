@@ -8,8 +8,8 @@ step's sparse gradients (collected there by the embeddings' forwards) and the fl
 dense gradient, and installs the freshest dense values it returns.
 
 Tables with the ``ctr`` accessor count each key's shows and clicks from the batch
-labels, so their steps take the labels: ``optimizer.step(labels=batch.label)`` or
-``optimizer.minimize(loss, labels=batch.label)``.
+labels, so their steps take the labels: ``optimizer.step(labels=batch.labels)`` or
+``optimizer.minimize(loss, labels=batch.labels)``.
 """
 
 from __future__ import annotations
@@ -132,6 +132,7 @@ class DistributedOptimizer:
         Raises:
             ConfigError: a ctr table was read and ``labels`` is None (names the table),
                 or labels' length is not the batch's (names both); nothing was pushed.
+            DataError: a label is NaN or infinite (names the example); nothing pushed.
             FatalError: ``fleet.init_worker()`` was not called, or sending failed.
         """
         if self._step is None:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from psfleet.errors import ConfigError, FatalError
+from psfleet.errors import ConfigError, DataError, FatalError
 from psfleet.nn.types import Occurrences
 from psfleet.ps.client import PullHandle
 from psfleet.ps.communicator import Communicator
@@ -116,6 +116,7 @@ class StepCollector:
             ConfigError: a ctr table was read this step and ``labels`` is None (names
                 the table), or labels' length is not the batch's (names both); nothing
                 was pushed and the step's rows stay recorded (call again with labels).
+            DataError: a label is not finite (nothing was pushed).
         """
         flat = _flat_labels(labels)
         plans = []  # every table's push, counted before anything is sent or cleared
@@ -198,6 +199,7 @@ def _flat_labels(labels: torch.Tensor | np.ndarray | None) -> np.ndarray | None:
 
     Raises:
         ConfigError: another shape (names it).
+        DataError: a label is NaN or infinite (names the first example).
     """
     if labels is None:
         return None
@@ -208,4 +210,10 @@ def _flat_labels(labels: torch.Tensor | np.ndarray | None) -> np.ndarray | None:
     if array.ndim != 1:
         raise ConfigError(f"labels must be of shape [B] or [B, 1] (one per example), got "
                           f"{tuple(array.shape)}")
-    return array.astype(np.float64, copy=False)
+    flat = array.astype(np.float64, copy=False)
+    bad = np.flatnonzero(~np.isfinite(flat))
+    if bad.size:
+        raise DataError(f"labels: {bad.size} of {flat.size} are not finite (the first is "
+                        f"example {bad[0]}: {float(flat[bad[0]])}); clicks are sums of labels: "
+                        "fix or drop those examples")
+    return flat
