@@ -250,22 +250,16 @@ class SparseEmbedding(nn.Module):
             uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
             pull = access.start_pull(self._table_id, uniq.numpy().view(np.uint64), training)
         rows = torch.from_numpy(pull.result())  # [U, dim]
+        inverse = inverse.reshape(-1)
         if training:
             rows.requires_grad_(True)
-            inverse = inverse.reshape(-1)
-            access.record(self._table_id, pull.keys, rows,  # routed once, pushed with it
-                          self._occurrences(ids, inverse, offsets, batch_size, label))
-        return rows, inverse.reshape(-1)
-
-    def _occurrences(self, ids: torch.Tensor, inverse: torch.Tensor,
-                     offsets: torch.Tensor | None, batch_size: int | None, label: str
-                     ) -> Occurrences | None:
-        """The forward's occurrences for the ``ctr`` accessor's counts; None without it."""
-        if self.accessor.name != "ctr":
-            return None
-        if offsets is None:
-            return Occurrences.of_rows(ids, inverse, label)
-        return Occurrences.of_bags(offsets, inverse, batch_size, label)
+            if self.accessor.name != "ctr":  # routed once, pushed with it
+                access.record(self._table_id, pull.keys, rows)
+            else:  # and which example each id is of, for the step's show/click counts
+                occurrences = (Occurrences.of_rows(ids, inverse, label) if offsets is None
+                               else Occurrences.of_bags(offsets, inverse, batch_size, label))
+                access.record(self._table_id, pull.keys, rows, occurrences)
+        return rows, inverse
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, dim={self.dim}, table_id={self._table_id}"
