@@ -38,7 +38,8 @@ from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
 from psfleet.nn.features import check_table_features
 from psfleet.nn.types import Pooling
-from psfleet.ps.types import Initializer, OptimizerClass
+from psfleet.ps.types import AccessorConfig, Initializer, OptimizerClass
+from psfleet.rec.online_config import AfterPassConfig, check_online_keys, table_accessors
 from psfleet.types import Mode
 
 __all__ = ["EarlyStoppingConfig", "RunnerConfig", "OptimizerConfig", "TableConfig",
@@ -75,13 +76,20 @@ class RunnerConfig(_Section):
     """``runner``: what to train on and how.
 
     Attributes:
-        train_data_dir: a file, a directory of files, or a list of them.
+        train_data_dir: a file, a directory of files, or a list of them (one data
+            set). With ``train_passes`` it may be left out (it is then every pass).
+        train_passes: online training: an ordered list of passes (a file or folder
+            each, e.g. day folders), trained one after the other, each ``epochs``
+            times; ``after_pass`` acts at each pass's end
+            (:mod:`psfleet.rec.online_config`, docs/online-training.md).
+        after_pass: what the job does after each pass: ``{shrink, set_date, save,
+            validate}`` (``AfterPassConfig``; needs ``train_passes``).
         test_data_dir: the same, for the test AUC at the end (optional).
         valid_data_dir: the same, evaluated by worker 0 during training (AUC, log
             loss, COPC) every ``valid_interval`` epochs and after the last one
             (optional; read like the test data).
         valid_interval: epochs between validations (>= 1).
-        epochs: passes over the training data.
+        epochs: passes over the training data (with ``train_passes``: over each pass).
         batch_size: examples per worker per step (global batch = batch_size x
             worker_num).
         sync_mode: the parameter-server mode: ``sync``, ``async`` or ``geo``; or
@@ -140,6 +148,8 @@ class RunnerConfig(_Section):
     """
 
     train_data_dir: Path | list[Path]
+    train_passes: list[Path] | None = Field(None, min_length=1)
+    after_pass: AfterPassConfig | None = None
     test_data_dir: Path | list[Path] | None = None
     valid_data_dir: Path | list[Path] | None = None
     valid_interval: int = Field(1, ge=1)
@@ -173,6 +183,23 @@ class RunnerConfig(_Section):
     inference_model_path: Path | None = None
     run_name: str | None = None
     early_stopping: EarlyStoppingConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _passes_are_the_data(cls, raw: object) -> object:
+        """Without ``train_data_dir``, ``train_passes`` is the training data (every
+        pass, in order); with both, they must name the same paths."""
+        if not isinstance(raw, dict) or raw.get("train_passes") is None:
+            return raw
+        passes = raw["train_passes"]
+        if "train_data_dir" not in raw:
+            return {**raw, "train_data_dir": passes}
+        given = raw["train_data_dir"]
+        if [str(p) for p in (given if isinstance(given, list) else [given])] != [
+                str(p) for p in (passes if isinstance(passes, list) else [passes])]:
+            raise ConfigError("runner.train_data_dir: give either train_data_dir (one data "
+                              "set) or train_passes (the passes, in order), not both")
+        return raw
 
     @field_validator("run_name")
     @classmethod
@@ -282,6 +309,9 @@ class TableConfig(_Section):
         shared_ids: the same id in two of the table's features is one row (e.g. a
             target item and the items of a history); by default each feature's ids
             are its own.
+        accessor: this table's row lifecycle (``AccessorConfig``: name ``none`` /
+            ``ctr``, admission, ``max_rows``, shrink thresholds...), replacing
+            ``hyper_parameters.sparse_accessor`` for this table.
     """
 
     name: str = Field(min_length=1)
@@ -292,6 +322,7 @@ class TableConfig(_Section):
     initializer: Initializer | None = None
     init_range: float | None = Field(None, ge=0)
     shared_ids: bool = False
+    accessor: AccessorConfig | None = None
 
 
 class HyperParameters(_Section):
@@ -299,7 +330,10 @@ class HyperParameters(_Section):
 
     ``tables`` (optional) splits the sparse features over several tables; without it
     one table named ``embedding`` holds every feature. ``cross_layers`` is dcn_v2's
-    number of cross layers.
+    number of cross layers. ``sparse_accessor`` is every table's row lifecycle
+    (``AccessorConfig``, Paddle's CtrCommonAccessor settings: ``name: ctr``,
+    ``show_click_decay_rate``, ``delete_threshold``, ``max_rows``...; None: rows live
+    forever), unless a table of ``tables`` sets its own ``accessor``.
     """
 
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -309,6 +343,13 @@ class HyperParameters(_Section):
     embedding_init_range: float = Field(0.01, ge=0)
     tables: list[TableConfig] | None = None
     cross_layers: int = Field(3, ge=1, le=16)
+    sparse_accessor: AccessorConfig | None = None
+
+    @property
+    def accessors(self) -> list[AccessorConfig | None]:
+        """Every table's accessor, in table order (one table without ``tables``)."""
+        own = [t.accessor for t in self.tables] if self.tables is not None else [None]
+        return table_accessors(self.sparse_accessor, own)
 
     @field_validator("fc_sizes")
     @classmethod
@@ -362,6 +403,11 @@ class TrainConfig(_Section):
                               "or runner.sync_mode: collective)")
         check_equal_steps_reader(self.runner, cluster.worker_num, self.runner.needs_equal_steps)
         check_tables(self.hyper_parameters.tables, parser_schema(self.runner))
+        runner = self.runner
+        check_online_keys(passes=runner.train_passes, after=runner.after_pass,
+                          early_stopping=runner.early_stopping is not None,
+                          valid_data=runner.valid_data_dir is not None, mode=mode,
+                          accessors=self.hyper_parameters.accessors)
         return self
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,14 +33,29 @@ def _unknown_key(loc: tuple[int | str, ...]) -> str:
     model: Any = TrainConfig
     for part in loc[:-1]:
         is_model = isinstance(model, type) and issubclass(model, BaseModel)
-        field = model.model_fields.get(str(part)) if is_model else None
-        model = field.annotation if field is not None else None
+        if isinstance(part, int) or not is_model:  # a list's index: the model stays
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            field = next((f for f in model.model_fields.values() if f.alias == part), None)
+        model = _section_model(field.annotation) if field is not None else None
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         return f"{path}: unknown key (check its spelling against README.md)"
     known = sorted(f.alias or name for name, f in model.model_fields.items())
     close = difflib.get_close_matches(str(loc[-1]), known, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return f"{path}: unknown key; {hint}the keys are {', '.join(known)}"
+
+
+def _section_model(annotation: Any) -> Any:
+    """The model of a section's annotation: ``X``, ``X | None`` or ``list[X]`` -> X."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _section_model(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _format(error: ValidationError) -> str:
@@ -128,6 +144,7 @@ def config_from_mapping(raw: Any, base: Path, source: str = "config",
     runner = config.runner
     runner = runner.model_copy(update={
         "train_data_dir": _resolve(runner.train_data_dir, base),
+        "train_passes": _resolve(runner.train_passes, base),
         "test_data_dir": _resolve(runner.test_data_dir, base),
         "valid_data_dir": _resolve(runner.valid_data_dir, base),
         "model_save_path": base / runner.model_save_path,

@@ -41,19 +41,22 @@ def _rule(optimizer: OptimizerConfig | None) -> RuleConfig | None:
 def table_specs(hp: HyperParameters, schema: FeatureSchema) -> list[EmbeddingTableSpec]:
     """The sparse tables of the runner's model (``hyper_parameters.tables``, or one
     table :data:`DEFAULT_TABLE` over every feature); defaults filled from the
-    ``sparse_feature_dim`` / ``embedding_initializer`` / ``embedding_init_range`` keys.
+    ``sparse_feature_dim`` / ``embedding_initializer`` / ``embedding_init_range`` keys,
+    each table's accessor from its ``accessor`` or ``hyper_parameters.sparse_accessor``.
     The config was checked against ``schema`` when loaded."""
     if hp.tables is None:
         return [EmbeddingTableSpec(name=DEFAULT_TABLE, dim=hp.sparse_feature_dim,
                                    features=schema.features,
                                    initializer=hp.embedding_initializer,
-                                   initial_range=hp.embedding_init_range)]
+                                   initial_range=hp.embedding_init_range,
+                                   accessor=hp.sparse_accessor)]
     return [EmbeddingTableSpec(
         name=t.name, dim=t.dim or hp.sparse_feature_dim, features=tuple(t.features),
         pooling=t.pooling, rule=_rule(t.optimizer),
         initializer=t.initializer or hp.embedding_initializer,
         initial_range=hp.embedding_init_range if t.init_range is None else t.init_range,
-        shared_ids=t.shared_ids) for t in hp.tables]
+        shared_ids=t.shared_ids, accessor=accessor)
+        for t, accessor in zip(hp.tables, hp.accessors, strict=True)]
 
 
 def build_runner_model(config: TrainConfig) -> nn.Module:

@@ -11,7 +11,10 @@ set: malformed lines skipped, lines read, passes, the first bad ``file:line``);
 ``tensorboard`` and ``curves`` (paths, :mod:`psfleet.rec.curves`); ``export`` (the
 exported model's folder, None when not exported); ``early_stopped`` (None, or
 ``{"epoch", "metric", "best", "best_epoch"}``); ``interrupted``
-(None, or ``{"epoch", "step", "batch", "checkpoint"}`` after Ctrl-C). It is written
+(None, or ``{"epoch", "step", "batch", "checkpoint"}`` after Ctrl-C); ``passes`` (None,
+or with ``runner.train_passes`` one entry per pass done: its tables' rows, bytes and
+lifecycle counts, its save and validation, :mod:`psfleet.rec.passes`; epochs are then
+numbered across the passes). It is written
 under a temporary name and renamed, so a reader never sees a partial file; NaN and
 infinities become null.
 
@@ -220,6 +223,7 @@ class Progress:
     malformed: MalformedTally = field(default_factory=MalformedTally)
     started: float = field(default_factory=time.perf_counter)
     early_stopped: dict[str, Any] | None = None  # rec.early_stopping.EarlyStopping.stopped
+    passes: list[dict[str, Any]] | None = None  # rec.passes.PassBook.entries (online)
 
 
 def run_metrics(config: TrainConfig, progress: Progress, reader: Reader | None,
@@ -241,7 +245,7 @@ def run_metrics(config: TrainConfig, progress: Progress, reader: Reader | None,
         "malformed_lines": progress.malformed.summary(),
         "tensorboard": str(recorder.log_dir) if recorder is not None else None,
         "curves": None, "export": None, "early_stopped": progress.early_stopped,
-        "interrupted": None,
+        "interrupted": None, "passes": progress.passes,
     }
 
 
@@ -256,7 +260,8 @@ def record_interrupt(config: TrainConfig, progress: Progress, reader: Reader | N
         step: the optimizer steps done.
     """
     runner = config.runner
-    epoch = min(progress.epoch + 1, runner.epochs)
+    passes = len(runner.train_passes) if runner.train_passes is not None else 1
+    epoch = min(progress.epoch + 1, runner.epochs * passes)
     checkpoint = newest_checkpoint(runner.checkpoint)
     progress.malformed.observe("train", reader)
     metrics = run_metrics(config, progress, reader, recorder, len(progress.epochs))

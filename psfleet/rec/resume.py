@@ -73,13 +73,18 @@ class CheckpointTally:
 
 
 def resume_cursor(checkpoint: CheckpointConfig | None, reader: Reader,
-            extra: dict[str, object], tally: CheckpointTally) -> Cursor:
+                  extra: dict[str, object], tally: CheckpointTally,
+                  roll_over: bool = True) -> Cursor:
     """Where this worker starts: the cursor of the newest complete checkpoint (tables
     loaded into the servers by :meth:`Fleet.load_checkpoint`), or the beginning.
 
     With checkpoints on and none written yet, a first checkpoint is taken at once
     (holding ``extra``, e.g. the agreed examples per worker), so a server that fails
     before the first interval can be restarted from it.
+
+    With ``roll_over``, a cursor at the end of an epoch (``batch`` = the reader's
+    batches) becomes the next epoch's start; without it (online passes: the pass's
+    end-of-pass actions may not have run yet) it is returned as it is.
     """
     start = Cursor(epoch=0, batch=0, step=0)
     if checkpoint is None:
@@ -90,7 +95,8 @@ def resume_cursor(checkpoint: CheckpointConfig | None, reader: Reader,
             tally.damaged_at_resume = len(CheckpointStore(checkpoint.checkpoint_dir).names())
             tally.save(start, extra)
         return start
-    if reader.num_batches is not None and resumed.batch >= reader.num_batches:  # epoch done
+    if (roll_over and reader.num_batches is not None
+            and resumed.batch >= reader.num_batches):  # epoch done
         resumed = Cursor(epoch=resumed.epoch + 1, batch=0, step=resumed.step)
     logger.info("resuming at epoch %d, batch %d (step %d) from %s", resumed.epoch + 1,
                 resumed.batch, resumed.step, checkpoint.checkpoint_dir)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,12 +44,22 @@ from psfleet.rec.config import TrainConfig
 from psfleet.rec.curves import TENSORBOARD_DIR, RunRecorder
 from psfleet.rec.early_stopping import EarlyStopping
 from psfleet.rec.features import build_runner_model, model_inputs, prefetchers
+from psfleet.rec.online_config import AfterPassConfig
+from psfleet.rec.passes import (
+    PassBook,
+    PassPlan,
+    end_pass,
+    restored_passes,
+    sparse_table_names,
+    table_totals,
+)
 from psfleet.rec.readers import build_test_reader, build_train_reader, exchange_dir
 from psfleet.rec.reporting import (
     Progress,
     TrainingInterrupted,
     evaluate,
     finish_run,
+    finite,
     record_interrupt,
 )
 from psfleet.rec.resume import CheckpointTally, agreed_share, resume_cursor
@@ -97,11 +108,13 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Read
                  epoch: int, config: TrainConfig, show: bool, start_batch: int = 0,
                  after_batch: Callable[[int], None] | None = None,
                  progress: Progress | None = None,
-                 recorder: RunRecorder | None = None) -> dict[str, float]:
+                 recorder: RunRecorder | None = None, desc: str | None = None
+                 ) -> dict[str, float]:
     """One epoch; ``start_batch`` batches already trained (resume) are skipped, and
     ``after_batch(k)`` runs after the epoch's k-th batch (checkpoints). ``progress``
     follows the batches done; ``recorder`` gets a point every ``print_interval`` steps;
-    ``show`` draws the progress bar and keeps the running AUC (worker 0)."""
+    ``show`` draws the progress bar (titled ``desc``) and keeps the running AUC
+    (worker 0)."""
     loss_fn = nn.BCEWithLogitsLoss()
     running = StreamingAuc()
     reader.set_epoch(epoch)
@@ -110,7 +123,7 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Read
     total_loss, examples, start = 0.0, 0, time.perf_counter()
     interval_loss, interval_examples, interval_start = 0.0, 0, start
     bar = tqdm(total=reader.num_batches, initial=start_batch,
-               desc=f"epoch {epoch + 1}/{config.runner.epochs}",
+               desc=desc or f"epoch {epoch + 1}/{config.runner.epochs}",
                disable=not show, mininterval=0.5, unit="batch", dynamic_ncols=True)
     modules = list(prefetchers(model))
     for step, (batch, prefetched) in enumerate(_with_prefetch(reader, modules)):
@@ -119,7 +132,7 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Read
         loss = loss_fn(logits, batch.labels)
         optimizer.zero_grad()
         loss.backward()
-        optimizer.step()
+        optimizer.step(labels=batch.labels)  # ctr tables: shows and clicks per key
         if progress is not None:
             progress.batch = start_batch + step + 1
         if after_batch is not None:
@@ -260,16 +273,25 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
 def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer,
           progress: Progress, recorder: RunRecorder | None,
           readers: dict[str, Reader | None]) -> dict[str, Any] | None:
-    """A worker's part of :func:`train`; ``readers`` is filled as they are built."""
+    """A worker's part of :func:`train`; ``readers`` is filled as they are built.
+
+    Epochs run over the passes of :class:`~psfleet.rec.passes.PassPlan` (one pass
+    without ``runner.train_passes``): the reader is rebuilt at each pass, and at a
+    pass's end :func:`~psfleet.rec.passes.end_pass` runs, then the pass's validation
+    and a checkpoint (taken once the next pass's reader exists, so that it carries
+    that pass's agreed examples per worker)."""
     runner, checkpoint = config.runner, config.runner.checkpoint
     # Collective mode: the model all-reduces gradients (DDP); elsewhere this is `model`.
     train_model = fleet.distributed_model(model)
     index, workers = fleet.worker_index(), fleet.worker_num()
     first = index == 0
     equal_steps = runner.needs_equal_steps
+    plan = PassPlan.of(config)
+    total = plan.total_epochs
     agreed = agreed_share(checkpoint) if equal_steps and restart_num() > 0 else None
-    reader = build_train_reader(config, index, workers, equal_steps=equal_steps,
-                                example_limit=agreed)
+    current = plan.start_pass(checkpoint)
+    reader = build_train_reader(plan.config_for(config, current), index, workers,
+                                equal_steps=equal_steps, example_limit=agreed)
     readers["train"] = reader
     share: dict[str, object] = (
         {"examples_per_worker": reader.num_examples} if equal_steps else {})
@@ -281,43 +303,72 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
     tally = CheckpointTally(checkpoint)
     early = (EarlyStopping(runner.early_stopping, exchange_dir(runner), workers)
              if runner.early_stopping is not None else None)
-    resume = resume_cursor(checkpoint, reader, share, tally)
+    resume = resume_cursor(checkpoint, reader, share, tally, roll_over=not plan.online)
+    book = None
+    if plan.online:
+        done = restored_passes(checkpoint) if resume.epoch or resume.batch else []
+        share["passes"] = done
+        if first:
+            resumed = bool(done) or resume.epoch > 0 or resume.batch > 0
+            baseline = (table_totals(fleet.server_stats(), sparse_table_names(config))
+                        if resumed and not fleet.is_collective() else None)
+            book = PassBook(done, baseline)
+            progress.passes = book.entries
     progress.started = time.perf_counter()
     progress.epoch = resume.epoch
-    for epoch in range(resume.epoch, runner.epochs):
+    pending: Cursor | None = None  # a pass-end checkpoint, taken with the next reader
+    for epoch in range(resume.epoch, total):
+        k = plan.pass_of(epoch)
+        if k != current:
+            reader = build_train_reader(plan.config_for(config, k), index, workers,
+                                        equal_steps=equal_steps)
+            readers["train"], current = reader, k
+            if equal_steps:
+                share["examples_per_worker"] = reader.num_examples
+        if pending is not None:
+            tally.save(pending, share)
+            pending = None
         after_batch = None
         if checkpoint is not None:
-            def after_batch(done: int, epoch: int = epoch) -> None:
+            def after_batch(done: int, epoch: int = epoch, reader: Reader = reader) -> None:
                 if checkpoint.due_after_batch(done, reader.num_batches):
                     tally.save(Cursor(epoch=epoch, batch=done, step=optimizer.steps), share)
         start_batch = resume.batch if epoch == resume.epoch else 0
         progress.epoch, progress.batch = epoch, start_batch
-        with fleet.join():  # collective: ranks with fewer batches wait for the others
-            stats = _train_epoch(train_model, optimizer, reader, epoch, config, show=first,
-                                 start_batch=start_batch, after_batch=after_batch,
-                                 progress=progress, recorder=recorder)
-        progress.epochs.append(stats)
+        if reader.num_batches is None or start_batch < reader.num_batches:
+            desc = (f"pass {k + 1}/{plan.count} epoch {epoch % plan.epochs + 1}/"
+                    f"{plan.epochs}" if plan.online else None)
+            with fleet.join():  # collective: ranks with fewer batches wait for the others
+                stats = _train_epoch(train_model, optimizer, reader, epoch, config,
+                                     show=first, start_batch=start_batch,
+                                     after_batch=after_batch, progress=progress,
+                                     recorder=recorder, desc=desc)
+            if plan.online:
+                stats["pass"] = k + 1
+            progress.epochs.append(stats)
+            if first:
+                progress.malformed.observe("train", reader)
+            if recorder is not None:
+                recorder.epoch(stats)
+            logger.info("epoch %d/%d: loss %.5f, train auc %.4f, %d examples, %.0f "
+                        "examples/s on this worker, %.1f s", stats["epoch"], total,
+                        stats["loss"], stats["auc"], stats["examples"],
+                        stats["examples_per_s"], stats["wall_s"])
         progress.epoch, progress.batch = epoch + 1, 0  # the next one, if any
-        if first:
-            progress.malformed.observe("train", reader)
-        if recorder is not None:
-            recorder.epoch(stats)
-        if (checkpoint is not None and epoch + 1 < runner.epochs
+        if plan.ends_pass(epoch):
+            if _end_pass(config, plan, k, epoch, model, optimizer, readers, book,
+                         progress, recorder):
+                share["passes"] = finite(book.entries) if book is not None else []
+            if checkpoint is not None and epoch + 1 < total:
+                pending = Cursor(epoch=epoch + 1, batch=0, step=optimizer.steps)
+            continue
+        if (checkpoint is not None and epoch + 1 < total
                 and checkpoint.due_after_epoch(epoch + 1)):
             tally.save(Cursor(epoch=epoch + 1, batch=0, step=optimizer.steps), share)
-        logger.info("epoch %d/%d: loss %.5f, train auc %.4f, %d examples, %.0f examples/s "
-                    "on this worker, %.1f s", stats["epoch"], runner.epochs, stats["loss"],
-                    stats["auc"], stats["examples"], stats["examples_per_s"], stats["wall_s"])
-        if (runner.valid_data_dir is not None and epoch + 1 < runner.epochs
+        if (runner.valid_data_dir is not None and not plan.online and epoch + 1 < total
                 and (epoch + 1) % runner.valid_interval == 0):  # the last one: below
             valid, stop = _validate(model, optimizer, readers.get("valid"), early, epoch + 1)
-            if valid is not None and progress.valid is not None:
-                progress.valid.append({"epoch": epoch + 1, **valid})
-                logger.info("epoch %d/%d: valid auc %.4f, logloss %.5f, copc %.4f on %d "
-                            "examples", epoch + 1, runner.epochs, valid["auc"],
-                            valid["logloss"], valid["copc"], valid["examples"])
-                if recorder is not None:
-                    recorder.evaluation("valid", progress.valid[-1], epoch + 1)
+            _record_valid(progress, recorder, valid, epoch + 1, total)
             if stop:
                 progress.early_stopped = early.stopped if early is not None else None
                 break
@@ -329,7 +380,7 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
             "above) or the share is empty (fewer lines than workers). Check the data's "
             "format against runner.parser, or use fewer workers")
     if checkpoint is not None:  # the end of training (also flushes and meets)
-        tally.save(Cursor(epoch=runner.epochs, batch=0, step=optimizer.steps), share)
+        tally.save(Cursor(epoch=total, batch=0, step=optimizer.steps), share)
     fleet.flush()
     fleet.barrier_worker()  # every worker's pushes are applied past this point
     metrics: dict[str, Any] | None = None
@@ -340,3 +391,40 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
     if first:
         tally.summarize()
     return metrics
+
+
+def _record_valid(progress: Progress, recorder: RunRecorder | None,
+                  valid: dict[str, float] | None, epoch: int, total: int
+                  ) -> dict[str, Any] | None:
+    """Worker 0: add a validation's figures (taken after run epoch ``epoch``) to
+    ``progress.valid``, the log and TensorBoard; returns the entry (None elsewhere)."""
+    if valid is None or progress.valid is None:
+        return None
+    progress.valid.append({"epoch": epoch, **valid})
+    logger.info("epoch %d/%d: valid auc %.4f, logloss %.5f, copc %.4f on %d examples",
+                epoch, total, valid["auc"], valid["logloss"], valid["copc"],
+                valid["examples"])
+    if recorder is not None:
+        recorder.evaluation("valid", progress.valid[-1], epoch)
+    return progress.valid[-1]
+
+
+def _end_pass(config: TrainConfig, plan: PassPlan, k: int, epoch: int, model: nn.Module,
+              optimizer: DistributedOptimizer, readers: dict[str, Reader | None],
+              book: PassBook | None, progress: Progress,
+              recorder: RunRecorder | None) -> bool:
+    """Every worker at the end of pass ``k`` (run epoch ``epoch`` its last):
+    :func:`end_pass`, then the pass's validation (``runner.after_pass.validate`` with
+    ``runner.valid_data_dir``), whose figures worker 0 puts into the pass's entry.
+    Returns whether worker 0 recorded an entry."""
+    runner = config.runner
+    path = plan.paths[k] if plan.paths is not None else runner.train_data_dir
+    entry = end_pass(config, k, epoch + 1, Path(str(path)), book)
+    after = runner.after_pass or AfterPassConfig()
+    if runner.valid_data_dir is not None and after.validate_:
+        valid, _ = _validate(model, optimizer, readers.get("valid"), None, epoch + 1)
+        recorded = _record_valid(progress, recorder, valid, epoch + 1, plan.total_epochs)
+        if entry is not None and recorded is not None:
+            entry["valid"] = {**recorded, "pass": k + 1}
+            recorded["pass"] = k + 1
+    return entry is not None
