@@ -5,7 +5,8 @@ allowed values and the cross-field rules). What needs the file system or the mod
 registry is checked here, by ``psfleet train`` before it starts a job (and again,
 cheaply, by each process of the job):
 
-- every ``runner.train_data_dir`` / ``test_data_dir`` / ``valid_data_dir`` path exists, a folder
+- every ``runner.train_data_dir`` / ``train_passes`` / ``test_data_dir`` /
+  ``valid_data_dir`` path exists, a folder
   holds at least one data file, and no data file is empty (0 bytes or only blank
   lines, after decompression: a worker would train on nothing). ``.gz``, ``.bz2``,
   ``.xz``, ``.lzma`` and ``.zst`` files are read decompressed (only their first block
@@ -128,6 +129,9 @@ def check_before_start(config: TrainConfig) -> None:
 
     runner = config.runner
     parquet = parser_kind(runner) == "parquet"
+    if runner.train_passes is not None:  # each pass named: train_passes[k]
+        for k, path in enumerate(runner.train_passes):
+            check_data_files(f"runner.train_passes[{k}]", path, runner.pipe_command, parquet)
     train_files = check_data_files("runner.train_data_dir", runner.train_data_dir,
                                    runner.pipe_command, parquet)
     test_files = check_data_files("runner.test_data_dir", runner.test_data_dir,

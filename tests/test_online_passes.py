@@ -1,0 +1,170 @@
+"""Online training by pass through ``psfleet train`` (issue 17, item 6).
+
+Real Criteo rows split into day folders (the first, middle and last rows of the
+sample's train.csv); a ctr accessor with a row cap, shrink, set_date and a base/delta
+save per pass. metrics.json must hold one entry per pass whose counts add up
+(rows after a pass = rows before + admitted - evicted - deleted), stay under the cap,
+and agree with the data (every distinct id of pass 1 admitted at least once). A bad
+key stops ``psfleet train`` with exit 2 naming it before any process starts; a job
+restarted on the same checkpoints with one more pass trains only that pass.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import assert_no_processes_mentioning, run_folder, write_slice
+
+pytestmark = pytest.mark.e2e
+
+RunCli = Callable[..., subprocess.CompletedProcess[str]]
+
+CAP = 2000  # rows per server: a pass of 1200 rows has ~9k distinct ids
+PASS_ROWS = 1200
+PASS_STARTS = (0, 3000, 6000)  # first, middle and last rows of train.csv (7,200)
+
+
+def _passes(criteo_dir: Path, tmp_path: Path) -> list[Path]:
+    """Three day folders of real rows, one file each."""
+    days = []
+    for k, start in enumerate(PASS_STARTS):
+        day = tmp_path / "days" / f"day-{k + 1}"
+        write_slice(criteo_dir / "train.csv", day / "part-0.csv", PASS_ROWS, start)
+        days.append(day)
+    return days
+
+
+def _config(tmp_path: Path, criteo_dir: Path, days: list[Path], **runner: Any) -> Path:
+    raw: dict[str, Any] = {
+        "runner": {"train_passes": [str(d) for d in days],
+                   "valid_data_dir": str(criteo_dir / "dev.csv"),
+                   "epochs": 1, "batch_size": 128, "sync_mode": "async",
+                   "model_save_path": str(tmp_path / "out"), "export_model": False,
+                   "seed": 7, "after_pass": {"shrink": True, "set_date": True,
+                                             "save": "delta"}, **runner},
+        "hyper_parameters": {"fc_sizes": [16],
+                             "sparse_accessor": {"name": "ctr", "max_rows": CAP,
+                                                 "eviction": "lowest_score",
+                                                 "delete_threshold": 0.5}},
+        "cluster": {"server_num": 1, "worker_num": 1}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _distinct_ids(file: Path) -> int:
+    """Distinct (column, value) pairs of the 26 categorical columns, empty ones left
+    out: a lower bound of the ids a pass over ``file`` admits (no admission rule)."""
+    seen: set[tuple[int, str]] = set()
+    for line in file.read_text().splitlines():
+        cols = line.split("\t")[14:40]
+        seen.update((i, v) for i, v in enumerate(cols) if v)
+    return len(seen)
+
+
+def _metrics(out: Path) -> dict[str, Any]:
+    return json.loads((run_folder(out) / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_passes_with_ctr_cap_and_shrink(run_cli: RunCli, criteo_dir: Path,
+                                        tmp_path: Path) -> None:
+    days = _passes(criteo_dir, tmp_path)
+    r = run_cli(["train", "-m", str(_config(tmp_path, criteo_dir, days))], timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    metrics = _metrics(tmp_path / "out")
+    passes = metrics["passes"]
+
+    assert [p["pass"] for p in passes] == [1, 2, 3]
+    assert [p["data"] for p in passes] == [str(d) for d in days]
+    assert [(e["epoch"], e["pass"]) for e in metrics["epochs"]] == [(1, 1), (2, 2), (3, 3)]
+    assert [e["examples"] for e in metrics["epochs"]] == [PASS_ROWS] * 3
+    rows_before = 0
+    for entry in passes:
+        table = entry["tables"]["embedding"]
+        assert set(entry["tables"]) == {"embedding"}  # the sparse tables only
+        assert 0 < table["rows"] <= CAP
+        # every row change of the pass is counted: admitted in, evicted and deleted out
+        assert table["rows"] == (rows_before + table["admitted"] - table["evicted"]
+                                 - table["deleted"])
+        assert table["deleted"] == entry["shrink_deleted"] > 0  # only shrink deletes
+        assert table["evicted"] > 0  # far more distinct ids than the cap
+        assert table["bytes"] > 0
+        # the pass's validation, on the whole dev file, is the run's validation there
+        assert entry["valid"]["examples"] == 409 and 0 < entry["valid"]["auc"] < 1
+        assert entry["valid"] == metrics["valid"][entry["pass"] - 1]
+        rows_before = table["rows"]
+    first = passes[0]["tables"]["embedding"]
+    assert first["admitted"] >= _distinct_ids(days[0] / "part-0.csv") > CAP
+    # the per-pass validations are the run's validations: no extra one at the end
+    assert [v["epoch"] for v in metrics["valid"]] == [1, 2, 3]
+    # one save per pass: a base, then deltas with tombstones
+    saves = [json.loads((Path(p["save"]) / "manifest.json").read_text())["save_mode"]
+             for p in passes]
+    assert saves == ["base", "delta", "delta"]
+    assert all(Path(p["save"]).parent.name == "saves" for p in passes)
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    ({"hyper_parameters.sparse_accessor.delete_threshold": -0.5},
+     "hyper_parameters.sparse_accessor.delete_threshold"),
+    ({"hyper_parameters.sparse_accessor.name": "ctrr"},
+     "hyper_parameters.sparse_accessor.name: 'ctrr' is not one of"),
+    ({"runner.after_pass.shrink": True, "hyper_parameters.sparse_accessor.name": "none",
+      "hyper_parameters.sparse_accessor.eviction": "lru"},
+     "runner.after_pass.shrink"),
+    ({"runner.train_passes": "missing"}, "runner.train_passes[1]"),
+], ids=["negative_threshold", "unknown_accessor", "shrink_without_ctr", "missing_pass"])
+def test_bad_online_key_is_exit_2_before_any_process(
+        run_cli: RunCli, criteo_dir: Path, tmp_path: Path, edit: dict[str, Any],
+        named: str) -> None:
+    days = _passes(criteo_dir, tmp_path)
+    config = _config(tmp_path, criteo_dir, days)
+    overrides = []
+    for key, value in edit.items():
+        if value == "missing":
+            value = [str(days[0]), str(tmp_path / "days" / "no-such-day")]
+        overrides += ["-o", f"{key}={json.dumps(value)}"]
+    overrides += ["-o", "cluster.worker_num=2"]
+
+    r = run_cli(["train", "-m", str(config), *overrides], timeout=60)
+
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert named in r.stderr
+    if "missing" in edit.values():
+        assert "no-such-day" in r.stderr and "does not exist" in r.stderr
+    assert not (tmp_path / "out").exists()  # no job started, no run folder
+    assert_no_processes_mentioning(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_restart_with_one_more_pass_trains_only_it(run_cli: RunCli, criteo_dir: Path,
+                                                   tmp_path: Path) -> None:
+    days = _passes(criteo_dir, tmp_path)
+    checkpoint = {"checkpoint_dir": str(tmp_path / "ckpt"), "epoch_interval": 1}
+    first = _config(tmp_path, criteo_dir, days[:2], checkpoint=checkpoint,
+                    run_name="two-days")
+    r = run_cli(["train", "-m", str(first)], timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    before = _metrics(tmp_path / "out")
+
+    again = _config(tmp_path, criteo_dir, days, checkpoint=checkpoint,
+                    run_name="three-days")
+    r = run_cli(["train", "-m", str(again)], timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    after = _metrics(tmp_path / "out")
+
+    # resumed at pass 3 (epoch 3): passes 1 and 2 are not trained again ...
+    assert [(e["epoch"], e["pass"]) for e in after["epochs"]] == [(3, 3)]
+    # ... and their entries come back from the checkpoint, as the first run wrote them
+    assert after["passes"][:2] == before["passes"]
+    third = after["passes"][2]["tables"]["embedding"]
+    rows_two = before["passes"][1]["tables"]["embedding"]["rows"]
+    assert third["rows"] <= CAP
+    assert third["rows"] == rows_two + third["admitted"] - third["evicted"] - third["deleted"]
