@@ -13,13 +13,23 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
-from conftest import assert_no_processes_mentioning, run_folder, write_slice
+from conftest import (
+    assert_no_processes_mentioning,
+    clean_env,
+    kill_processes,
+    run_command,
+    run_folder,
+    write_slice,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -168,3 +178,56 @@ def test_restart_with_one_more_pass_trains_only_it(run_cli: RunCli, criteo_dir: 
     rows_two = before["passes"][1]["tables"]["embedding"]["rows"]
     assert third["rows"] <= CAP
     assert third["rows"] == rows_two + third["admitted"] - third["evicted"] - third["deleted"]
+
+
+def _checkpoint_at(folder: Path, epoch: int, batch: int) -> bool:
+    """Whether a complete checkpoint of ``folder`` has worker 0's cursor there."""
+    for manifest in folder.glob("ckpt-*/manifest.json"):
+        try:
+            found = json.loads(manifest.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue  # pruned or being written
+        if (found.get("epoch"), found.get("batch")) == (epoch, batch):
+            return True
+    return False
+
+
+@pytest.mark.slow
+def test_job_killed_in_pass_2_resumes_there(criteo_dir: Path, tmp_path: Path) -> None:
+    days = _passes(criteo_dir, tmp_path)
+    checkpoint = {"checkpoint_dir": str(tmp_path / "ckpt"), "step_interval": 20,
+                  "max_num_checkpoints": 3}
+    config = _config(tmp_path, criteo_dir, days, checkpoint=checkpoint, batch_size=16,
+                     sync_mode="sync")
+    argv = [sys.executable, "-m", "psfleet.cli.main", "train", "-m", str(config)]
+    job = subprocess.Popen(argv, env=clean_env(), text=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not _checkpoint_at(tmp_path / "ckpt", 1, 40):  # pass 2, batch 40 of 75
+            assert job.poll() is None, f"the job ended (exit {job.returncode}) first"
+            assert time.monotonic() < deadline, "no checkpoint in pass 2"
+            time.sleep(0.02)
+    finally:
+        kill_processes([psutil.Process(job.pid), *psutil.Process(job.pid).children(True)])
+        job.wait()
+    cut = run_folder(tmp_path / "out")
+    assert not (cut / "metrics.json").exists(), "the job ended before the kill"
+
+    r = run_command(argv, timeout=240)  # the same command: continues from the checkpoint
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    resumed = run_folder(tmp_path / "out")
+    assert resumed != cut
+    log = (resumed / "log" / "workerlog.0").read_text()
+    metrics = json.loads((resumed / "metrics.json").read_text())
+
+    assert "resuming at epoch 2, batch 40" in log  # pass 2 (epoch 2 of the run)
+    # pass 1 is not trained again; pass 2 only from batch 40 on (35 of 75 batches)
+    assert [(e["epoch"], e["pass"], e["examples"]) for e in metrics["epochs"]] == [
+        (2, 2, (75 - 40) * 16), (3, 3, PASS_ROWS)]
+    assert [p["pass"] for p in metrics["passes"]] == [1, 2, 3]  # pass 1's from the checkpoint
+    assert metrics["passes"][0]["save"].startswith(str(cut))  # written by the killed run
+    for entry in metrics["passes"]:
+        assert 0 < entry["tables"]["embedding"]["rows"] <= CAP
+    assert [json.loads((Path(p["save"]) / "manifest.json").read_text())["save_mode"]
+            for p in metrics["passes"]] == ["base", "delta", "delta"]
