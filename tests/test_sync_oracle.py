@@ -3,20 +3,21 @@
 - Sync mode, W=2 workers x batch b, equals one process with batch 2b: the union of
   the workers' step-j batches is the single process's step-j batch (the reader gives
   worker k the lines k, k+2, ...), so the averaged gradient is the same. Checked for
-  SGD (<= 1e-6), Adam and Adagrad (<= 1e-5), dense parameters and every sparse row
-  touched.
+  SGD (<= 1e-6) and Adam (<= 1e-5), dense parameters and every sparse row touched.
+  (Adagrad's exactness is the same argument on another server-side rule; the rules
+  themselves are checked against torch.optim in test_rules.py.)
 - The server count does not change a sync run: S=1 and S=3 (with dense parameters
   sliced over the servers) end with the same parameters.
-- Async and GEO jobs finish and the model learns: after training it beats the best
-  constant predictor on the slice and ranks better than chance.
+
+That async and GEO jobs learn is checked on the runner's models in
+test_model_sync_oracle.py.
 
 Every job of the module runs once, a few at a time, in the module fixture ``runs``;
-each job is small (2,000 lines, 20-40 steps).
+each job is small (2,000 lines, 20 steps).
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,25 +47,18 @@ class Job:
     servers: int | None
     batch: int
     args: tuple[str, ...]
-    steps: int = STEPS
 
 
 def _jobs() -> list[Job]:
-    sgd, adam, adagrad = (("--optimizer", "sgd", "--lr", "0.05"),
-                          ("--optimizer", "adam", "--lr", "0.01"),
-                          ("--optimizer", "adagrad", "--lr", "0.05"))
+    sgd, adam = (("--optimizer", "sgd", "--lr", "0.05"),
+                 ("--optimizer", "adam", "--lr", "0.01"))
     sync = ("--mode", "sync")
     return [
         Job("single-sgd", None, 2 * BATCH, sgd),
         Job("single-adam", None, 2 * BATCH, adam),
-        Job("single-adagrad", None, 2 * BATCH, adagrad),
         Job("sync-sgd-s2", 2, BATCH, sync + sgd),
         Job("sync-adam-s1", 1, BATCH, sync + adam),
         Job("sync-adam-s3", 3, BATCH, sync + adam),
-        Job("sync-adagrad-s2", 2, BATCH, sync + adagrad),
-        Job("async-adagrad-s1", 1, BATCH, ("--mode", "async") + adagrad, steps=40),
-        Job("geo-adagrad-s1", 1, BATCH, ("--mode", "geo", "--geo_step", "5") + adagrad,
-            steps=40),
     ]
 
 
@@ -73,7 +67,7 @@ def run_job(job: Job, data: Path, workdir: Path) -> dict[str, np.ndarray]:
     out = workdir / f"{job.name}.npz"
     log_dir = workdir / f"log-{job.name}"
     script = [str(JOB), "--data", str(data), "--out", str(out), "--batch", str(job.batch),
-              "--steps", str(job.steps), "--min_block_size", str(MIN_BLOCK_SIZE), *job.args]
+              "--steps", str(STEPS), "--min_block_size", str(MIN_BLOCK_SIZE), *job.args]
     argv: Sequence[str]
     if job.servers is None:
         argv = [sys.executable, *script]
@@ -117,7 +111,6 @@ def _max_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[float
 @pytest.mark.parametrize(("sync_run", "single_run", "tolerance"), [
     ("sync-sgd-s2", "single-sgd", 1e-6),
     ("sync-adam-s1", "single-adam", 1e-5),
-    ("sync-adagrad-s2", "single-adagrad", 1e-5),
 ])
 def test_sync_two_workers_equal_one_process_with_double_batch(
         runs: dict[str, dict[str, np.ndarray]], sync_run: str, single_run: str,
@@ -139,26 +132,3 @@ def test_server_count_does_not_change_a_sync_run(
     dense_diff, sparse_diff = _max_diff(one, three)
     assert dense_diff <= 1e-6
     assert sparse_diff <= 1e-6
-
-
-def _constant_predictor_loss(data: Path) -> float:
-    """BCE of predicting the slice's click rate for every line (the best constant)."""
-    labels = np.array([float(line.split("\t", 1)[0]) for line in data.read_text().splitlines()])
-    rate = labels.mean()
-    return float(-(rate * math.log(rate) + (1 - rate) * math.log(1 - rate)))
-
-
-@pytest.mark.parametrize("name", ["async-adagrad-s1", "geo-adagrad-s1"])
-def test_async_and_geo_jobs_learn(runs: dict[str, dict[str, np.ndarray]], data: Path,
-                                  name: str) -> None:
-    result = runs[name]
-    baseline = _constant_predictor_loss(data)  # 0.51 on the first 2,000 lines
-    assert 0.4 < baseline < 0.7
-    assert np.isfinite(result["dense"]).all() and np.isfinite(result["rows"]).all()
-    assert result["loss_before"] > 1.0  # the untrained DNN is worse than a constant
-    assert result["loss_after"] < baseline - 0.02, (result["loss_before"],
-                                                    result["loss_after"])
-    assert result["auc_after"] > 0.7 > result["auc_before"]
-    losses = result["train_losses"]
-    assert losses.shape == (40,)
-    assert losses[-5:].mean() < losses[0] - 0.5
