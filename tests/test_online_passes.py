@@ -50,7 +50,8 @@ def _passes(criteo_dir: Path, tmp_path: Path) -> list[Path]:
     return days
 
 
-def _config(tmp_path: Path, criteo_dir: Path, days: list[Path], **runner: Any) -> Path:
+def _config(tmp_path: Path, criteo_dir: Path, days: list[Path],
+            cluster: dict[str, int] | None = None, **runner: Any) -> Path:
     raw: dict[str, Any] = {
         "runner": {"train_passes": [str(d) for d in days],
                    "valid_data_dir": str(criteo_dir / "dev.csv"),
@@ -62,7 +63,7 @@ def _config(tmp_path: Path, criteo_dir: Path, days: list[Path], **runner: Any) -
                              "sparse_accessor": {"name": "ctr", "max_rows": CAP,
                                                  "eviction": "lowest_score",
                                                  "delete_threshold": 0.5}},
-        "cluster": {"server_num": 1, "worker_num": 1}}
+        "cluster": cluster or {"server_num": 1, "worker_num": 1}}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -197,14 +198,14 @@ def test_job_killed_in_pass_2_resumes_there(criteo_dir: Path, tmp_path: Path) ->
     days = _passes(criteo_dir, tmp_path)
     checkpoint = {"checkpoint_dir": str(tmp_path / "ckpt"), "step_interval": 20,
                   "max_num_checkpoints": 3}
-    config = _config(tmp_path, criteo_dir, days, checkpoint=checkpoint, batch_size=16,
-                     sync_mode="sync")
+    config = _config(tmp_path, criteo_dir, days, checkpoint=checkpoint, batch_size=8,
+                     sync_mode="sync", cluster={"server_num": 1, "worker_num": 2})
     argv = [sys.executable, "-m", "psfleet.cli.main", "train", "-m", str(config)]
     job = subprocess.Popen(argv, env=clean_env(), text=True, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
-        while not _checkpoint_at(tmp_path / "ckpt", 1, 40):  # pass 2, batch 40 of 75
+        while not _checkpoint_at(tmp_path / "ckpt", 1, 40):  # pass 2, batch 40
             assert job.poll() is None, f"the job ended (exit {job.returncode}) first"
             assert time.monotonic() < deadline, "no checkpoint in pass 2"
             time.sleep(0.02)
@@ -222,9 +223,10 @@ def test_job_killed_in_pass_2_resumes_there(criteo_dir: Path, tmp_path: Path) ->
     metrics = json.loads((resumed / "metrics.json").read_text())
 
     assert "resuming at epoch 2, batch 40" in log  # pass 2 (epoch 2 of the run)
-    # pass 1 is not trained again; pass 2 only from batch 40 on (35 of 75 batches)
+    # pass 1 is not trained again; pass 2 only from batch 40 on (35 of the 75 batches
+    # of worker 0's 600 examples); each pass's counts agreed among the workers anew
     assert [(e["epoch"], e["pass"], e["examples"]) for e in metrics["epochs"]] == [
-        (2, 2, (75 - 40) * 16), (3, 3, PASS_ROWS)]
+        (2, 2, (75 - 40) * 8), (3, 3, PASS_ROWS // 2)]
     assert [p["pass"] for p in metrics["passes"]] == [1, 2, 3]  # pass 1's from the checkpoint
     assert metrics["passes"][0]["save"].startswith(str(cut))  # written by the killed run
     for entry in metrics["passes"]:

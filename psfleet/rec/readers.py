@@ -82,9 +82,11 @@ def exchange_dir(runner: RunnerConfig) -> Path:
 
 @contextmanager
 def _exchange(runner: RunnerConfig, config: TrainConfig, worker_index: int,
-              worker_num: int) -> Iterator[FileExchange]:
-    """A FileExchange whose barrier is server 0's (or torch.distributed's)."""
-    directory = exchange_dir(runner)
+              worker_num: int, tag: str = "") -> Iterator[FileExchange]:
+    """A FileExchange whose barrier is server 0's (or torch.distributed's); a ``tag``
+    (e.g. ``pass-2``) gives it its own folder and barrier names, so that the readers of
+    successive passes never meet an earlier reader's rounds."""
+    directory = exchange_dir(runner) / tag if tag else exchange_dir(runner)
     endpoints = fleet.server_endpoints()
     if endpoints:
         from psfleet.fleet.persistence import restart_num
@@ -97,7 +99,7 @@ def _exchange(runner: RunnerConfig, config: TrainConfig, worker_index: int,
             client.wait_ready(server_wait_timeout_s(config.cluster.server_wait_timeout_s))
 
             def barrier(name: str) -> None:
-                client.barrier(f"psfleet.data/{name}", worker_index, worker_num)
+                client.barrier(f"psfleet.data/{tag}{name}", worker_index, worker_num)
 
             yield FileExchange(directory, worker_index, worker_num, barrier)
         finally:
@@ -118,7 +120,7 @@ def _exchange(runner: RunnerConfig, config: TrainConfig, worker_index: int,
 
 def build_train_reader(config: TrainConfig, worker_index: int, worker_num: int, *,
                        equal_steps: bool | None = None,
-                       example_limit: int | None = None) -> Reader:
+                       example_limit: int | None = None, tag: str = "") -> Reader:
     """This worker's training reader (module docstring); loads in-memory data (blocks)
     and, with ``equal_steps``, makes every worker's step count per epoch equal. Logs
     the global batch.
@@ -140,6 +142,9 @@ def build_train_reader(config: TrainConfig, worker_index: int, worker_num: int, 
         ConfigError: an invalid reader combination (names the fields) or file split.
         DataError: unreadable data, a failing pipe_command, a malformed line with
             ``strict``.
+
+    ``tag`` names this reader's exchanges (a pass: ``pass-<k>``), distinct from those of
+    the job's other readers.
     """
     runner = config.runner
     if equal_steps is None:
@@ -171,7 +176,7 @@ def build_train_reader(config: TrainConfig, worker_index: int, worker_num: int, 
         if sync and example_limit is not None and not runner.global_shuffle:
             memory.truncate(example_limit)
         elif worker_num > 1 and (runner.global_shuffle or sync):
-            with _exchange(runner, config, worker_index, worker_num) as exchange:
+            with _exchange(runner, config, worker_index, worker_num, tag) as exchange:
                 if runner.global_shuffle:
                     memory.global_shuffle(exchange, seed=runner.seed)
                 if sync:

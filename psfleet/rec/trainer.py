@@ -291,7 +291,8 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
     agreed = agreed_share(checkpoint) if equal_steps and restart_num() > 0 else None
     current = plan.start_pass(checkpoint)
     reader = build_train_reader(plan.config_for(config, current), index, workers,
-                                equal_steps=equal_steps, example_limit=agreed)
+                                equal_steps=equal_steps, example_limit=agreed,
+                                tag=f"pass-{current + 1}" if plan.online else "")
     readers["train"] = reader
     share: dict[str, object] = (
         {"examples_per_worker": reader.num_examples} if equal_steps else {})
@@ -321,7 +322,7 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
         k = plan.pass_of(epoch)
         if k != current:
             reader = build_train_reader(plan.config_for(config, k), index, workers,
-                                        equal_steps=equal_steps)
+                                        equal_steps=equal_steps, tag=f"pass-{k + 1}")
             readers["train"], current = reader, k
             if equal_steps:
                 share["examples_per_worker"] = reader.num_examples
