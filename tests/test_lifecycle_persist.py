@@ -65,7 +65,7 @@ def _filled(tmp_path: Path) -> tuple[Path, tuple[np.ndarray, np.ndarray],
 def test_stats_round_trip_through_a_save_into_another_server_count(tmp_path: Path) -> None:
     save, (keys, stats), (_, rows) = _filled(tmp_path)
     assert sorted(p.name for p in (save / "server-0").iterdir()) == [
-        "table-0.sparse", "table-0.stats", "tables.json"]
+        "save.json", "table-0.sparse", "table-0.stats", "table-0.tomb", "tables.json"]
     client, services = _client(3)
     client.load(str(save))
     got_keys, got_stats = _gather(services, "stats")

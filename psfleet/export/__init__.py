@@ -5,9 +5,11 @@ table's rows (``.npy``, sorted keys) with a versioned ``manifest.json`` (layout 
 :mod:`psfleet.export.types`); ``load_inference_model`` reads it back as an
 ``nn.Module`` with the training model's signature. Every table is carried: pooled
 (multi-valued), weighted and ``shared_ids`` tables of a ``FeatureEmbeddings`` read
-inputs of their own (:mod:`psfleet.export.plan`).
+inputs of their own (:mod:`psfleet.export.plan`). ``export_from_saves`` writes the
+same export from a base save and its delta saves, with no server.
 """
 
+from psfleet.export.from_saves import export_from_saves
 from psfleet.export.load import InferenceModel, load_inference_model, read_manifest
 from psfleet.export.lookup import SparseLookup
 from psfleet.export.plan import TowerInputs, TowerPlan
@@ -34,6 +36,7 @@ __all__ = [
     "TowerInputs",
     "TowerPlan",
     "export_dense_tower",
+    "export_from_saves",
     "load_inference_model",
     "model_embeddings",
     "read_manifest",

@@ -46,7 +46,7 @@ from psfleet.ps.persist import load_server
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.types import SparseTableConfig
 
-__all__ = ["save_inference_model", "read_saved_rows"]
+__all__ = ["save_inference_model", "read_saved_rows", "write_inference_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +156,30 @@ def save_inference_model(dirname: str | Path, model: nn.Module, client: TableCli
             rows.append((config, *read_saved_rows(staging, table_id, config)))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return write_inference_model(target, plan, program, examples, rows, metadata)
+
+
+def write_inference_model(target: ModelDir, plan: TowerPlan,
+                          program: torch.export.ExportedProgram,
+                          examples: tuple[Tensor, Tensor],
+                          rows: list[tuple[SparseTableConfig, np.ndarray, np.ndarray]],
+                          metadata: Mapping[str, Any] | None) -> InferenceManifest:
+    """Write an export whose rows were read: replaces an earlier export in ``target``,
+    ``manifest.json`` last.
+
+    Args:
+        target: the model directory.
+        plan: the model's embeddings and their inputs (``TowerPlan.of``).
+        program: the exported dense tower.
+        examples: the example inputs it was exported with.
+        rows: per embedding of ``plan``, (config, keys uint64[n] ascending, values
+            float32[n, dim]).
+        metadata: stored in the manifest.
+
+    Raises:
+        OSError: ``target`` cannot be written.
+    """
+    embeddings = plan.embeddings
     target.remove(MANIFEST_FILE)
     target.remove("sparse")
     target.makedirs("sparse")
@@ -183,5 +207,5 @@ def save_inference_model(dirname: str | Path, model: nn.Module, client: TableCli
         sparse_tables=specs, features=plan.features, metadata=dict(metadata or {}))
     target.write_json(MANIFEST_FILE, _manifest_json(manifest))
     logger.info("inference model written to %s: %d sparse tables (%s rows), dense tower %s",
-                dirname, len(specs), ", ".join(str(s.rows) for s in specs), DENSE_MODEL_FILE)
+                target.dirname, len(specs), ", ".join(str(s.rows) for s in specs), DENSE_MODEL_FILE)
     return manifest

@@ -51,6 +51,7 @@ from psfleet.fleet.server_wait import server_wait_timeout_s
 from psfleet.fleet.strategy import DistributedStrategy
 from psfleet.nn import SparseEmbedding, live_embeddings
 from psfleet.ps import TableClient, run_server
+from psfleet.ps.types import SaveMode
 from psfleet.rpc import RpcConfig, parse_endpoint
 from psfleet.rpc import messages as msg
 
@@ -429,9 +430,9 @@ class Fleet:
             raise FatalError("call fleet.init_worker() first")
         return self._persistence
 
-    def save_persistables(self, dirname: str) -> None:
-        """See :meth:`Persistence.save_persistables`."""
-        self._require_persistence().save_persistables(dirname)
+    def save_persistables(self, dirname: str, mode: SaveMode = "full") -> None:
+        """See :meth:`Persistence.save_persistables` (``mode``: full, base or delta)."""
+        self._require_persistence().save_persistables(dirname, mode)
 
     def load_model(self, dirname: str) -> None:
         """See :meth:`Persistence.load_model`."""

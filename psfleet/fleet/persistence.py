@@ -39,6 +39,8 @@ from psfleet.export import InferenceManifest
 from psfleet.export import save_inference_model as _save_inference_model
 from psfleet.fleet.runtime import WorkerRuntime
 from psfleet.ps.persist import FORMAT_VERSION
+from psfleet.ps.persist_delta import check_save_mode
+from psfleet.ps.types import SaveMode
 
 __all__ = ["Persistence", "restart_num"]
 
@@ -109,22 +111,31 @@ class Persistence:
     def __init__(self, runtime: WorkerRuntime) -> None:
         self.runtime = runtime
 
-    def save_persistables(self, dirname: str) -> None:
-        """Save every table (values and optimizer state) to ``dirname``.
+    def save_persistables(self, dirname: str, mode: SaveMode = "full") -> None:
+        """Save every table to ``dirname``: all of it (``full``), or for serving and
+        online learning a ``base`` or a ``delta`` (``psfleet.ps.persist_delta``: rows
+        passing the accessor's thresholds; a delta also carries the tombstones of rows
+        deleted or evicted since the last base/delta save).
 
         Call on one worker (``is_first_worker()``), after ``barrier_worker()`` when
         every worker's updates must be in it. This worker's pushes are flushed first.
-        Each server writes its share; this worker writes ``manifest.json``.
+        Each server writes its share; this worker writes ``manifest.json``
+        (``save_mode`` records ``mode``; ``mode`` there is the job's training mode).
+        ``load_model`` of a base replaces the tables, of a delta applies it on top.
 
         Raises:
             FatalError: init_worker() was not called.
+            ConfigError: ``mode`` is not ``full``, ``base`` or ``delta``, or a delta
+                names a sparse table without the ctr accessor.
             OSError: ``dirname`` cannot be written.
         """
+        check_save_mode(mode, f"save_persistables({dirname!r})")
         rt = self.runtime
         rt.flush()
-        rt.client.save(dirname)
+        rt.client.save(dirname, mode)
         manifest = {
             "format_version": FORMAT_VERSION, "server_num": max(rt.server_num(), 1),
+            "save_mode": mode,
             "worker_num": rt.role.worker_num, "mode": rt.strategy.mode,
             "sparse_tables": rt.tables.sparse_ids(),
             "dense_shapes": [list(p.shape) for p in rt.optimizer.params],
@@ -136,7 +147,9 @@ class Persistence:
         """Load a save into the servers' tables; every worker calls it after init_worker.
 
         Worker 0 asks every server to load its share (the save may come from another
-        server count); then every worker takes the loaded dense values.
+        server count); then every worker takes the loaded dense values. A full or
+        base save replaces the tables; a delta save is applied on top of them (load
+        the base, then its deltas in order).
 
         Raises:
             ConfigError: ``dirname`` has no manifest.json.

@@ -20,6 +20,16 @@ reads its initializer values (not stored) and its gradient is dropped.
   the price of the bound is that under heavy churn a rare id may lose its count to a
   colliding id, i.e. it is admitted later, never earlier. Within one request, keys
   sharing a slot are processed in ascending key order.
+- ``show_click_score``: admitted once the score of the shows and clicks pushed for it
+  (``(show - click) * nonclk_coeff + click * click_coeff``, Paddle's ShowClickScore,
+  float32) summed over its pushes reaches ``admit_score``. The pending sums live in
+  the same slot table as count_filter's (a float32 score per slot, same slot rule:
+  a colliding key takes the slot and starts from its own push). Only pushes count:
+  a push with shows and clicks adds their score; a push without them counts each
+  occurrence of a key as show 1, click 0 (Paddle counts every feasign instance as
+  one show). Pulls and GEO deltas add nothing and leave the slots alone, so with
+  ``admit_score`` > 0 they never admit. The push that reaches the score is applied
+  (gradient and counts) to the new row; the earlier pushes' gradients were dropped.
 """
 
 from __future__ import annotations
@@ -30,7 +40,8 @@ from psfleet.ps.hashing import mix64
 from psfleet.ps.table_shard import Shard
 from psfleet.ps.types import RESERVED_KEY, AccessorConfig
 
-__all__ = ["admit", "probability_u", "pending_slot", "shard_pending_slots"]
+__all__ = ["admit", "probability_u", "pending_slot", "shard_pending_slots",
+           "uses_pending_slots"]
 
 _PROBABILITY_SALT = 0xD6E8FEB86659FD93
 _SLOT_SALT = np.uint64(0xA0761D6478BD642F)
@@ -49,15 +60,20 @@ def pending_slot(hashes: np.ndarray, slots: int) -> np.ndarray:
     return (mix64(hashes ^ _SLOT_SALT) % np.uint64(slots)).astype(np.int64)
 
 
+def uses_pending_slots(config: AccessorConfig) -> bool:
+    """Whether the policy keeps pending ids (count_filter, show_click_score)."""
+    return config.admission in ("count_filter", "show_click_score")
+
+
 def shard_pending_slots(config: AccessorConfig, num_shards: int) -> int:
-    """Pending slots of each shard (0 unless the policy is ``count_filter``)."""
-    if config.admission != "count_filter":
+    """Pending slots of each shard (0 unless the policy keeps pending ids)."""
+    if not uses_pending_slots(config):
         return 0
     return -(-config.pending_slots // num_shards)
 
 
 def admit(config: AccessorConfig, shard: Shard, keys: np.ndarray,
-          hashes: np.ndarray) -> np.ndarray:
+          hashes: np.ndarray, scores: np.ndarray | None = None) -> np.ndarray:
     """Which sighted keys get a row now; updates ``shard``'s pending counts.
 
     Args:
@@ -65,6 +81,8 @@ def admit(config: AccessorConfig, shard: Shard, keys: np.ndarray,
         shard: the keys' shard (its lock held).
         keys (uint64[M]): distinct keys without a row, ascending.
         hashes (uint64[M]): mix64(keys).
+        scores (float32[M]): show_click_score: each key's pushed score in this
+            request; None: not a push (a pull or a GEO delta).
 
     Returns:
         bool[M]: admitted.
@@ -73,11 +91,19 @@ def admit(config: AccessorConfig, shard: Shard, keys: np.ndarray,
         return np.ones(keys.size, dtype=bool)
     if config.admission == "probability":
         return probability_u(keys, config.admission_seed) < config.admit_probability
-    return _count_filter(config.admit_count, shard, keys, hashes)
+    if config.admission == "show_click_score":
+        if scores is None:
+            return np.full(keys.size, config.admit_score <= 0, dtype=bool)
+        return _pending_filter(np.float32(config.admit_score), shard.pending_scores, shard,
+                               keys, hashes, scores.astype(np.float32, copy=False))
+    return _pending_filter(config.admit_count, shard.pending_counts, shard, keys, hashes,
+                           np.ones(keys.size, dtype=np.int64))
 
 
-def _count_filter(needed: int, shard: Shard, keys: np.ndarray,
-                  hashes: np.ndarray) -> np.ndarray:
+def _pending_filter(needed: int | np.float32, sums: np.ndarray, shard: Shard,
+                    keys: np.ndarray, hashes: np.ndarray, adds: np.ndarray) -> np.ndarray:
+    """Add ``adds`` (int64 or float32[M]) to the keys' pending sums (``sums``, one per
+    slot, same dtype); admitted where a sum reaches ``needed``."""
     slots = pending_slot(hashes, shard.pending_keys.size)
     order = np.argsort(slots, kind="stable")  # keys ascending within a slot
     s, k = slots[order], keys[order]
@@ -87,12 +113,13 @@ def _count_filter(needed: int, shard: Shard, keys: np.ndarray,
     last[:-1] = first[1:]
     # Only a slot's first key of the request can find itself there already.
     held = first & (shard.pending_keys[s] == k)
-    counts = np.where(held, shard.pending_counts[s] + 1, 1)
+    a = adds[order]
+    counts = np.where(held, sums[s] + a, a)
     admitted = counts >= needed
     # The last key of each slot is what the slot holds afterwards (nothing once admitted).
     w = np.flatnonzero(last)
     shard.pending_keys[s[w]] = np.where(admitted[w], np.uint64(RESERVED_KEY), k[w])
-    shard.pending_counts[s[w]] = np.where(admitted[w], 0, counts[w])
+    sums[s[w]] = np.where(admitted[w], 0, counts[w])
     out = np.empty(keys.size, dtype=bool)
     out[order] = admitted
     return out

@@ -22,6 +22,7 @@ import numpy as np
 
 from psfleet.checkpoint.storage import FileDigest
 from psfleet.errors import ConfigError, FatalError
+from psfleet.ps.persist_delta import check_save_mode
 from psfleet.ps.routing import BucketRouter, DenseLayout, RoutedKeys
 from psfleet.ps.rpc_transport import RpcTransport
 from psfleet.ps.service import TableService
@@ -31,6 +32,7 @@ from psfleet.ps.types import (
     PushMeta,
     PushMode,
     RuleConfig,
+    SaveMode,
     SlicingConfig,
     SparseTableConfig,
 )
@@ -367,25 +369,41 @@ class TableClient:
         return [msg.DenseIndex(table_id=tid, index=layout.server_index(server).astype(
             "<i8").tobytes()) for tid, layout in self._layouts.items()]
 
-    def save(self, dirname: str) -> list[FileDigest]:
+    def _request_id(self) -> msg.PushId:
+        """A new id for an admin call (the same on every server it goes to; a retry
+        of the call reuses it, so the servers run it once)."""
+        return msg.PushId(client_id=self._client_id, seq=next(self._seq))
+
+    def save(self, dirname: str, mode: SaveMode = "full") -> list[FileDigest]:
         """Every server writes its tables (values, optimizer state) under ``dirname``.
 
         Call on one worker after every worker flushed (see ``psfleet.ps.persist``).
 
         Args:
             dirname: a local path or an fsspec URL the servers can write.
+            mode: ``full`` (every row, rule state and statistics; checkpoints),
+                ``base`` or ``delta`` (``psfleet.ps.persist_delta``).
 
         Returns:
             The files written with their checksums, when the tables report them.
+
+        Raises:
+            ConfigError: an unknown ``mode``, or ``delta`` with a sparse table
+                without the ctr accessor (names it).
         """
+        check_save_mode(mode, f"save({dirname!r})")
+        request_id = self._request_id()
         replies = self._all("Save", [msg.SaveRequest(dirname=dirname, server_index=s,
-                                                     dense=self._dense_index(s))
+                                                     dense=self._dense_index(s), mode=mode,
+                                                     request_id=request_id)
                                      for s in range(len(self._servers))])
         return [FileDigest(f.path, f.size, f.sha256)
                 for r in replies for f in r.files]  # type: ignore[attr-defined]
 
     def load(self, dirname: str) -> None:
-        """Every server loads its share of a save (any server count) into its tables.
+        """Every server loads its share of a save (any server count) into its tables:
+        a full or base save replaces them, a delta save is applied on top
+        (``psfleet.ps.persist_delta``).
 
         Raises:
             DataError, RemoteError: a table is missing from the save or does not fit.
@@ -432,7 +450,8 @@ class TableClient:
         Raises:
             RemoteError: ``table_id`` is not a sparse table.
         """
-        request = msg.ShrinkRequest(all_tables=table_id is None, table_id=table_id or 0)
+        request = msg.ShrinkRequest(all_tables=table_id is None, table_id=table_id or 0,
+                                    request_id=self._request_id())
         replies: list[Any] = self._all("Shrink", [request] * len(self._servers))
         return sum(int(r.deleted) for r in replies)
 
@@ -443,7 +462,8 @@ class TableClient:
         Raises:
             RemoteError: ``table_id`` is not a sparse table.
         """
-        request = msg.AgeOneDayRequest(all_tables=table_id is None, table_id=table_id or 0)
+        request = msg.AgeOneDayRequest(all_tables=table_id is None, table_id=table_id or 0,
+                                       request_id=self._request_id())
         self._all("AgeOneDay", [request] * len(self._servers))
 
     def stats(self) -> list[msg.StatsResponse]:

@@ -77,7 +77,8 @@ class Lifecycle:
         """Shard ``index`` of the table with the arrays this lifecycle needs."""
         return Shard(width, row_keys=True, stats=self.accessor is not None,
                      last_access=self.lru, cap=self.caps[index],
-                     pending_slots=self.pending_slots)
+                     pending_slots=self.pending_slots,
+                     pending_scores=self.config.admission == "show_click_score")
 
     def tick(self) -> int:
         """The table clock for one pull or push (thread safe: itertools.count)."""
@@ -98,7 +99,8 @@ class Lifecycle:
             shard.last_access[rows] = clock
 
     def admit_new(self, shard: Shard, keys: np.ndarray, hashes: np.ndarray,
-                  protected: np.ndarray, use_admission: bool = True) -> np.ndarray:
+                  protected: np.ndarray, use_admission: bool = True,
+                  scores: np.ndarray | None = None) -> np.ndarray:
         """Decide and make room for new keys; evicts as needed.
 
         Args:
@@ -107,11 +109,13 @@ class Lifecycle:
             hashes (uint64[M]): mix64(keys).
             protected (int64[P]): rows of this request (not evicted).
             use_admission: False for a load (restored rows skip admission, not the cap).
+            scores (float32[M]): each key's pushed show/click score (show_click_score
+                admission); None: not a push.
 
         Returns:
             bool[M]: the keys to insert (room for them has been made).
         """
-        ok = admit(self.config, shard, keys, hashes) if use_admission else \
+        ok = admit(self.config, shard, keys, hashes, scores) if use_admission else \
             np.ones(keys.size, dtype=bool)
         cap = shard.cap
         if cap is not None:
@@ -154,6 +158,8 @@ class Lifecycle:
         shard.row_keys[rows] = keys
         if shard.stats is not None:
             shard.stats[rows] = 0
+        if shard.saved is not None:
+            shard.saved[rows] = False
         self.touch(shard, rows, clock)
 
     def push_stats(self, shard: Shard, rows: np.ndarray, shows: np.ndarray | None,

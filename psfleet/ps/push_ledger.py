@@ -8,6 +8,10 @@ each client and runs a push's update only the first time its id is seen. A secon
 arrival while the first is still being applied (a sync round waiting for the other
 workers) waits for it and returns its outcome. An update that failed is forgotten,
 so a retry applies it.
+
+The admin calls that must not run twice either (a Shrink decays once, an AgeOneDay
+ages once, a delta Save resets delta_score once) use the same ledger through
+:meth:`PushLedger.call_once`, which also hands a duplicate the first call's result.
 """
 
 from __future__ import annotations
@@ -15,14 +19,18 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 __all__ = ["PushLedger"]
+
+_T = TypeVar("_T")
 
 
 class _Entry:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.failed = False
+        self.result: Any = None
 
 
 class PushLedger:
@@ -51,9 +59,19 @@ class PushLedger:
         Raises:
             Whatever ``apply`` raises (the push is then forgotten, so a retry applies it).
         """
+        return self.call_once(client_id, seq, apply)[1]
+
+    def call_once(self, client_id: int, seq: int, call: Callable[[], _T]) -> tuple[_T, bool]:
+        """``call()`` once per ``(client_id, seq)``; a duplicate gets the first result.
+
+        Returns:
+            (the result, True when this arrival ran ``call``).
+
+        Raises:
+            Whatever ``call`` raises (the id is then forgotten, so a retry runs it).
+        """
         if client_id == 0:
-            apply()
-            return True
+            return call(), True
         while True:
             with self._lock:
                 seen = self._clients.setdefault(client_id, OrderedDict())
@@ -66,9 +84,9 @@ class PushLedger:
                 break
             other.done.wait()
             if not other.failed:
-                return False
+                return other.result, False
         try:
-            apply()
+            mine.result = call()
         except BaseException:
             mine.failed = True
             with self._lock:
@@ -76,4 +94,4 @@ class PushLedger:
             raise
         finally:
             mine.done.set()
-        return True
+        return mine.result, True

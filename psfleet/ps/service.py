@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -35,8 +35,14 @@ from psfleet.ps.lifecycle_service import (
     selected_tables,
     shrink_tables,
 )
-from psfleet.ps.persist import load_server, snapshot_tables, write_snapshot
-from psfleet.ps.persist_stats import snapshot_stats
+from psfleet.ps.persist import load_server
+from psfleet.ps.persist_delta import (
+    apply_delta,
+    check_save_mode,
+    saved_mode,
+    snapshot_mode,
+    write_mode_snapshot,
+)
 from psfleet.ps.push_ledger import PushLedger
 from psfleet.ps.push_modes import PushModes
 from psfleet.ps.request_checks import (
@@ -52,6 +58,7 @@ from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.types import (
     PushMeta,
     PushMode,
+    SaveMode,
     ServerLimits,
     SparseTableConfig,
     table_config_from_json,
@@ -66,6 +73,7 @@ logger = logging.getLogger(__name__)
 
 Table = SparseTable | DenseTable
 _T = TypeVar("_T", SparseTable, DenseTable)
+_R = TypeVar("_R")
 
 
 class TableService:
@@ -117,6 +125,7 @@ class TableService:
         self.wait_budget = wait_budget or WaitBudget()
         self._barrier = Barrier(self.wait_budget)
         self._ledger = PushLedger()
+        self._admin_ledger = PushLedger(window=256)  # Save, Shrink, AgeOneDay ids
         self.counters = RequestCounters()
         self.started_s = time.monotonic()
         self._barrier_timeout_s = barrier_timeout_s
@@ -345,20 +354,32 @@ class TableService:
     def _dense_index(entries: Iterable[msg.DenseIndex]) -> dict[int, np.ndarray]:
         return {e.table_id: codec.int64s_from_bytes(e.index) for e in entries}
 
+    def _once(self, request_id: msg.PushId, call: Callable[[], _R]) -> _R:
+        """``call()`` once per admin request id (a retry gets the first result)."""
+        return self._admin_ledger.call_once(request_id.client_id, request_id.seq, call)[0]
+
     def Save(self, request: msg.SaveRequest) -> msg.SaveResponse:  # noqa: N802
-        """Copy every table at one moment (pushes held back), then write the copy."""
+        """Copy every table at one moment (pushes held back), then write the copy.
+        ``mode`` (``psfleet.ps.persist_delta``): full (empty), base or delta; once
+        per ``request_id``. Raises ConfigError (INVALID_ARGUMENT) for an unknown mode
+        or a delta of a table without the ctr accessor."""
+        mode = check_save_mode(request.mode or "full", f"save to {request.dirname!r}")
+        return self._once(request.request_id, lambda: self._save(request, mode))
+
+    def _save(self, request: msg.SaveRequest, mode: SaveMode) -> msg.SaveResponse:
         with self._tables_lock:
             tables = dict(self.tables)
         with self._gate.closed():
-            snapshot = snapshot_tables(tables)
-            stats = snapshot_stats(tables)
+            snapshot = snapshot_mode(tables, mode)
         try:
-            digests = write_snapshot(snapshot, request.dirname, request.server_index,
-                                     self._dense_index(request.dense), stats)
+            digests = write_mode_snapshot(snapshot, request.dirname, request.server_index,
+                                          self._dense_index(request.dense))
         except OSError as exc:
-            raise RemoteError(f"save to {request.dirname!r} failed: {exc}") from None
-        logger.info("saved %d tables to %s/server-%d", len(tables), request.dirname,
-                    request.server_index)
+            lost = (" (this delta's rows and tombstones are lost for the next delta: "
+                    "take a base save)" if mode == "delta" else "")
+            raise RemoteError(f"save to {request.dirname!r} failed: {exc}{lost}") from None
+        logger.info("saved %d tables (%s) to %s/server-%d", len(tables), mode,
+                    request.dirname, request.server_index)
         return msg.SaveResponse(files=[msg.FileDigest(path=d.path, size=d.size,
                                                       sha256=d.sha256) for d in digests])
 
@@ -366,13 +387,23 @@ class TableService:
         """Replace every table by its saved state, all or nothing: the save is read into
         new tables of the same configs, which are swapped in together (no push in
         between) only when every table loaded; a damaged file or a MemoryError leaves
-        the live tables as they were."""
+        the live tables as they were. A ``delta`` save is applied on top of the live
+        tables instead (``psfleet.ps.persist_delta.apply_delta``: its files are read
+        first, then applied with pushes held back)."""
         with self._tables_lock:
             live = dict(self.tables)
+        dense = self._dense_index(request.dense)
         try:
+            if saved_mode(request.dirname) == "delta":
+                with self._gate.closed():
+                    loaded = apply_delta(live, request.dirname, request.server_index,
+                                         request.server_num, dense)
+                logger.info("applied delta %s: %s rows/elements per table", request.dirname,
+                            loaded)
+                return msg.Empty()
             staged, loaded = read_save({tid: t.config for tid, t in live.items()},
                                        request.dirname, request.server_index,
-                                       request.server_num, self._dense_index(request.dense))
+                                       request.server_num, dense)
         except MemoryError as exc:
             raise ResourceExhaustedError(
                 f"Load of {request.dirname}: the server ran out of memory ({exc}) reading "
@@ -422,23 +453,31 @@ class TableService:
     def Shrink(self, request: msg.ShrinkRequest) -> msg.ShrinkResponse:  # noqa: N802
         """Shrink the named sparse tables (``psfleet.ps.lifecycle_service``): decay
         show/click, delete rows by score or unseen days. Raises RemoteError when
-        ``table_id`` is not a sparse table here."""
+        ``table_id`` is not a sparse table here. Once per ``request_id`` (a retry
+        returns the first call's count)."""
         with self._tables_lock:
             tables = selected_tables(self.tables, request.all_tables, request.table_id,
                                      "Shrink")
-        with self._gate.write():
-            deleted = shrink_tables(tables)
+        def shrink() -> int:
+            with self._gate.write():
+                return shrink_tables(tables)
+
+        deleted = self._once(request.request_id, shrink)
         logger.info("shrink of %d tables deleted %d rows", len(tables), deleted)
         return msg.ShrinkResponse(deleted=deleted)
 
     def AgeOneDay(self, request: msg.AgeOneDayRequest) -> msg.Empty:  # noqa: N802
         """unseen_days += 1 for every row of the named sparse tables. Raises
-        RemoteError when ``table_id`` is not a sparse table here."""
+        RemoteError when ``table_id`` is not a sparse table here. Once per
+        ``request_id``."""
         with self._tables_lock:
             tables = selected_tables(self.tables, request.all_tables, request.table_id,
                                      "AgeOneDay")
-        with self._gate.write():
-            age_tables(tables)
+        def age() -> None:
+            with self._gate.write():
+                age_tables(tables)
+
+        self._once(request.request_id, age)
         return msg.Empty()
 
     def close(self) -> None:

@@ -127,14 +127,17 @@ class SparseTable:
         return out
 
     def _rows(self, shard: Shard, keys: np.ndarray, hashes: np.ndarray,
-              create: bool, clock: int = 0, use_admission: bool = True) -> np.ndarray:
+              create: bool, clock: int = 0, use_admission: bool = True,
+              scores: np.ndarray | None = None) -> np.ndarray:
         """Row numbers of ``keys`` in ``shard`` (caller holds its lock); missing keys
-        get new rows when ``create`` (and admitted), else -1."""
+        get new rows when ``create`` (and admitted; ``scores`` float32[N]: a push's
+        admission scores), else -1."""
         rows = shard.index.lookup(keys, hashes)
         missing = rows < 0
         if create and missing.any():
             rows[missing] = self._insert(shard, keys[missing], hashes[missing],
-                                         rows[~missing], clock, use_admission)
+                                         rows[~missing], clock, use_admission,
+                                         None if scores is None else scores[missing])
         return rows
 
     def _counts(self, keys: np.ndarray, shows: np.ndarray | None,
@@ -159,10 +162,13 @@ class SparseTable:
 
     def _update(self, keys: np.ndarray, values: np.ndarray,
                 op: Callable[[np.ndarray, np.ndarray, np.ndarray], None],
-                counts: np.ndarray | None = None, use_admission: bool = True) -> None:
+                counts: np.ndarray | None = None, use_admission: bool = True,
+                scores: np.ndarray | None = None) -> None:
         """``op(w, state, v)`` in place on the rows of distinct ``keys``, creating them
         (with a lifecycle: those admitted; the others' ``values`` are dropped).
-        ``counts`` (float32[N, 2]): shows and clicks for the CTR statistics."""
+        ``counts`` (float32[N, 2]): shows and clicks for the CTR statistics;
+        ``scores`` (float32[N]): a push's admission scores (show_click_score). A load
+        (``use_admission`` False) marks its rows as in the base/delta chain."""
         life = self._life
         if life is None:
             for shard, pos, hashes in self._split(keys):
@@ -175,7 +181,8 @@ class SparseTable:
         clock = life.tick()
         for shard, pos, hashes in self._split(keys):
             with shard.lock:
-                rows = self._rows(shard, keys[pos], hashes, True, clock, use_admission)
+                rows = self._rows(shard, keys[pos], hashes, True, clock, use_admission,
+                                  None if scores is None else scores[pos])
                 kept = rows >= 0
                 if not kept.all():
                     pos, rows = pos[kept], rows[kept]
@@ -185,6 +192,8 @@ class SparseTable:
                 life.touch(shard, rows, clock)
                 if counts is not None:
                     life.push_stats(shard, rows, counts[pos, 0], counts[pos, 1])
+                if not use_admission and shard.saved is not None:
+                    shard.saved[rows] = True
 
     def push(self, keys: np.ndarray, grads: np.ndarray, shows: np.ndarray | None = None,
              clicks: np.ndarray | None = None) -> None:
@@ -211,9 +220,22 @@ class SparseTable:
             self._update(*_sum_duplicates(keys, grads), self.rule.update)
             return
         counts = self._counts(keys, shows, clicks, "push")
-        merged_keys, merged = _sum_duplicates(keys, np.hstack([grads, counts]))
+        life = self._life
+        assert life.accessor is not None  # checked above
+        if life.config.admission != "show_click_score":
+            merged_keys, merged = _sum_duplicates(keys, np.hstack([grads, counts]))
+            self._update(merged_keys, np.ascontiguousarray(merged[:, : self.dim]),
+                         self.rule.update, counts=merged[:, self.dim: self.dim + 2])
+            return
+        # Admission score per occurrence: the counts' score, or show 1 without counts.
+        ones = np.ones(keys.size, np.float32)
+        score = (life.accessor.score(counts[:, 0], counts[:, 1]) if shows is not None
+                 else life.accessor.score(ones, ones * 0))
+        merged_keys, merged = _sum_duplicates(keys, np.hstack([grads, counts,
+                                                               score[:, None]]))
         self._update(merged_keys, np.ascontiguousarray(merged[:, : self.dim]),
-                     self.rule.update, counts=merged[:, self.dim:])
+                     self.rule.update, counts=merged[:, self.dim: self.dim + 2],
+                     scores=np.ascontiguousarray(merged[:, self.dim + 2]))
 
     def add(self, keys: np.ndarray, deltas: np.ndarray) -> None:
         """Add ``deltas`` (float32[N, dim]) to the values of ``keys``; no rule.
@@ -279,7 +301,8 @@ class SparseTable:
         return init_rows(keys, self.dim, c.initializer, c.initial_range, c.seed)
 
     def _insert(self, shard: Shard, keys: np.ndarray, hashes: np.ndarray,
-                protected: np.ndarray, clock: int, use_admission: bool) -> np.ndarray:
+                protected: np.ndarray, clock: int, use_admission: bool,
+                scores: np.ndarray | None = None) -> np.ndarray:
         """Create rows for absent keys (possibly repeated); return each key's row (-1:
         not admitted). ``protected`` (int64[P]): the request's rows already present.
 
@@ -293,7 +316,8 @@ class SparseTable:
         if life is None:
             new, new_hashes = uniq, hashes[first]
         else:
-            ok = life.admit_new(shard, uniq, hashes[first], protected, use_admission)
+            ok = life.admit_new(shard, uniq, hashes[first], protected, use_admission,
+                                None if scores is None else scores[first])
             new, new_hashes = uniq[ok], hashes[first][ok]
         initial = self._initial(new)  # [U, dim]
         state = self.rule.init_state(new.size, self.dim)  # [U, state_width]
@@ -322,6 +346,16 @@ class SparseTable:
         return all_keys[order], all_data[order]
 
     # -- lifecycle -----------------------------------------------------------------
+
+    @property
+    def shards(self) -> list[Shard]:
+        """The internal shards (for ``psfleet.ps.persist_delta``; hold each one's lock)."""
+        return self._shards
+
+    @property
+    def lifecycle(self) -> Lifecycle | None:
+        """The row lifecycle (None: the table has none)."""
+        return self._life
 
     def shrink(self) -> int:
         """Decay every row's show and click, then delete the rows whose score is below

@@ -9,7 +9,11 @@ indexed by the same row numbers, the arrays it needs, each allocated only when u
 - ``stats`` float32[capacity, 4]: show, click, unseen_days, delta_score (the CTR
   accessor; ``psfleet.ps.accessor``);
 - ``last_access`` int64[capacity]: the table clock of the row's last pull or push
-  (LRU eviction).
+  (LRU eviction);
+- ``saved`` bool[capacity] (``ctr`` tables): the row's key is in the base/delta chain
+  (written by the last base save or a delta since, or loaded from a save). Removing
+  such a row (shrink, eviction) appends its key to the shard's tombstones
+  (``psfleet.ps.persist_delta``), so their number never exceeds the rows saved.
 
 They are parallel arrays rather than extra columns of ``data`` so that a pull or push
 of the table without a lifecycle moves exactly the bytes it did before, and a shrink
@@ -38,14 +42,17 @@ class Shard:
 
     Args:
         width: floats per row of ``data`` (dim + state_width).
-        row_keys, stats, last_access: allocate those arrays (see the module docstring).
+        row_keys, stats, last_access: allocate those arrays (see the module docstring);
+            ``stats`` also allocates ``saved`` and the tombstones.
         cap: most rows this shard may hold (None: no cap).
-        pending_slots: slots of the count filter's pending table (0: none).
+        pending_slots: slots of the admission's pending table (0: none).
+        pending_scores: the pending table keeps a float32 score per slot
+            (show_click_score admission) besides the int64 count.
     """
 
     def __init__(self, width: int, *, row_keys: bool = False, stats: bool = False,
                  last_access: bool = False, cap: int | None = None,
-                 pending_slots: int = 0) -> None:
+                 pending_slots: int = 0, pending_scores: bool = False) -> None:
         self.lock = threading.Lock()
         self.index = HashIndex()
         self.data = np.zeros((0, width), dtype=np.float32)
@@ -57,14 +64,21 @@ class Shard:
         # The count filter's pending ids (psfleet.ps.admission), fixed size.
         self.pending_keys = np.full(pending_slots, RESERVED_KEY, dtype=np.uint64)
         self.pending_counts = np.zeros(pending_slots, dtype=np.int64)
+        self.pending_scores = np.zeros(pending_slots if pending_scores else 0, np.float32)
+        self.saved = np.zeros(0, dtype=bool) if stats else None
+        # Keys removed since the last base/delta save while in the chain: the first
+        # ``tomb_count`` entries of a buffer grown by doubling (uint64).
+        self.tombs = np.zeros(0, dtype=np.uint64)
+        self.tomb_count = 0
 
     @property
     def memory_bytes(self) -> int:
         """Bytes held by the row arrays, the pending table and the hash index."""
-        extra = [a.nbytes for a in (self.row_keys, self.stats, self.last_access)
-                 if a is not None]
+        extra = [a.nbytes for a in (self.row_keys, self.stats, self.last_access,
+                                    self.saved) if a is not None]
         return int(self.data.nbytes + sum(extra) + self.pending_keys.nbytes
-                   + self.pending_counts.nbytes + self.index.memory_bytes)
+                   + self.pending_counts.nbytes + self.pending_scores.nbytes
+                   + self.tombs.nbytes + self.index.memory_bytes)
 
     def reserve(self, rows: int) -> None:
         """Grow the row arrays to at least ``rows`` rows (by 1.5x, at most ``cap``)."""
@@ -83,6 +97,8 @@ class Shard:
             extra["stats"] = np.zeros((capacity, 4), dtype=np.float32)
         if self.last_access is not None:
             extra["last_access"] = np.zeros(capacity, dtype=np.int64)
+        if self.saved is not None:
+            extra["saved"] = np.zeros(capacity, dtype=bool)
         for name, array in extra.items():  # everything allocated before anything changes
             array[:used] = getattr(self, name)[:used]
         self.data = grown
@@ -95,7 +111,30 @@ class Shard:
         return np.flatnonzero(self.row_keys[: self.index.row_limit] != np.uint64(RESERVED_KEY))
 
     def free_rows(self, rows: np.ndarray) -> None:
-        """Remove the keys of ``rows`` (int64[n], distinct, in use) from the shard."""
+        """Remove the keys of ``rows`` (int64[n], distinct, in use) from the shard; the
+        keys of rows marked ``saved`` become tombstones."""
         assert self.row_keys is not None
-        self.index.remove(self.row_keys[rows])
+        keys = self.row_keys[rows]
+        if self.saved is not None:
+            self.add_tombstones(keys[self.saved[rows]])
+            self.saved[rows] = False
+        self.index.remove(keys)
         self.row_keys[rows] = np.uint64(RESERVED_KEY)
+
+    def add_tombstones(self, keys: np.ndarray) -> None:
+        """Append ``keys`` (uint64[n]) to the tombstones (the buffer doubles when full)."""
+        end = self.tomb_count + keys.size
+        if end > self.tombs.size:
+            grown = np.zeros(max(end, 2 * self.tombs.size, 256), dtype=np.uint64)
+            grown[: self.tomb_count] = self.tombs[: self.tomb_count]
+            self.tombs = grown
+        self.tombs[self.tomb_count:end] = keys
+        self.tomb_count = end
+
+    def take_tombstones(self, clear: bool) -> np.ndarray:
+        """uint64[t]: the distinct tombstones, ascending; emptied when ``clear``."""
+        out = np.unique(self.tombs[: self.tomb_count])
+        if clear:
+            self.tombs = np.zeros(0, dtype=np.uint64)
+            self.tomb_count = 0
+        return out

@@ -21,6 +21,8 @@ __all__ = [
     "AccessorName",
     "AdmissionPolicy",
     "EvictionPolicy",
+    "SaveMode",
+    "SAVE_MODES",
     "SparseTableConfig",
     "DenseTableConfig",
     "TableConfig",
@@ -59,9 +61,17 @@ INITIALIZERS: tuple[str, ...] = get_args(Initializer)
 #: Per-row statistics a sparse table keeps (``psfleet.ps.accessor``).
 AccessorName = Literal["none", "ctr"]
 #: Which new ids get a row (``psfleet.ps.admission``).
-AdmissionPolicy = Literal["none", "probability", "count_filter"]
+AdmissionPolicy = Literal["none", "probability", "count_filter", "show_click_score"]
 #: Which rows go when a table reaches ``max_rows`` (``psfleet.ps.eviction``).
 EvictionPolicy = Literal["lowest_score", "lru"]
+
+#: What a save writes (Paddle's CtrCommonAccessor save params 0, 2, 1):
+#: ``full`` every row with rule state and statistics (checkpoints); ``base`` the rows
+#: passing ``base_threshold``; ``delta`` the rows whose delta_score passed
+#: ``delta_threshold`` since the last base/delta save, plus tombstones
+#: (``psfleet.ps.persist_delta``).
+SaveMode = Literal["full", "base", "delta"]
+SAVE_MODES: tuple[str, ...] = get_args(SaveMode)
 
 #: How dense blocks are placed on servers (:class:`SlicingConfig`).
 SplitMethod = Literal["RoundRobin", "HashName"]
@@ -196,12 +206,16 @@ class AccessorConfig(_Frozen):
         admission: ``none`` (every new id), ``probability`` (an id is admitted when a
             hash of (id, admission_seed) falls below ``admit_probability``; Paddle's
             ProbabilityEntry) or ``count_filter`` (after ``admit_count`` sightings;
-            Paddle's CountFilterEntry).
+            Paddle's CountFilterEntry) or ``show_click_score`` (once the score of the
+            shows and clicks pushed for it reaches ``admit_score``; needs
+            ``name="ctr"``).
         admit_probability: in [0, 1].
         admit_count: sightings before admission, >= 1.
         admission_seed: seed of the probability hash, >= 0.
-        pending_slots: count_filter's table of pending ids, per server (split over
-            the shards); an id whose slot another id takes starts counting again.
+        admit_score: show_click_score's threshold, finite and >= 0 (0: every id).
+        pending_slots: the table of pending ids of count_filter and show_click_score,
+            per server (split over the shards); an id whose slot another id takes
+            starts counting again.
         max_rows: rows per table per server (split over the shards: shard i holds
             ``max_rows // num_shards`` rows, one more for the first
             ``max_rows % num_shards``); None: no cap.
@@ -213,6 +227,12 @@ class AccessorConfig(_Frozen):
             between 95% and 100% of ``max_rows``; at 0.01 the scans cost a capped
             stream of new ids about 40% of its pull rate
             (``benchmarks/table_lifecycle.py``).
+        base_threshold: a ``base`` or ``delta`` save writes only rows scoring at least
+            this (Paddle's default 1.5); >= 0, finite.
+        delta_threshold: a ``delta`` save writes only rows whose delta_score reached
+            this since the last base/delta save (Paddle's default 0.25); >= 0, finite.
+        delta_keep_days: ``base`` and ``delta`` saves skip rows unseen for more days
+            (Paddle's default 16); >= 0, finite.
     """
 
     name: AccessorName = "none"
@@ -229,9 +249,16 @@ class AccessorConfig(_Frozen):
     max_rows: int | None = Field(None, ge=1)
     eviction: EvictionPolicy = "lru"
     evict_batch_fraction: float = Field(0.05, ge=0, le=0.5)
+    admit_score: float = Field(1.0, ge=0, allow_inf_nan=False)
+    base_threshold: float = Field(1.5, ge=0, allow_inf_nan=False)
+    delta_threshold: float = Field(0.25, ge=0, allow_inf_nan=False)
+    delta_keep_days: float = Field(16.0, ge=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _check_policies(self) -> AccessorConfig:
+        if self.admission == "show_click_score" and self.name != "ctr":
+            raise ValueError("accessor.admission: 'show_click_score' needs accessor.name "
+                             "'ctr' (the score is the ctr accessor's); set name: ctr")
         if self.eviction == "lowest_score" and self.max_rows is not None \
                 and self.name != "ctr":
             raise ValueError("accessor.eviction: 'lowest_score' needs accessor.name "

@@ -165,14 +165,18 @@ class StopRequest(_message.Message):
     def __init__(self, worker_index: _Optional[int] = ...) -> None: ...
 
 class SaveRequest(_message.Message):
-    __slots__ = ("dirname", "server_index", "dense")
+    __slots__ = ("dirname", "server_index", "dense", "mode", "request_id")
     DIRNAME_FIELD_NUMBER: _ClassVar[int]
     SERVER_INDEX_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     dirname: str
     server_index: int
     dense: _containers.RepeatedCompositeFieldContainer[DenseIndex]
-    def __init__(self, dirname: _Optional[str] = ..., server_index: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[DenseIndex, _Mapping]]] = ...) -> None: ...
+    mode: str
+    request_id: PushId
+    def __init__(self, dirname: _Optional[str] = ..., server_index: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[DenseIndex, _Mapping]]] = ..., mode: _Optional[str] = ..., request_id: _Optional[_Union[PushId, _Mapping]] = ...) -> None: ...
 
 class DenseIndex(_message.Message):
     __slots__ = ("table_id", "index")
@@ -253,12 +257,14 @@ class StatsResponse(_message.Message):
     def __init__(self, tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., uptime_s: _Optional[float] = ...) -> None: ...
 
 class ShrinkRequest(_message.Message):
-    __slots__ = ("all_tables", "table_id")
+    __slots__ = ("all_tables", "table_id", "request_id")
     ALL_TABLES_FIELD_NUMBER: _ClassVar[int]
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     all_tables: bool
     table_id: int
-    def __init__(self, all_tables: _Optional[bool] = ..., table_id: _Optional[int] = ...) -> None: ...
+    request_id: PushId
+    def __init__(self, all_tables: _Optional[bool] = ..., table_id: _Optional[int] = ..., request_id: _Optional[_Union[PushId, _Mapping]] = ...) -> None: ...
 
 class ShrinkResponse(_message.Message):
     __slots__ = ("deleted",)
@@ -267,9 +273,11 @@ class ShrinkResponse(_message.Message):
     def __init__(self, deleted: _Optional[int] = ...) -> None: ...
 
 class AgeOneDayRequest(_message.Message):
-    __slots__ = ("all_tables", "table_id")
+    __slots__ = ("all_tables", "table_id", "request_id")
     ALL_TABLES_FIELD_NUMBER: _ClassVar[int]
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     all_tables: bool
     table_id: int
-    def __init__(self, all_tables: _Optional[bool] = ..., table_id: _Optional[int] = ...) -> None: ...
+    request_id: PushId
+    def __init__(self, all_tables: _Optional[bool] = ..., table_id: _Optional[int] = ..., request_id: _Optional[_Union[PushId, _Mapping]] = ...) -> None: ...
