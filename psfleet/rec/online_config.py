@@ -51,8 +51,8 @@ class AfterPassConfig(BaseModel):
             ``fleet.save_persistables(dirname, mode=...)``.
         validate: evaluate ``runner.valid_data_dir`` on the tables as they are after
             the pass (and its shrink); the figures go into the pass's entry of
-            metrics.json. Default True (nothing happens without valid_data_dir; set
-            True explicitly and valid_data_dir is required).
+            metrics.json. Unset: when ``runner.valid_data_dir`` is given; true needs
+            it; false: no validation between passes (one at the end).
     """
 
     # ``validate`` would shadow BaseModel.validate: the field is validate_, spelt validate.
@@ -61,12 +61,13 @@ class AfterPassConfig(BaseModel):
     shrink: bool = False
     set_date: bool = False
     save: SaveAfterPass = "none"
-    validate_: bool = Field(True, alias="validate")
+    validate_: bool | None = Field(None, alias="validate")
 
     @property
-    def validate_explicit(self) -> bool:
-        """Whether ``validate`` was set in the config (not the default)."""
-        return "validate_" in self.model_fields_set
+    def validates(self) -> bool:
+        """Whether the pass ends with a validation (when there is validation data):
+        ``validate`` unset or true."""
+        return self.validate_ is not False
 
 
 def table_accessors(default: AccessorConfig | None,
@@ -117,6 +118,6 @@ def check_online_keys(*, passes: Sequence[Path] | None, after: AfterPassConfig |
                               "there is nothing to age or delete; set "
                               "hyper_parameters.sparse_accessor: {name: ctr} (or a table's "
                               f"accessor), or {key}: false")
-    if after.validate_ and after.validate_explicit and not valid_data:
+    if after.validate_ is True and not valid_data:
         raise ConfigError("runner.after_pass.validate: true needs runner.valid_data_dir "
                           "(the data evaluated after each pass)")

@@ -422,7 +422,7 @@ def _end_pass(config: TrainConfig, plan: PassPlan, k: int, epoch: int, model: nn
     path = plan.paths[k] if plan.paths is not None else runner.train_data_dir
     entry = end_pass(config, k, epoch + 1, Path(str(path)), book)
     after = runner.after_pass or AfterPassConfig()
-    if runner.valid_data_dir is not None and after.validate_:
+    if runner.valid_data_dir is not None and after.validates:
         valid, _ = _validate(model, optimizer, readers.get("valid"), None, epoch + 1)
         recorded = _record_valid(progress, recorder, valid, epoch + 1, plan.total_epochs)
         if entry is not None and recorded is not None:
