@@ -20,7 +20,7 @@ import torch
 
 from psfleet.errors import ConfigError
 from psfleet.export import export_from_saves, load_inference_model
-from psfleet.fleet import Fleet, Role, UserDefinedRoleMaker
+from psfleet.fleet import DistributedOptimizer, Fleet, Role, UserDefinedRoleMaker
 from psfleet.nn import SparseEmbedding
 
 pytestmark = pytest.mark.unit
@@ -46,7 +46,7 @@ class Model(torch.nn.Module):
         return self.dense(torch.cat([h, dense], dim=1)).squeeze(1)  # [B]
 
 
-def _train(f: Fleet, model: Model, optimizer: torch.optim.Optimizer,
+def _train(f: Fleet, model: Model, optimizer: DistributedOptimizer,
            rng: np.random.Generator, low: int, high: int) -> None:
     with f.join():
         for _ in range(4):
