@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,11 +43,9 @@ from psfleet.rec.config import TrainConfig
 from psfleet.rec.curves import TENSORBOARD_DIR, RunRecorder
 from psfleet.rec.early_stopping import EarlyStopping
 from psfleet.rec.features import build_runner_model, model_inputs, prefetchers
-from psfleet.rec.online_config import AfterPassConfig
 from psfleet.rec.passes import (
     PassBook,
     PassPlan,
-    end_pass,
     restored_passes,
     sparse_table_names,
     table_totals,
@@ -64,6 +61,7 @@ from psfleet.rec.reporting import (
 )
 from psfleet.rec.resume import CheckpointTally, agreed_share, resume_cursor
 from psfleet.rec.run_folder import open_run_folder
+from psfleet.rec.validation import finish_pass, record_valid, valid_reader, validate_between
 
 __all__ = ["train", "evaluate", "OPTIMIZERS"]
 
@@ -171,53 +169,6 @@ def _recorder(config: TrainConfig, first: bool) -> RunRecorder:
     return RunRecorder(folder, None if fleet.is_collective() else fleet.server_stats)
 
 
-def _validate(model: nn.Module, optimizer: DistributedOptimizer, reader: Reader | None,
-              early: EarlyStopping | None, epoch: int) -> tuple[dict[str, float] | None, bool]:
-    """Validation during training; every worker calls it at the same point.
-
-    Each worker flushes its pushes and meets the others (every push of the job is
-    applied past the barrier); the worker holding ``reader`` (worker 0) installs the
-    tables' dense values, evaluates, and puts its own dense values back (its training
-    state goes on unchanged); a second barrier holds the others until it is done, so
-    no push changes the tables during the evaluation. Blocks. In GEO mode the flush is
-    one extra delta exchange; the others wait for the evaluation at most the barrier
-    timeout (the RPC deadline).
-
-    With ``early``, worker 0 decides whether training stops after ``epoch`` and
-    publishes the decision before the second barrier; the others read it after.
-
-    Returns:
-        :func:`evaluate`'s metrics on worker 0 (None elsewhere), and whether every
-        worker stops training now.
-    """
-    fleet.flush()
-    fleet.barrier_worker()
-    result, stop = None, False
-    if reader is not None:
-        own = optimizer.flat_values()
-        optimizer.refresh()
-        try:
-            result = evaluate(model, reader)
-        finally:
-            optimizer.install(own)
-        if early is not None:
-            stop = early.observe(epoch, result)
-            early.publish(epoch, stop)
-    fleet.barrier_worker()
-    if early is not None and reader is None:
-        stop = early.read(epoch)
-    return result, stop
-
-
-def _valid_reader(config: TrainConfig) -> Reader | None:
-    """Worker 0's reader of ``runner.valid_data_dir`` (read as the test data), or None."""
-    runner = config.runner
-    if runner.valid_data_dir is None:
-        return None
-    return build_test_reader(config.model_copy(update={"runner": runner.model_copy(
-        update={"test_data_dir": runner.valid_data_dir})}))
-
-
 def train(config: TrainConfig) -> dict[str, Any] | None:
     """Run this process's part of the job described by ``config``.
 
@@ -297,7 +248,7 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
     share: dict[str, object] = (
         {"examples_per_worker": reader.num_examples} if equal_steps else {})
     if first:
-        readers["test"], readers["valid"] = build_test_reader(config), _valid_reader(config)
+        readers["test"], readers["valid"] = build_test_reader(config), valid_reader(config)
         for name, built in readers.items():
             progress.malformed.observe(name, built)
     fleet.init_worker()
@@ -357,7 +308,7 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
                         stats["examples_per_s"], stats["wall_s"])
         progress.epoch, progress.batch = epoch + 1, 0  # the next one, if any
         if plan.ends_pass(epoch):
-            if _end_pass(config, plan, k, epoch, model, optimizer, readers, book,
+            if finish_pass(config, plan, k, epoch, model, optimizer, readers, book,
                          progress, recorder):
                 share["passes"] = finite(book.entries) if book is not None else []
             if checkpoint is not None and epoch + 1 < total:
@@ -368,8 +319,8 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
             tally.save(Cursor(epoch=epoch + 1, batch=0, step=optimizer.steps), share)
         if (runner.valid_data_dir is not None and not plan.online and epoch + 1 < total
                 and (epoch + 1) % runner.valid_interval == 0):  # the last one: below
-            valid, stop = _validate(model, optimizer, readers.get("valid"), early, epoch + 1)
-            _record_valid(progress, recorder, valid, epoch + 1, total)
+            valid, stop = validate_between(model, optimizer, readers.get("valid"), early, epoch + 1)
+            record_valid(progress, recorder, valid, epoch + 1, total)
             if stop:
                 progress.early_stopped = early.stopped if early is not None else None
                 break
@@ -392,40 +343,3 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
     if first:
         tally.summarize()
     return metrics
-
-
-def _record_valid(progress: Progress, recorder: RunRecorder | None,
-                  valid: dict[str, float] | None, epoch: int, total: int
-                  ) -> dict[str, Any] | None:
-    """Worker 0: add a validation's figures (taken after run epoch ``epoch``) to
-    ``progress.valid``, the log and TensorBoard; returns the entry (None elsewhere)."""
-    if valid is None or progress.valid is None:
-        return None
-    progress.valid.append({"epoch": epoch, **valid})
-    logger.info("epoch %d/%d: valid auc %.4f, logloss %.5f, copc %.4f on %d examples",
-                epoch, total, valid["auc"], valid["logloss"], valid["copc"],
-                valid["examples"])
-    if recorder is not None:
-        recorder.evaluation("valid", progress.valid[-1], epoch)
-    return progress.valid[-1]
-
-
-def _end_pass(config: TrainConfig, plan: PassPlan, k: int, epoch: int, model: nn.Module,
-              optimizer: DistributedOptimizer, readers: dict[str, Reader | None],
-              book: PassBook | None, progress: Progress,
-              recorder: RunRecorder | None) -> bool:
-    """Every worker at the end of pass ``k`` (run epoch ``epoch`` its last):
-    :func:`end_pass`, then the pass's validation (``runner.after_pass.validate`` with
-    ``runner.valid_data_dir``), whose figures worker 0 puts into the pass's entry.
-    Returns whether worker 0 recorded an entry."""
-    runner = config.runner
-    path = plan.paths[k] if plan.paths is not None else runner.train_data_dir
-    entry = end_pass(config, k, epoch + 1, Path(str(path)), book)
-    after = runner.after_pass or AfterPassConfig()
-    if runner.valid_data_dir is not None and after.validates:
-        valid, _ = _validate(model, optimizer, readers.get("valid"), None, epoch + 1)
-        recorded = _record_valid(progress, recorder, valid, epoch + 1, plan.total_epochs)
-        if entry is not None and recorded is not None:
-            entry["valid"] = {**recorded, "pass": k + 1}
-            recorded["pass"] = k + 1
-    return entry is not None
