@@ -21,7 +21,8 @@ Shrink (issue 17), on real table servers on 127.0.0.1 and in process.
 - A retried Shrink (same request id) decays show once; a new id decays again.
 - Bad values are ConfigErrors naming the field: accessor.base_threshold -1,
   accessor.admit_score nan, show_click_score without name ctr, save mode "bogus",
-  a delta of a table without the ctr accessor.
+  a delta of a capped table without the ctr accessor (a table without any lifecycle
+  writes every row in a delta).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import numpy as np
 import pytest
 
 from psfleet.errors import ConfigError
+from psfleet.export.save import read_saved_rows
 from psfleet.nn.types import check_accessor
 from psfleet.ps import RemoteClient, RuleConfig, SparseTable, SparseTableConfig, start_server
 from psfleet.ps.client import TableClient
@@ -307,6 +309,14 @@ def test_bad_save_modes_are_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="mode 'bogus'"):
         service.Save(msg.SaveRequest(dirname=str(tmp_path / "y"), mode="bogus"))
     client.create_sparse_table(1, SparseTableConfig(name="plain", dim=DIM))
-    with pytest.raises(ConfigError, match=r"'plain'.*ctr accessor"):
+    client.pull_sparse(1, np.arange(1, 9, dtype=np.uint64))
+    client.save(str(tmp_path / "w"), mode="delta")  # no lifecycle: every row, exact
+    assert saved_mode(tmp_path / "w") == "delta"
+    saved_keys, _ = read_saved_rows(tmp_path / "w", 1, SparseTableConfig(name="plain",
+                                                                         dim=DIM))
+    np.testing.assert_array_equal(saved_keys, np.arange(1, 9, dtype=np.uint64))
+    client.create_sparse_table(2, SparseTableConfig(name="capped", dim=DIM,
+                                                    accessor={"max_rows": 4}))
+    with pytest.raises(ConfigError, match=r"'capped'.*no ctr accessor"):
         client.save(str(tmp_path / "z"), mode="delta")
     assert not (tmp_path / "z").exists()

@@ -21,9 +21,12 @@ click * click_coeff``:
   Tombstones never outnumber the rows of the chain (only rows in it make one).
 
 A base or delta save of a table without the ``ctr`` accessor: base writes every row
-(no score to filter by); delta raises ConfigError naming the table (it needs
-delta_score; give the table ``accessor.name: ctr`` or save ``full``/``base``).
-Dense tables are written whole in every mode (a delta replaces their values).
+(no score to filter by); so does a delta of a table without any lifecycle (its rows
+are never deleted, so upserting them all is exact). A delta of a table with a
+lifecycle but no ``ctr`` accessor (admission or a cap with ``name: none``: rows go
+without statistics to track them) raises ConfigError naming the table; give it
+``accessor.name: ctr`` or save ``full``/``base``. Dense tables are written whole in
+every mode (a delta replaces their values).
 
 Files (besides ``psfleet.ps.persist``'s ``.sparse``, ``.dense``, ``.stats`` and
 ``tables.json``, with the selected rows only)::
@@ -160,8 +163,9 @@ def snapshot_mode(tables: Mapping[int, Table], mode: SaveMode) -> ModeSnapshot:
     """Copy what a save of ``mode`` writes (the caller keeps pushes out meanwhile).
 
     Raises:
-        ConfigError: ``mode`` is unknown, or ``delta`` names a sparse table without
-            the ``ctr`` accessor (checked before any table changes).
+        ConfigError: ``mode`` is unknown, or ``delta`` names a sparse table with a
+            lifecycle but without the ``ctr`` accessor (checked before any table
+            changes).
     """
     check_save_mode(mode)
     if mode == "full":
@@ -173,12 +177,14 @@ def snapshot_mode(tables: Mapping[int, Table], mode: SaveMode) -> ModeSnapshot:
                     [s.take_tombstones(clear=False) for s in t.shards]))
         return ModeSnapshot(mode, snapshot_tables(tables), snapshot_stats(tables), tombs)
     if mode == "delta":
-        plain = [f"{tid} ({t.config.name!r})" for tid, t in sorted(tables.items())
-                 if isinstance(t, SparseTable) and not _is_ctr(t)]
-        if plain:
-            raise ConfigError(f"save mode 'delta': sparse tables {plain} have no ctr "
-                              "accessor (no delta_score to select rows by); give them "
-                              "accessor name 'ctr', or save with mode 'full' or 'base'")
+        untracked = [f"{tid} ({t.config.name!r})" for tid, t in sorted(tables.items())
+                     if isinstance(t, SparseTable) and not _is_ctr(t)
+                     and t.config.accessor.active]
+        if untracked:
+            raise ConfigError(f"save mode 'delta': sparse tables {untracked} delete or "
+                              "evict rows but have no ctr accessor (no delta_score nor "
+                              "tombstones); give them accessor name 'ctr', or save with "
+                              "mode 'full' or 'base'")
     out = ModeSnapshot(mode, {}, {}, {})
     for tid, table in tables.items():
         if _is_ctr(table):
