@@ -136,3 +136,14 @@ def test_pass_entries_count_growth_summed_over_servers() -> None:
                         None, None)
     assert third["tables"]["embedding"]["admitted"] == 2
     assert [e["pass"] for e in book.entries] == [1, 2, 3]
+
+
+def test_online_example_config_loads(repo_root: Path) -> None:
+    folder = repo_root / "examples" / "criteo_dnn"
+    config = load_config(folder / "config_online.yaml")
+    runner, hp = config.runner, config.hyper_parameters
+    assert runner.train_passes == [folder / "output_days" / f"day-{k}" for k in (1, 2, 3)]
+    assert runner.after_pass is not None and runner.after_pass.save == "delta"
+    assert runner.after_pass.shrink and runner.after_pass.set_date
+    assert hp.sparse_accessor is not None and hp.sparse_accessor.name == "ctr"
+    assert hp.accessors == [hp.sparse_accessor]
