@@ -22,7 +22,7 @@ Shrink (issue 17), on real table servers on 127.0.0.1 and in process.
 - Bad values are ConfigErrors naming the field: accessor.base_threshold -1,
   accessor.admit_score nan, show_click_score without name ctr, save mode "bogus",
   a delta of a capped table without the ctr accessor (a table without any lifecycle
-  writes every row in a delta).
+  writes every row in a delta), a server preloading a delta save.
 """
 
 from __future__ import annotations
@@ -315,6 +315,9 @@ def test_bad_save_modes_are_config_errors(tmp_path: Path) -> None:
     saved_keys, _ = read_saved_rows(tmp_path / "w", 1, SparseTableConfig(name="plain",
                                                                          dim=DIM))
     np.testing.assert_array_equal(saved_keys, np.arange(1, 9, dtype=np.uint64))
+    preloading = TableClient([InProcessTransport(TableService(preload_dir=tmp_path / "w"))])
+    with pytest.raises(ConfigError, match="a delta save; start from its base"):
+        preloading.create_sparse_table(1, SparseTableConfig(name="plain", dim=DIM))
     client.create_sparse_table(2, SparseTableConfig(name="capped", dim=DIM,
                                                     accessor={"max_rows": 4}))
     with pytest.raises(ConfigError, match=r"'capped'.*no ctr accessor"):

@@ -192,6 +192,10 @@ class TableService:
                 SparseTable(config) if isinstance(config, SparseTableConfig)
                 else DenseTable(config, init_values))
             if self.preload_dir is not None:
+                if saved_mode(self.preload_dir) == "delta":
+                    raise ConfigError(f"init_server({self.preload_dir!r}): a delta save; "
+                                      "start from its base save, then load_model() each "
+                                      "delta in order")
                 index = {request.table_id: dense_index}
                 loaded = load_server({request.table_id: table}, self.preload_dir,
                                      request.server_index, max(request.server_num, 1), index)
