@@ -26,10 +26,12 @@ from psfleet.data import InMemoryDataset, Reader
 from psfleet.errors import ConfigError, RpcError
 from psfleet.fleet import Fleet
 from psfleet.metrics import copc
+from psfleet.rec import passes as passes_module
 from psfleet.rec import readers as readers_module
 from psfleet.rec import reporting as reporting_module
 from psfleet.rec import resume as resume_module
 from psfleet.rec import trainer as trainer_module
+from psfleet.rec import validation as validation_module
 from psfleet.rec.config_load import load_config
 from psfleet.rec.curves import RunRecorder, server_scalars
 from psfleet.rec.reporting import MalformedTally, TrainingInterrupted, write_json_atomic
@@ -38,6 +40,10 @@ from psfleet.rpc import messages as msg
 pytestmark = pytest.mark.unit
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "criteo_dnn" / "config.yaml"
+#: The runner's modules that call the module-level ``fleet``: a test that trains in
+#: process gives each a fresh Fleet.
+RUNNER_MODULES_WITH_FLEET = (passes_module, readers_module, reporting_module, resume_module,
+                             trainer_module, validation_module)
 
 
 def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
@@ -207,10 +213,8 @@ def test_ctrl_c_in_epoch_2_writes_the_finished_epoch_and_the_newest_checkpoint(
         '{"an": "older run", "interrupted": {"epoch": 1, "step": 1, "batch": 1, '
         '"checkpoint": null}}\n')
     fresh = Fleet()
-    monkeypatch.setattr(trainer_module, "fleet", fresh)
-    monkeypatch.setattr(reporting_module, "fleet", fresh)
-    monkeypatch.setattr(readers_module, "fleet", fresh)
-    monkeypatch.setattr(resume_module, "fleet", fresh)
+    for module in RUNNER_MODULES_WITH_FLEET:
+        monkeypatch.setattr(module, "fleet", fresh)
     build = trainer_module.build_train_reader
     monkeypatch.setattr(trainer_module, "build_train_reader",
                         lambda *a, **k: _InterruptAfter(build(*a, **k), epoch=1, batches=4))

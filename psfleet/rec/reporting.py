@@ -224,18 +224,21 @@ class Progress:
     started: float = field(default_factory=time.perf_counter)
     early_stopped: dict[str, Any] | None = None  # rec.early_stopping.EarlyStopping.stopped
     passes: list[dict[str, Any]] | None = None  # rec.passes.PassBook.entries (online)
+    #: every worker's lines of the epochs trained in this process (each epoch's reader's
+    #: ``total_lines``: passes may differ in size); the job's examples/s counts these.
+    job_lines: int = 0
 
 
-def run_metrics(config: TrainConfig, progress: Progress, reader: Reader | None,
-                recorder: RunRecorder | None, epochs_run: int) -> dict[str, Any]:
+def run_metrics(config: TrainConfig, progress: Progress,
+                recorder: RunRecorder | None) -> dict[str, Any]:
     """metrics.json's content so far (module docstring); ``test``, ``curves`` and
-    ``interrupted`` are None. The job's examples/s counts ``epochs_run`` epochs of
-    every worker's lines (``reader.total_lines``) over the wall time since
+    ``interrupted`` are None. The job's examples/s counts every worker's lines of the
+    epochs this process trained (``progress.job_lines``) over the wall time since
     ``progress.started``."""
     runner = config.runner
     workers = fleet.worker_num()
     train_wall = time.perf_counter() - progress.started
-    all_examples = epochs_run * (reader.total_lines if reader is not None else 0)
+    all_examples = progress.job_lines
     return {
         "run_name": runner.run_name, "model": runner.model, "sync_mode": runner.sync_mode,
         "server_num": fleet.server_num(), "worker_num": workers,
@@ -264,7 +267,7 @@ def record_interrupt(config: TrainConfig, progress: Progress, reader: Reader | N
     epoch = min(progress.epoch + 1, runner.epochs * passes)
     checkpoint = newest_checkpoint(runner.checkpoint)
     progress.malformed.observe("train", reader)
-    metrics = run_metrics(config, progress, reader, recorder, len(progress.epochs))
+    metrics = run_metrics(config, progress, recorder)
     metrics["interrupted"] = {"epoch": epoch, "step": step, "batch": progress.batch,
                               "checkpoint": checkpoint}
     path: str | None = None
@@ -297,7 +300,7 @@ def finish_run(config: TrainConfig, model: nn.Module, progress: Progress, reader
     """
     runner = config.runner
     done = progress.epoch
-    metrics = run_metrics(config, progress, reader, recorder, done)
+    metrics = run_metrics(config, progress, recorder)
     valid_reader, test_reader = readers["valid"], readers["test"]
     if (valid_reader is not None and progress.valid is not None
             and not (progress.valid and progress.valid[-1]["epoch"] == done)):

@@ -298,6 +298,7 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
             if plan.online:
                 stats["pass"] = k + 1
             progress.epochs.append(stats)
+            progress.job_lines += reader.total_lines
             if first:
                 progress.malformed.observe("train", reader)
             if recorder is not None:
