@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e_throughput import CASES as E2E_CASES
+from report_lifecycle import lifecycle_section, lifecycle_targets
 
 Record = dict[str, Any]
 
@@ -84,7 +85,8 @@ def _spread(record: Record | None, *path: str) -> tuple[float | None, float | No
 
 
 def _targets(e2e: list[Record], table: list[Record], memory: list[Record],
-             steps: list[Record], reader: list[Record]) -> str:
+             steps: list[Record], reader: list[Record], lifecycle: list[Record],
+             capped: list[Record]) -> str:
     rows = []
     for case, target, note in (
         ("PS async 1x1", 0.9, ""),
@@ -115,6 +117,7 @@ def _targets(e2e: list[Record], table: list[Record], memory: list[Record],
                          _unit(fmt(rec.get(key), digits=2), "x"),
                          _met(value, 1.3, higher=False, low=lo, high=hi)])
     rows += _reader_targets(reader, e2e)
+    rows += lifecycle_targets(lifecycle, capped)
     return _table(["target", "target value", "measured: median (min-max)", "met?"], rows)
 
 
@@ -465,6 +468,9 @@ def write_report(out: Path, *, records: dict[str, list[Record]], machine: dict[s
     steps = records.get("step_profile", [])
     reader = [r for r in records.get("reader_throughput", [])
               if r.get("bench") == "reader_throughput"]
+    lifecycle = records.get("table_lifecycle", [])
+    capped = records.get("capped_auc", [])
+    capped_runs = [r for r in capped if r.get("kind") == "run"]
     m = machine
     n_cases = len([r for r in e2e if r.get("kind") == "summary"]) or len(E2E_CASES)
 
@@ -487,7 +493,7 @@ def write_report(out: Path, *, records: dict[str, list[Record]], machine: dict[s
         f"; at the end: {', '.join(f'{x:.2f}' for x in end_loadavg)}. The machine is shared "
         "with other sessions, so figures carry that noise; the spread shows how much.\n\n"
         + _PS_CONTEXT + "\n",
-        section("Targets", _targets(e2e, table, memory, steps, reader)),
+        section("Targets", _targets(e2e, table, memory, steps, reader, lifecycle, capped)),
         section("Machine", _table(["", ""], [
             ["CPU", m["cpu_model"]], ["cores (nproc)", str(m["nproc"])],
             ["RAM", f"{m['ram_gib']} GiB"], ["kernel", m["kernel"]],
@@ -510,7 +516,10 @@ def write_report(out: Path, *, records: dict[str, list[Record]], machine: dict[s
             "does (one epoch over fewer rows), so the AUCs here are below those of "
             "DESIGN.md's 1M-row runs."
             + (f" Section 5 (reader) reads its own file of {reader[0]['rows']:,} lines "
-               "(same generator and seed) and does not train." if reader else ""))),
+               "(same generator and seed) and does not train." if reader else "")
+            + (f" Section 8's AUC runs train on their own {capped_runs[0]['train_rows']:,} "
+               "rows (same generator and seed) and test on the same test file."
+               if capped_runs else ""))),
         section("Commands", "From the repository root, with the virtualenv's python "
                 "(psutil, from the `test` extra, is the only extra dependency):\n\n```bash\n"
                 + run_all_command + "\n# which runs, one after the other:\n"
@@ -526,6 +535,8 @@ def write_report(out: Path, *, records: dict[str, list[Record]], machine: dict[s
             records.get("pooled_embedding", []))),
         section("7. Multi-valued features: AUC parity of the four models",
                 _multihot_section(records.get("multihot_parity", []))),
+        section("8. Table lifecycle: a row cap on never-ending ids",
+                lifecycle_section(lifecycle, capped)),
         section("Top three costs and what would remove each",
                 _costs(e2e, table, memory, wire, steps)),
     ]
