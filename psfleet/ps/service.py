@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -28,20 +28,13 @@ from psfleet.errors import (
 from psfleet.ps.coordination import Barrier, PushGate
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.lifecycle_service import (
-    age_tables,
     check_show_clicks,
     decode_counts,
     lifecycle_stats,
-    selected_tables,
-    shrink_tables,
 )
 from psfleet.ps.persist import load_server
 from psfleet.ps.persist_delta import (
-    apply_delta,
-    check_save_mode,
     saved_mode,
-    snapshot_mode,
-    write_mode_snapshot,
 )
 from psfleet.ps.push_ledger import PushLedger
 from psfleet.ps.push_modes import PushModes
@@ -53,12 +46,11 @@ from psfleet.ps.request_checks import (
     count_non_finite,
 )
 from psfleet.ps.request_counters import RequestCounters, RequestCounts
-from psfleet.ps.restore import read_checkpoint, read_save
 from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table_admin import TableAdmin
 from psfleet.ps.types import (
     PushMeta,
     PushMode,
-    SaveMode,
     ServerLimits,
     SparseTableConfig,
     table_config_from_json,
@@ -73,7 +65,6 @@ logger = logging.getLogger(__name__)
 
 Table = SparseTable | DenseTable
 _T = TypeVar("_T", SparseTable, DenseTable)
-_R = TypeVar("_R")
 
 
 class TableService:
@@ -125,12 +116,12 @@ class TableService:
         self.wait_budget = wait_budget or WaitBudget()
         self._barrier = Barrier(self.wait_budget)
         self._ledger = PushLedger()
-        self._admin_ledger = PushLedger(window=256)  # Save, Shrink, AgeOneDay ids
         self.counters = RequestCounters()
         self.started_s = time.monotonic()
         self._barrier_timeout_s = barrier_timeout_s
         self._modes = PushModes(self._gate, barrier_timeout_s, self.wait_budget)
         self.stop_requested = threading.Event()
+        self._admin = TableAdmin(self.tables, self._tables_lock, self._gate)
 
     def _table(self, table_id: int, kind: type[_T]) -> _T:
         table = self.tables.get(table_id)
@@ -358,89 +349,18 @@ class TableService:
     def _dense_index(entries: Iterable[msg.DenseIndex]) -> dict[int, np.ndarray]:
         return {e.table_id: codec.int64s_from_bytes(e.index) for e in entries}
 
-    def _once(self, request_id: msg.PushId, call: Callable[[], _R]) -> _R:
-        """``call()`` once per admin request id (a retry gets the first result)."""
-        return self._admin_ledger.call_once(request_id.client_id, request_id.seq, call)[0]
-
     def Save(self, request: msg.SaveRequest) -> msg.SaveResponse:  # noqa: N802
-        """Copy every table at one moment (pushes held back), then write the copy.
-        ``mode`` (``psfleet.ps.persist_delta``): full (empty), base or delta; once
-        per ``request_id``. Raises ConfigError (INVALID_ARGUMENT) for an unknown mode
-        or a delta of a table without the ctr accessor."""
-        mode = check_save_mode(request.mode or "full", f"save to {request.dirname!r}")
-        return self._once(request.request_id, lambda: self._save(request, mode))
-
-    def _save(self, request: msg.SaveRequest, mode: SaveMode) -> msg.SaveResponse:
-        with self._tables_lock:
-            tables = dict(self.tables)
-        with self._gate.closed():
-            snapshot = snapshot_mode(tables, mode)
-        try:
-            digests = write_mode_snapshot(snapshot, request.dirname, request.server_index,
-                                          self._dense_index(request.dense))
-        except OSError as exc:
-            lost = (" (this delta's rows and tombstones are lost for the next delta: "
-                    "take a base save)" if mode == "delta" else "")
-            raise RemoteError(f"save to {request.dirname!r} failed: {exc}{lost}") from None
-        logger.info("saved %d tables (%s) to %s/server-%d", len(tables), mode,
-                    request.dirname, request.server_index)
-        return msg.SaveResponse(files=[msg.FileDigest(path=d.path, size=d.size,
-                                                      sha256=d.sha256) for d in digests])
+        """Write every table (``psfleet.ps.table_admin.TableAdmin.save``)."""
+        return self._admin.save(request)
 
     def Load(self, request: msg.LoadRequest) -> msg.Empty:  # noqa: N802
-        """Replace every table by its saved state, all or nothing: the save is read into
-        new tables of the same configs, which are swapped in together (no push in
-        between) only when every table loaded; a damaged file or a MemoryError leaves
-        the live tables as they were. A ``delta`` save is applied on top of the live
-        tables instead (``psfleet.ps.persist_delta.apply_delta``: its files are read
-        first, then applied with pushes held back)."""
-        with self._tables_lock:
-            live = dict(self.tables)
-        dense = self._dense_index(request.dense)
-        try:
-            if saved_mode(request.dirname) == "delta":
-                with self._gate.closed():
-                    loaded = apply_delta(live, request.dirname, request.server_index,
-                                         request.server_num, dense)
-                logger.info("applied delta %s: %s rows/elements per table", request.dirname,
-                            loaded)
-                return msg.Empty()
-            staged, loaded = read_save({tid: t.config for tid, t in live.items()},
-                                       request.dirname, request.server_index,
-                                       request.server_num, dense)
-        except MemoryError as exc:
-            raise ResourceExhaustedError(
-                f"Load of {request.dirname}: the server ran out of memory ({exc}) reading "
-                "the save; its tables are unchanged. Give the server more memory or add "
-                "servers") from None
-        with self._gate.closed(), self._tables_lock:
-            self.tables.update(staged)
-        logger.info("loaded from %s: %s rows/elements per table", request.dirname, loaded)
-        return msg.Empty()
+        """Replace the tables by a save, or apply a delta (``TableAdmin.load``)."""
+        return self._admin.load(request)
 
     def recover(self, checkpoint_dir: str, server_index: int) -> bool:
-        """Re-create this server's tables from the newest complete checkpoint (a server
-        restarted by the launcher: the workers created its tables before it died).
-
-        Returns:
-            False when there is no complete checkpoint (tables stay empty).
-
-        Raises:
-            DataError: the checkpoint has no tables of this server index.
-        """
-        found = read_checkpoint(checkpoint_dir, server_index)
-        if found is None:
-            logger.warning("restart: no complete checkpoint in %s; this server starts empty",
-                           checkpoint_dir)
-            return False
-        created, loaded, latest = found
-        with self._tables_lock:
-            self.tables.update(created)
-        logger.info("restart: server %d of %d recovered %d tables from checkpoint %s "
-                    "(step %d): %s rows/elements per table", server_index,
-                    latest.manifest.server_num, len(created), latest.storage.url,
-                    latest.manifest.step, loaded)
-        return True
+        """Re-create this server's tables from the newest complete checkpoint
+        (``TableAdmin.recover``); False when there is none."""
+        return self._admin.recover(checkpoint_dir, server_index)
 
     def Stats(self, request: msg.StatsRequest) -> msg.StatsResponse:  # noqa: N802
         with self._tables_lock:
@@ -455,34 +375,12 @@ class TableService:
             for tid, t in items])
 
     def Shrink(self, request: msg.ShrinkRequest) -> msg.ShrinkResponse:  # noqa: N802
-        """Shrink the named sparse tables (``psfleet.ps.lifecycle_service``): decay
-        show/click, delete rows by score or unseen days. Raises RemoteError when
-        ``table_id`` is not a sparse table here. Once per ``request_id`` (a retry
-        returns the first call's count)."""
-        with self._tables_lock:
-            tables = selected_tables(self.tables, request.all_tables, request.table_id,
-                                     "Shrink")
-        def shrink() -> int:
-            with self._gate.write():
-                return shrink_tables(tables)
-
-        deleted = self._once(request.request_id, shrink)
-        logger.info("shrink of %d tables deleted %d rows", len(tables), deleted)
-        return msg.ShrinkResponse(deleted=deleted)
+        """Decay show/click and delete rows (``TableAdmin.shrink``)."""
+        return self._admin.shrink(request)
 
     def AgeOneDay(self, request: msg.AgeOneDayRequest) -> msg.Empty:  # noqa: N802
-        """unseen_days += 1 for every row of the named sparse tables. Raises
-        RemoteError when ``table_id`` is not a sparse table here. Once per
-        ``request_id``."""
-        with self._tables_lock:
-            tables = selected_tables(self.tables, request.all_tables, request.table_id,
-                                     "AgeOneDay")
-        def age() -> None:
-            with self._gate.write():
-                age_tables(tables)
-
-        self._once(request.request_id, age)
-        return msg.Empty()
+        """Every row one day older (``TableAdmin.age_one_day``)."""
+        return self._admin.age_one_day(request)
 
     def close(self) -> None:
         """Fail the calls blocked in a Barrier or a sync round (the server is stopping)."""
