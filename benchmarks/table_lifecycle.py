@@ -33,12 +33,15 @@ import resource
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 from common import emit, log, rss_bytes
 
 from psfleet.ps import SparseTable, SparseTableConfig
 from psfleet.ps.types import AccessorConfig, RuleConfig
+
+__all__ = ["DIM", "raw_row_bytes", "run", "summary"]
 
 DIM = 9
 
@@ -48,7 +51,7 @@ def raw_row_bytes(dim: int, ctr: bool) -> int:
     return 8 + 4 * (dim + 2 * dim + 1) + (16 if ctr else 0)
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     capped = args.case == "capped"
     accessor = AccessorConfig(name=args.accessor, max_rows=args.max_rows,
                               eviction=args.eviction,
@@ -97,6 +100,23 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             "raw_row_bytes": raw_row_bytes(DIM, ctr)}
 
 
+def summary(c: dict[str, Any], u: dict[str, Any], max_rows: int) -> dict[str, Any]:
+    """The ``table_lifecycle_summary`` record of a capped run ``c`` against the uncapped
+    run ``u`` (:func:`run`'s records): rate ratios and peak RSS against the cap."""
+    cap_raw = max_rows * int(c["raw_row_bytes"])
+    return {"bench": "table_lifecycle_summary", "ids": c["ids"], "max_rows": max_rows,
+            "rows": c["rows"], "evicted": c["evicted"],
+            "pull_rate_vs_uncapped": c["pulls_per_s"] / u["pulls_per_s"],
+            "push_rate_vs_uncapped": c["pushes_per_s"] / u["pushes_per_s"],
+            "pull_cpu_rate_vs_uncapped": c["pulls_per_cpu_s"] / u["pulls_per_cpu_s"],
+            "push_cpu_rate_vs_uncapped": c["pushes_per_cpu_s"] / u["pushes_per_cpu_s"],
+            "cap_raw_bytes": cap_raw,
+            "peak_rss_over_base_plus_raw":
+                c["peak_rss_bytes"] / (c["base_rss_bytes"] + cap_raw),
+            # The issue's form: peak <= 1.3 x raw + base, i.e. (peak - base) / raw <= 1.3.
+            "peak_rss_growth_over_raw": (c["peak_rss_bytes"] - c["base_rss_bytes"]) / cap_raw}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=30_000_000, help="ids of the capped run")
@@ -119,22 +139,7 @@ def main() -> None:
                              check=True, stdout=subprocess.PIPE, text=True).stdout
         results[case] = json.loads(out.strip().splitlines()[-1])
         emit(results[case])
-    c, u = results["capped"], results["uncapped"]
-    cap_raw = args.max_rows * int(c["raw_row_bytes"])  # type: ignore[call-overload]
-    emit({"bench": "table_lifecycle_summary", "ids": c["ids"], "max_rows": args.max_rows,
-          "rows": c["rows"], "evicted": c["evicted"],
-          "pull_rate_vs_uncapped": c["pulls_per_s"] / u["pulls_per_s"],  # type: ignore[operator]
-          "push_rate_vs_uncapped": c["pushes_per_s"] / u["pushes_per_s"],  # type: ignore[operator]
-          "pull_cpu_rate_vs_uncapped":
-              c["pulls_per_cpu_s"] / u["pulls_per_cpu_s"],  # type: ignore[operator]
-          "push_cpu_rate_vs_uncapped":
-              c["pushes_per_cpu_s"] / u["pushes_per_cpu_s"],  # type: ignore[operator]
-          "cap_raw_bytes": cap_raw,
-          "peak_rss_over_base_plus_raw": c["peak_rss_bytes"] / (  # type: ignore[operator]
-              c["base_rss_bytes"] + cap_raw),
-          # The issue's form: peak <= 1.3 x raw + base, i.e. (peak - base) / raw <= 1.3.
-          "peak_rss_growth_over_raw": (c["peak_rss_bytes"]  # type: ignore[operator]
-                                       - c["base_rss_bytes"]) / cap_raw})
+    emit(summary(results["capped"], results["uncapped"], args.max_rows))
 
 
 if __name__ == "__main__":
