@@ -22,11 +22,12 @@ import numpy as np
 
 from psfleet.checkpoint.storage import FileDigest
 from psfleet.errors import ConfigError, FatalError
+from psfleet.ps.handles import PullHandle, PushHandle, wait_all
 from psfleet.ps.persist_delta import check_save_mode
 from psfleet.ps.routing import BucketRouter, DenseLayout, RoutedKeys
 from psfleet.ps.rpc_transport import RpcTransport
 from psfleet.ps.service import TableService
-from psfleet.ps.transport import InProcessTransport, Pending, Transport
+from psfleet.ps.transport import InProcessTransport, Transport
 from psfleet.ps.types import (
     DenseTableConfig,
     PushMeta,
@@ -43,76 +44,6 @@ from psfleet.rpc import messages as msg
 __all__ = ["TableClient", "RemoteClient", "LocalClient", "PullHandle", "PushHandle"]
 
 logger = logging.getLogger(__name__)
-
-
-class PullHandle:
-    """Rows being pulled (a future; ``TableClient.start_pull_sparse``).
-
-    :meth:`result` blocks until every server answered and returns float32[N, dim]
-    in the order of the keys asked for; later calls return the same array. Dropping
-    a handle whose result was never asked for is harmless. ``keys`` are the keys
-    pulled, routed where the client routed them, to push the step's gradients with
-    (so a key is hashed once per step).
-    """
-
-    def __init__(self, keys: np.ndarray | RoutedKeys,
-                 collect: Callable[[], np.ndarray]) -> None:
-        self.keys = keys
-        self._collect = collect
-        self._rows: np.ndarray | None = None
-
-    @classmethod
-    def ready(cls, keys: np.ndarray | RoutedKeys, rows: np.ndarray) -> PullHandle:
-        """A handle whose rows float32[N, dim] are already here."""
-        handle = cls(keys, lambda: rows)
-        handle._rows = rows
-        return handle
-
-    def result(self) -> np.ndarray:
-        """The rows, float32[N, dim]. Raises the pull's RpcError / RemoteError."""
-        if self._rows is None:
-            self._rows = self._collect()
-        return self._rows
-
-
-def _wait_all(pending: Sequence[Pending]) -> list[Any]:
-    """Every reply of ``pending``, in order. Every call has ended when this returns or
-    raises (the first error, after the others finished), so a caller cleaning up after
-    a failure (e.g. removing a half-written checkpoint) races no server."""
-    replies: list[Any] = []
-    first_error: BaseException | None = None
-    for call in pending:
-        try:
-            replies.append(call.result())
-        except Exception as exc:  # noqa: BLE001 - re-raised below
-            first_error = first_error or exc
-    if first_error is not None:
-        raise first_error
-    return replies
-
-
-class PushHandle:
-    """A push in flight (``TableClient.start_push_sparse`` / ``start_push_dense``).
-
-    :meth:`result` blocks until every server the push went to has applied it, and
-    raises the first server's error after all of them answered. A SYNC push is a long
-    poll (``psfleet.ps.sync_rounds``): a server whose reply says "not done" is polled
-    (``polls``, one per pending call) until its round is applied.
-    """
-
-    def __init__(self, pending: Sequence[Pending],
-                 polls: Sequence[Callable[[], bool]] | None = None) -> None:
-        self._pending = list(pending)
-        self._polls = None if polls is None else list(polls)
-
-    def result(self) -> None:
-        """Wait for the push. Raises RpcError / RemoteError / ConfigError as a server did."""
-        replies = _wait_all(self._pending)
-        if self._polls is None:
-            return
-        for reply, poll in zip(replies, self._polls, strict=True):
-            if not reply.done:
-                poll_until_done(poll)
 
 
 class TableClient:
@@ -150,7 +81,7 @@ class TableClient:
     def _all(self, method: str, requests: Sequence[object]) -> list[object]:
         """One call per server, in parallel; every call has ended when this returns or
         raises (see :func:`_wait_all`)."""
-        return _wait_all([c.start(method, r)
+        return wait_all([c.start(method, r)
                           for c, r in zip(self._servers, requests, strict=True)])
 
     def create_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
@@ -317,7 +248,7 @@ class TableClient:
     def pull_dense(self, table_id: int) -> np.ndarray:
         """The whole dense vector, float32[total]. Blocks."""
         layout = self._layout(table_id)
-        parts = _wait_all([c.start_pull_dense(table_id, self.worker_index)
+        parts = wait_all([c.start_pull_dense(table_id, self.worker_index)
                            for c in self._servers])
         return layout.gather(parts)
 
