@@ -1,6 +1,7 @@
 """A vectorised open-addressing hash index: uint64 key -> row number.
 
-Linear probing over a power-of-two slot array, kept at most half full. Lookups and
+Linear probing over a power-of-two slot array, kept at most half full; a slot is a
+uint64 key and an int32 row number (12 bytes). Lookups and
 inserts process a whole batch of keys per numpy operation: each round compares every
 still-pending key with its current slot, resolves hits and empties, and advances the
 rest by one slot, so the number of Python-level rounds is the longest probe sequence
@@ -39,6 +40,9 @@ _EMPTY = np.uint64(RESERVED_KEY)
 _MAX_LOAD = 0.5
 _WINDOW = 8  # slots a lookup examines per key per round after the first
 _WINDOW_OFFSETS = np.arange(_WINDOW, dtype=np.int64)[None, :]
+#: Row numbers are stored as int32 (12 bytes a slot with the key, not 16): a shard holds
+#: fewer rows than this.
+_MAX_ROWS = np.iinfo(np.int32).max
 
 
 class HashIndex:
@@ -61,7 +65,7 @@ class HashIndex:
         self._shift = np.uint64(64 - bits)
         self._mask = np.int64((1 << bits) - 1)
         self._keys = np.full(1 << bits, _EMPTY, dtype=np.uint64)
-        self._rows = np.zeros(1 << bits, dtype=np.int64)
+        self._rows = np.zeros(1 << bits, dtype=np.int32)
 
     def __len__(self) -> int:
         return self._size
@@ -133,6 +137,9 @@ class HashIndex:
         """
         m = keys.shape[0]
         reused = min(m, self._free.size)
+        if self._row_limit + m - reused > _MAX_ROWS:
+            raise MemoryError(f"a hash index holds at most {_MAX_ROWS:,} rows (int32 row "
+                              "numbers); use more shards or servers")
         fresh = np.arange(self._row_limit, self._row_limit + m - reused, dtype=np.int64)
         rows = np.concatenate([self._free[self._free.size - reused:][::-1], fresh]) \
             if reused else fresh
@@ -238,6 +245,6 @@ class HashIndex:
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """All (keys uint64[n], rows int64[n]) held, ordered by row."""
         live = self._keys != _EMPTY
-        keys, rows = self._keys[live], self._rows[live]
+        keys, rows = self._keys[live], self._rows[live].astype(np.int64)
         order = np.argsort(rows, kind="stable")
         return keys[order], rows[order]
