@@ -85,6 +85,11 @@ def test_runner_learns_on_the_whole_sample(run_cli: RunCli, repo_root: Path, tmp
     # A PS whose workers never see fresh dense parameters scores ~0.49 here.
     assert _test_auc(metrics) > 0.6, metrics["test"]
     assert "test auc" in r.stdout
+    # The table as trained: one row per distinct id of the 7,200 lines (26 slots; a
+    # plain table, so nothing evicted or deleted).
+    table = metrics["tables"]["embedding"]  # type: ignore[index]
+    assert 20_000 < table["rows"] < 7200 * 26 and table["bytes"] > table["rows"] * 100
+    assert table["evicted"] == table["deleted"] == 0
     log = run_folder(out) / "log"
     if server_num:
         for name in ("serverlog.0", "workerlog.0", "workerlog.1"):

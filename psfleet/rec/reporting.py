@@ -14,7 +14,10 @@ exported model's folder, None when not exported); ``early_stopped`` (None, or
 (None, or ``{"epoch", "step", "batch", "checkpoint"}`` after Ctrl-C); ``passes`` (None,
 or with ``runner.train_passes`` one entry per pass done: its tables' rows, bytes and
 lifecycle counts, its save and validation, :mod:`psfleet.rec.passes`; epochs are then
-numbered across the passes). It is written
+numbered across the passes); ``tables`` (None in collective mode or when interrupted;
+else per sparse table at the end of training, summed over the servers: ``rows``,
+``bytes`` and the lifecycle counts ``admitted``, ``rejected``, ``evicted``,
+``deleted``). It is written
 under a temporary name and renamed, so a reader never sees a partial file; NaN and
 infinities become null.
 
@@ -47,6 +50,7 @@ from psfleet.metrics import auc, copc, log_loss
 from psfleet.rec.config import TrainConfig
 from psfleet.rec.curves import CURVES_NAME, RunRecorder, plot_curves
 from psfleet.rec.features import model_inputs
+from psfleet.rec.passes import sparse_table_names, table_totals
 from psfleet.rec.predict import export_trained_model
 
 __all__ = ["METRICS_NAME", "MalformedTally", "Progress", "TrainingInterrupted", "evaluate",
@@ -248,7 +252,7 @@ def run_metrics(config: TrainConfig, progress: Progress,
         "malformed_lines": progress.malformed.summary(),
         "tensorboard": str(recorder.log_dir) if recorder is not None else None,
         "curves": None, "export": None, "early_stopped": progress.early_stopped,
-        "interrupted": None, "passes": progress.passes,
+        "interrupted": None, "passes": progress.passes, "tables": None,
     }
 
 
@@ -308,6 +312,8 @@ def finish_run(config: TrainConfig, model: nn.Module, progress: Progress, reader
         if recorder is not None:
             recorder.evaluation("valid", progress.valid[-1], done)
     metrics["test"] = evaluate(model, test_reader) if test_reader is not None else None
+    if not fleet.is_collective():  # every push applied: the tables as trained
+        metrics["tables"] = table_totals(fleet.server_stats(), sparse_table_names(config))
     if recorder is not None and metrics["test"] is not None:
         recorder.evaluation("test", metrics["test"], done)
     out = runner.run_dir
