@@ -122,16 +122,13 @@ def test_passes_with_ctr_cap_and_shrink(run_cli: RunCli, criteo_dir: Path,
     assert all(Path(p["save"]).parent.name == "saves" for p in passes)
 
 
+# Through the CLI: a bad value of the config (the other keys' checks are unit tests in
+# test_online_config.py) and a pass folder that is not there (the preflight's check).
 @pytest.mark.parametrize(("edit", "named"), [
-    ({"hyper_parameters.sparse_accessor.delete_threshold": -0.5},
-     "hyper_parameters.sparse_accessor.delete_threshold"),
     ({"hyper_parameters.sparse_accessor.name": "ctrr"},
      "hyper_parameters.sparse_accessor.name: 'ctrr' is not one of"),
-    ({"runner.after_pass.shrink": True, "hyper_parameters.sparse_accessor.name": "none",
-      "hyper_parameters.sparse_accessor.eviction": "lru"},
-     "runner.after_pass.shrink"),
     ({"runner.train_passes": "missing"}, "runner.train_passes[1]"),
-], ids=["negative_threshold", "unknown_accessor", "shrink_without_ctr", "missing_pass"])
+], ids=["unknown_accessor", "missing_pass"])
 def test_bad_online_key_is_exit_2_before_any_process(
         run_cli: RunCli, criteo_dir: Path, tmp_path: Path, edit: dict[str, Any],
         named: str) -> None:
