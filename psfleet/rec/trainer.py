@@ -287,7 +287,9 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
                     tally.save(Cursor(epoch=epoch, batch=done, step=optimizer.steps), share)
         start_batch = resume.batch if epoch == resume.epoch else 0
         progress.epoch, progress.batch = epoch, start_batch
-        if reader.num_batches is None or start_batch < reader.num_batches:
+        # Skip only an epoch a resumed run had finished (its cursor at the last batch);
+        # an epoch of 0 batches is trained (on nothing), so it is caught below.
+        if not start_batch or reader.num_batches is None or start_batch < reader.num_batches:
             desc = (f"pass {k + 1}/{plan.count} epoch {epoch % plan.epochs + 1}/"
                     f"{plan.epochs}" if plan.online else None)
             with fleet.join():  # collective: ranks with fewer batches wait for the others
