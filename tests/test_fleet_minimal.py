@@ -32,9 +32,12 @@ def test_fleetrun_two_servers_two_workers(tmp_path: Path) -> None:
     assert _test_auc(result.stdout) > 0.6
     saved = sorted(p.relative_to(tmp_path / "save").as_posix()
                    for p in (tmp_path / "save").rglob("*") if p.is_file())
+    # save.json: the save's mode (full), read by a load (psfleet.ps.persist_delta).
     assert saved == ["manifest.json",
-                     "server-0/table-0.sparse", "server-0/table-1.dense", "server-0/tables.json",
-                     "server-1/table-0.sparse", "server-1/table-1.dense", "server-1/tables.json"]
+                     "server-0/save.json", "server-0/table-0.sparse", "server-0/table-1.dense",
+                     "server-0/tables.json",
+                     "server-1/save.json", "server-1/table-0.sparse", "server-1/table-1.dense",
+                     "server-1/tables.json"]
     # The save loads into one server and scores exactly what was saved (no training).
     reloaded = run_command([sys.executable, "-m", "psfleet.launch.main", "--server_num=1",
                             "--worker_num=1", "--log_dir", str(tmp_path / "log2"),

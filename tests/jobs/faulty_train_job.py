@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 from psfleet.cli.main import main as cli_main
 from psfleet.fleet.optimizer import DistributedOptimizer
@@ -38,8 +39,8 @@ def main() -> int:
             and int(me) == args.kill_worker)
     original = DistributedOptimizer.step
 
-    def step(self: DistributedOptimizer) -> None:
-        original(self)
+    def step(self: DistributedOptimizer, labels: Any = None) -> None:
+        original(self, labels)
         if kill and self.steps == args.at_step:
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
