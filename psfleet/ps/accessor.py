@@ -61,6 +61,18 @@ class CtrAccessor:
         stats[:, UNSEEN_DAYS] = 0
         stats[:, DELTA_SCORE] += self.score(shows, clicks)
 
+    def save_selection(self, stats: np.ndarray, delta: bool) -> np.ndarray:
+        """bool[N]: the rows (statistics float32[N, 4]) a base save writes: score >=
+        ``base_threshold`` and unseen_days <= ``delta_keep_days``; a delta save also
+        needs delta_score >= ``delta_threshold`` (Paddle's CtrCommonAccessor::Save,
+        params 2 and 1)."""
+        c = self.config
+        keep = (self.row_score(stats) >= np.float32(c.base_threshold)) & (
+            stats[:, UNSEEN_DAYS] <= np.float32(c.delta_keep_days))
+        if delta:
+            keep &= stats[:, DELTA_SCORE] >= np.float32(c.delta_threshold)
+        return keep
+
     def decay_and_select(self, stats: np.ndarray) -> np.ndarray:
         """Decay show and click of ``stats`` (float32[N, 4]) in place; bool[N]: the
         rows ``shrink`` deletes."""

@@ -60,6 +60,7 @@ import numpy as np
 
 from psfleet.checkpoint.storage import FileDigest, Storage
 from psfleet.errors import ConfigError, DataError
+from psfleet.ps.accessor import CtrAccessor
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.persist import (
     Snapshot,
@@ -72,8 +73,8 @@ from psfleet.ps.persist import (
 from psfleet.ps.persist_stats import StatsSnapshot, snapshot_stats
 from psfleet.ps.routing import BucketRouter, bucket_of
 from psfleet.ps.sparse_table import SparseTable
-from psfleet.ps.table_shard import CLICK, DELTA_SCORE, SHOW, UNSEEN_DAYS
-from psfleet.ps.types import SAVE_MODES, AccessorConfig, SaveMode, SparseTableConfig
+from psfleet.ps.table_shard import DELTA_SCORE
+from psfleet.ps.types import SAVE_MODES, SaveMode, SparseTableConfig
 
 __all__ = ["ModeSnapshot", "check_save_mode", "snapshot_mode", "write_mode_snapshot",
            "saved_mode", "read_tombstones", "apply_delta", "restore_tombstones",
@@ -117,28 +118,17 @@ def _is_ctr(table: Table) -> bool:
     return isinstance(table, SparseTable) and table.config.accessor.name == "ctr"
 
 
-def _select(config: AccessorConfig, stats: np.ndarray, delta: bool) -> np.ndarray:
-    """bool[n]: the rows (statistics float32[n, 4]) a base/delta save writes."""
-    nonclk, click = np.float32(config.nonclk_coeff), np.float32(config.click_coeff)
-    score = (stats[:, SHOW] - stats[:, CLICK]) * nonclk + stats[:, CLICK] * click
-    keep = (score >= np.float32(config.base_threshold)) & (
-        stats[:, UNSEEN_DAYS] <= np.float32(config.delta_keep_days))
-    if delta:
-        keep &= stats[:, DELTA_SCORE] >= np.float32(config.delta_threshold)
-    return keep
-
-
 def _select_ctr(table: SparseTable, mode: SaveMode
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(keys, rows, stats, tombstones) a base/delta save of a ctr table writes, each
     shard under its lock, and the table's save state updated (module docstring)."""
-    config = table.config.accessor
+    accessor = CtrAccessor(table.config.accessor)
     keys, rows, stats, tombs = [], [], [], []
     for shard in table.shards:
         with shard.lock:
             assert shard.stats is not None and shard.saved is not None
             live = shard.live_rows()
-            chosen = live[_select(config, shard.stats[live], mode == "delta")]
+            chosen = live[accessor.save_selection(shard.stats[live], mode == "delta")]
             if mode == "base":
                 shard.stats[live, DELTA_SCORE] = 0
                 shard.saved[live] = False
