@@ -23,6 +23,7 @@ import numpy as np
 from psfleet.checkpoint.storage import FileDigest
 from psfleet.errors import ConfigError, FatalError
 from psfleet.ps.handles import PullHandle, PushHandle, wait_all
+from psfleet.ps.lifecycle_service import check_show_clicks
 from psfleet.ps.persist_delta import check_save_mode
 from psfleet.ps.routing import BucketRouter, DenseLayout, RoutedKeys
 from psfleet.ps.rpc_transport import RpcTransport
@@ -208,7 +209,8 @@ class TableClient:
                 the workers' counts). None: no counts (the push costs what it did).
 
         Raises:
-            ConfigError: values, shows or clicks of the wrong shape (names it).
+            ConfigError: values, shows or clicks of the wrong shape, only one of the
+                counts given, or NaN, Inf or negative counts (names it; nothing is sent).
         """
         routed = self.route(table_id, keys)
         keys, positions = routed.keys, routed.positions
@@ -216,8 +218,7 @@ class TableClient:
         if grads.shape != expected:
             raise ConfigError(f"push to sparse table {table_id}: values of shape "
                               f"{grads.shape}, expected {expected} (one row per key)")
-        counts = None if shows is None and clicks is None else _show_clicks(
-            table_id, keys.size, shows, clicks)
+        counts = check_show_clicks(table_id, keys.size, _floats(shows), _floats(clicks))
         push = self._push(table_id, mode, step, worker_num)
         whole = len(positions) == 1  # one server: the arrays as they are
         if mode == PushMode.SYNC:  # a round counts every worker's push: every server
@@ -448,21 +449,6 @@ class LocalClient(TableClient):
         super().__init__([InProcessTransport(self.service)], worker_index)
 
 
-def _show_clicks(table_id: int, key_count: int, shows: np.ndarray | None,
-                 clicks: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """A push's show and click counts as float32[N] each (N the keys').
-
-    Raises:
-        ConfigError: only one of them given, or one of another shape (names it).
-    """
-    out = []
-    for name, counts in (("shows", shows), ("clicks", clicks)):
-        if counts is None:
-            raise ConfigError(f"push to sparse table {table_id}: {name} is None while the "
-                              "other count is given; give both shows and clicks or neither")
-        array = np.ascontiguousarray(counts, dtype=np.float32)
-        if array.shape != (key_count,):
-            raise ConfigError(f"push to sparse table {table_id}: {name} of shape "
-                              f"{array.shape}, expected ({key_count},) (one count per key)")
-        out.append(array)
-    return out[0], out[1]
+def _floats(counts: np.ndarray | None) -> np.ndarray | None:
+    """``counts`` as a contiguous float32 array (None stays None)."""
+    return None if counts is None else np.ascontiguousarray(counts, dtype=np.float32)
