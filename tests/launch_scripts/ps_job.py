@@ -91,12 +91,24 @@ def _call(endpoint: str, message: str) -> str:
         return f.readline().strip()
 
 
+def _wait_for_pids(out_dir: Path, pattern: str, count: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    def started() -> int:
+        return sum(".grandchild." not in p.name for p in out_dir.glob(f"pid.{pattern}"))
+
+    while started() < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def run_worker(args: argparse.Namespace, out_dir: Path) -> int:
     index = int(os.environ["PADDLE_TRAINER_ID"])
     _record_pid(out_dir, f"worker.{index}", os.getpid())
     print(f"worker {index} marker-stdout", flush=True)
     print(f"worker {index} marker-stderr", file=sys.stderr, flush=True)
     if args.fail_worker == index:
+        # Fail once every worker has started (recorded its pid), so that a test can
+        # check that the launcher stopped them all, however slowly they start.
+        _wait_for_pids(out_dir, "worker.*", int(os.environ["PADDLE_TRAINERS_NUM"]))
         print("Traceback (most recent call last):", file=sys.stderr)
         print(f"RuntimeError: simulated failure of worker {index}", file=sys.stderr, flush=True)
         return args.fail_code
