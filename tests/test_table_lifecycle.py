@@ -396,12 +396,16 @@ def test_streaming_many_new_ids_keeps_rows_and_memory_under_the_cap() -> None:
         table.pull(keys)
         table.push(keys, eighths(rng, (keys.size, DIM)))
         assert len(table) <= 5_000
-    held = table.memory_bytes
     table.pull(np.arange(10**6, 10**6 + 20_000, dtype=np.uint64))
+    # Requests of 20,000 new keys into shards of 1,250 rows: each shard fills to its
+    # cap (the excess is rejected), and never holds more row arrays than that.
+    assert [s.index.row_limit for s in table._shards] == [s.cap for s in table._shards]
+    assert all(s.data.shape[0] == s.cap for s in table._shards)
+    held = table.memory_bytes
+    table.pull(np.arange(2 * 10**6, 2 * 10**6 + 20_000, dtype=np.uint64))
     assert table.memory_bytes == held  # freed rows and slots are reused
     counts = table.lifecycle_counts()
-    # A request of 20,000 new keys into shards of 1,250 rows: the excess is rejected.
-    assert counts.rejected == 15_000 and counts.admitted == 85_000
+    assert counts.rejected == 30_000 and counts.admitted == 90_000
     assert counts.evicted == counts.admitted - len(table) and len(table) == 5_000
 
 
@@ -409,8 +413,8 @@ def test_default_accessor_keeps_the_plain_table() -> None:
     table = make_table(2)
     assert table._life is None
     table.pull(np.arange(1, 1001, dtype=np.uint64))
-    assert table.memory_bytes == sum(s.data.nbytes + s.index.memory_bytes
-                                     for s in table._shards)
+    assert table.memory_bytes == sum(s.index.row_limit * s.data.shape[1] * 4
+                                     + s.index.memory_bytes for s in table._shards)
     assert table.shrink() == 0 and table.lifecycle_counts() == LifecycleCounts()
 
 

@@ -1,28 +1,28 @@
 """A vectorised open-addressing hash index: uint64 key -> row number.
 
-Linear probing over a power-of-two slot array, kept at most half full; a slot is a
-uint64 key and an int32 row number (12 bytes). Lookups and
-inserts process a whole batch of keys per numpy operation: each round compares every
-still-pending key with its current slot, resolves hits and empties, and advances the
-rest by one slot, so the number of Python-level rounds is the longest probe sequence
-(10-25 at load <= 0.5 for 10^5 keys), not the number of keys. Lookups, after a first
-round on the home slots, examine a window of 8 slots per key per round, which cuts
-those rounds about eightfold.
+Two arrays: ``row_keys`` (uint64, one entry per row: the key the row holds, or
+RESERVED_KEY for a row freed by :meth:`HashIndex.remove`) and a power-of-two slot
+array of int32 row numbers (-1: empty), probed linearly from a key's home slot and
+kept at most a quarter full. A slot is 4 bytes, so the low load costs 16-32 bytes a
+row, less than 12-byte (key, row) slots at the usual load of a half (24-48 bytes), and
+most lookups end at the home slot: a probe reads the slot's row, then that row's key.
+The sparse table's lifecycle (eviction, shrink, delta saves) reads ``row_keys`` too.
+
+Lookups and inserts process a whole batch of keys per numpy operation: each round
+examines a window of 8 slots of every still-pending key and resolves hits and empties
+in it, so the number of Python-level rounds is the longest probe sequence / 8, not
+the number of keys.
 
 Removal (:meth:`HashIndex.remove`) leaves no tombstones: it empties the removed
-keys' slots, then takes the keys of the rest of each affected cluster (the occupied
-slots after a removed one, up to the next empty slot) out and places them again, which
-restores the invariant lookups rely on (no key sits after an empty slot of its probe
-sequence); a tail key already in its home slot stays, since it cannot move closer.
-This is the batch form of Knuth's deletion for linear probing (TAOCP 6.4, Algorithm
-R). Measured at 250,000 keys in 2^19 slots, churned 4096 keys a batch: a removal
-costs about 0.4 us a key against 0.16 us for an insert, and lookups after 10^6
-removals are as fast as in a fresh index. Tombstones would make a removal one store,
-but every tombstone lengthens probes until a rebuild re-places all live keys, and at
-this load the headroom under the 0.5 bound is ~12,000 slots: a rebuild (~40 ms)
-every ~12,000 removals is ~3.5 us a removal. Removed rows go on a free list that the
-next inserts take first, so the caller's row matrix never needs more rows than the
-most keys ever held at once.
+keys' slots, then takes the rows of the rest of each affected cluster (the occupied
+slots after a removed one, up to the next empty slot) out and places them again,
+which restores the invariant lookups rely on (no key sits after an empty slot of its
+probe sequence); a tail key already in its home slot stays, since it cannot move
+closer. This is the batch form of Knuth's deletion for linear probing (TAOCP 6.4,
+Algorithm R). Tombstones would make a removal one store, but every tombstone
+lengthens probes until a rebuild re-places all live keys. Removed rows go on a free
+list that the next inserts take first, so the caller's row matrix never needs more
+rows than the most keys ever held at once.
 
 Not thread safe: the sparse table holds a lock per shard around it.
 """
@@ -36,12 +36,13 @@ from psfleet.ps.types import RESERVED_KEY
 
 __all__ = ["HashIndex"]
 
-_EMPTY = np.uint64(RESERVED_KEY)
-_MAX_LOAD = 0.5
-_WINDOW = 8  # slots a lookup examines per key per round after the first
+_EMPTY = -1  # a slot holding no row
+_MAX_LOAD = 0.25
+_GROWTH = 1.5  # row_keys grows by this factor (or to max_rows at once)
+_WINDOW = 8  # slots examined per key per round
 _WINDOW_OFFSETS = np.arange(_WINDOW, dtype=np.int64)[None, :]
-#: Row numbers are stored as int32 (12 bytes a slot with the key, not 16): a shard holds
-#: fewer rows than this.
+_GROW_CHUNK = 1 << 15  # rows re-placed per step of a rehash
+#: Row numbers are int32 in the slots: a shard holds fewer rows than this.
 _MAX_ROWS = np.iinfo(np.int32).max
 
 
@@ -51,11 +52,15 @@ class HashIndex:
 
     Args:
         capacity: initial number of slots (rounded up to a power of two, >= 16).
+        max_rows: the most rows the caller will hold (a capped shard): ``row_keys``
+            is allocated for them at the first insert instead of growing by copies.
     """
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 1024, max_rows: int | None = None) -> None:
         bits = max(4, int(np.ceil(np.log2(max(capacity, 16)))))
         self._alloc(bits)
+        self._max_rows = max_rows
+        self.row_keys = np.zeros(0, dtype=np.uint64)
         self._size = 0
         self._row_limit = 0  # rows 0.._row_limit-1 have been handed out
         self._free = np.zeros(0, dtype=np.int64)  # removed rows, reused last-in first
@@ -64,16 +69,15 @@ class HashIndex:
         self._bits = bits
         self._shift = np.uint64(64 - bits)
         self._mask = np.int64((1 << bits) - 1)
-        self._keys = np.full(1 << bits, _EMPTY, dtype=np.uint64)
-        self._rows = np.zeros(1 << bits, dtype=np.int32)
+        self._slots = np.full(1 << bits, _EMPTY, dtype=np.int32)
 
     def __len__(self) -> int:
         return self._size
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes held by the slot arrays and the free list."""
-        return int(self._keys.nbytes + self._rows.nbytes + self._free.nbytes)
+        """Bytes of the slots, the keys of the rows handed out and the free list."""
+        return int(self._slots.nbytes + 8 * self._row_limit + self._free.nbytes)
 
     @property
     def row_limit(self) -> int:
@@ -95,29 +99,37 @@ class HashIndex:
             hashes (uint64[N]): ``mix64(keys)`` when the caller has it already (the
                 sparse table computes it once per request for shard and slot).
         """
-        n = keys.shape[0]
-        out = np.full(n, -1, dtype=np.int64)
-        pos = self._home(mix64(keys) if hashes is None else hashes)
+        slots = self._find_slots(keys, mix64(keys) if hashes is None else hashes)
+        out = self._slots[slots].astype(np.int64)
+        out[slots < 0] = -1
+        return out
+
+    def _find_slots(self, keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+        """Slot of each key (uint64[N]); -1 where absent. int64[N]."""
+        out = np.full(keys.shape[0], -1, dtype=np.int64)
+        if not self._size:
+            return out
+        pos = self._home(hashes)
         # First round: one slot per key (most keys sit in their home slot).
-        slot_keys = self._keys[pos]
-        hit = slot_keys == keys
-        out[hit] = self._rows[pos[hit]]
-        more = ~(hit | (slot_keys == _EMPTY))
+        rows = self._slots[pos]
+        hit = (rows >= 0) & (self.row_keys[rows] == keys)  # row -1 reads the last key
+        out[hit] = pos[hit]
+        more = ~hit & (rows >= 0)
         pending = np.flatnonzero(more)
         pos = (pos[more] + 1) & self._mask
-        # The rest: the next _WINDOW slots of each key at once, so the number of rounds
-        # is the longest probe sequence / _WINDOW. No key follows an empty slot in its
-        # probe sequence, so the first hit-or-empty slot in a window decides.
+        # The rest: the next _WINDOW slots of each key at once. No key follows an empty
+        # slot in its probe sequence, so the first hit-or-empty slot in a window decides.
         while pending.size:
             slots = (pos[:, None] + _WINDOW_OFFSETS) & self._mask  # [P, W]
-            slot_keys = self._keys[slots]
-            hit = slot_keys == keys[pending][:, None]
-            stop = hit | (slot_keys == _EMPTY)
+            rows = self._slots[slots]
+            empty = rows < 0
+            hit = ~empty & (self.row_keys[rows] == keys[pending][:, None])
+            stop = hit | empty
             first = stop.argmax(axis=1)  # [P]
-            decided = stop[np.arange(pending.size), first]
-            found = decided & hit[np.arange(pending.size), first]
-            out[pending[found]] = self._rows[slots[found, first[found]]]
-            more = ~decided
+            at = np.arange(pending.size)
+            found = hit[at, first]
+            out[pending[found]] = slots[found, first[found]]
+            more = ~stop[at, first]
             pending = pending[more]
             pos = (pos[more] + _WINDOW) & self._mask
         return out
@@ -134,37 +146,39 @@ class HashIndex:
             :meth:`remove` first (the last freed first), then new rows from
             :attr:`row_limit` up; ``len(self) .. len(self)+M-1`` when nothing was
             ever removed.
+
+        Raises:
+            MemoryError: more than 2^31 - 1 rows, or memory ran out (the index is
+                left as it was).
         """
         m = keys.shape[0]
         reused = min(m, self._free.size)
-        if self._row_limit + m - reused > _MAX_ROWS:
+        limit = self._row_limit + m - reused
+        if limit > _MAX_ROWS:
             raise MemoryError(f"a hash index holds at most {_MAX_ROWS:,} rows (int32 row "
                               "numbers); use more shards or servers")
-        fresh = np.arange(self._row_limit, self._row_limit + m - reused, dtype=np.int64)
+        fresh = np.arange(self._row_limit, limit, dtype=np.int64)
         rows = np.concatenate([self._free[self._free.size - reused:][::-1], fresh]) \
             if reused else fresh
+        if limit > self.row_keys.size:
+            self._reserve_rows(limit)
         if (self._size + m) > _MAX_LOAD * (1 << self._bits):
             self._grow(self._size + m)
-        self._place(keys, rows, mix64(keys) if hashes is None else hashes)
+        self.row_keys[rows] = keys
+        self._place(rows, mix64(keys) if hashes is None else hashes)
         self._size += m
-        self._row_limit += m - reused
+        self._row_limit = limit
         if reused:
             self._free = self._free[: self._free.size - reused].copy()
         return rows
 
-    def _find_slots(self, keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
-        """Slot of each key (uint64[N]); -1 where absent. int64[N]."""
-        out = np.full(keys.shape[0], -1, dtype=np.int64)
-        pending = np.arange(keys.shape[0])
-        pos = self._home(hashes)
-        while pending.size:
-            slot_keys = self._keys[pos]
-            hit = slot_keys == keys[pending]
-            out[pending[hit]] = pos[hit]
-            more = ~(hit | (slot_keys == _EMPTY))
-            pending = pending[more]
-            pos = (pos[more] + 1) & self._mask
-        return out
+    def _reserve_rows(self, rows: int) -> None:
+        capacity = max(rows, int(self.row_keys.size * _GROWTH), 1024)
+        if self._max_rows is not None:
+            capacity = max(rows, self._max_rows)
+        grown = np.zeros(capacity, dtype=np.uint64)  # past row_limit: never read
+        grown[: self._row_limit] = self.row_keys[: self._row_limit]
+        self.row_keys = grown
 
     def remove(self, keys: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
         """Remove ``keys``; their rows go on the free list for later inserts.
@@ -177,74 +191,107 @@ class HashIndex:
             int64[N]: the row each key had, -1 where it was absent (a repeated key
             reports its row once, then -1).
 
-        Vectorised: one numpy pass per probe step, then the cluster tails of the
+        Vectorised: one numpy pass per probe window, then the cluster tails of the
         removed slots are placed again (see the module docstring); keys
         already in their home slot stay.
         """
-        hashes = mix64(keys) if hashes is None else hashes
-        slots = self._find_slots(keys, hashes)
+        slots = self._find_slots(keys, mix64(keys) if hashes is None else hashes)
         found = np.flatnonzero(slots >= 0)
         _, first = np.unique(slots[found], return_index=True)
         found = found[first]  # one entry per removed slot
         out = np.full(keys.shape[0], -1, dtype=np.int64)
-        if not found.size:
-            return out
-        freed = slots[found]
-        out[found] = self._rows[freed]
-        self._keys[freed] = _EMPTY
-        # The rest of each cluster after a removed slot, up to the next empty slot.
-        tails = []
-        pos = (freed + 1) & self._mask
-        while pos.size:
-            pos = pos[self._keys[pos] != _EMPTY]
-            tails.append(pos)
-            pos = (pos + 1) & self._mask
-        moved = np.concatenate(tails)
-        # A key in its home slot cannot move closer: it stays (about half of them).
-        moved = moved[self._home(mix64(self._keys[moved])) != moved]
-        if moved.size:
-            move_keys, move_rows = self._keys[moved], self._rows[moved]
-            self._keys[moved] = _EMPTY
-            self._place(move_keys, move_rows, mix64(move_keys))
-        self._free = np.concatenate([self._free, out[found]])
-        self._size -= found.size
+        out[found] = self._slots[slots[found]]
+        self._remove_slots(slots[found])
         return out
 
-    def _place(self, keys: np.ndarray, rows: np.ndarray, hashes: np.ndarray) -> None:
-        pending = np.arange(keys.shape[0])
+    def remove_rows(self, rows: np.ndarray) -> None:
+        """Remove the keys of ``rows`` (int64[N], distinct, each holding a key): as
+        :meth:`remove` of ``row_keys[rows]``, without its checks for absent and
+        repeated keys (eviction and shrink pick rows)."""
+        keys = self.row_keys[rows]
+        self._remove_slots(self._find_slots(keys, mix64(keys)))
+
+    def _remove_slots(self, freed: np.ndarray) -> None:
+        """Empty the distinct occupied ``freed`` slots (int64[F]) and re-place the rest
+        of their clusters; their rows go on the free list."""
+        if not freed.size:
+            return
+        rows = self._slots[freed].astype(np.int64)
+        self._slots[freed] = _EMPTY
+        self.row_keys[rows] = np.uint64(RESERVED_KEY)
+        # The rest of each cluster after a removed slot, up to the next empty slot:
+        # first the next slot alone (at a load of a quarter it is mostly empty), then
+        # _WINDOW slots of every tail still open per round.
+        pos = (freed + 1) & self._mask
+        pos = pos[self._slots[pos] >= 0]
+        tails = [pos]
+        pos = (pos + 1) & self._mask
+        while pos.size:
+            slots = (pos[:, None] + _WINDOW_OFFSETS) & self._mask  # [P, W]
+            taken = self._slots[slots] >= 0
+            run = np.where(taken.all(axis=1), _WINDOW, (~taken).argmax(axis=1))
+            tails.append(slots[run[:, None] > _WINDOW_OFFSETS])
+            pos = (pos[run == _WINDOW] + _WINDOW) & self._mask
+        moved = np.concatenate(tails)
+        moved_rows = self._slots[moved].astype(np.int64)
+        move_hashes = mix64(self.row_keys[moved_rows])
+        # A key in its home slot cannot move closer: it stays (most of them).
+        away = self._home(move_hashes) != moved
+        if away.any():
+            self._slots[moved[away]] = _EMPTY
+            self._place(moved_rows[away], move_hashes[away])
+        self._free = np.concatenate([self._free, rows])
+        self._size -= freed.size
+
+    def _place(self, rows: np.ndarray, hashes: np.ndarray) -> None:
+        """Put ``rows`` (int64[M], keys absent) into the first empty slot of each one's
+        probe sequence (from ``hashes``, uint64[M])."""
+        pending = np.arange(rows.shape[0])
         pos = self._home(hashes)
         while pending.size:
-            cand = np.flatnonzero(self._keys[pos] == _EMPTY)
-            # Keys naming the same free slot: each writes its number into the slot's
-            # (unused) row field; the one that stays there claims the slot. One
-            # scatter and one gather instead of a sort per round.
-            slots = pos[cand]
-            self._rows[slots] = cand
-            won = cand[self._rows[slots] == cand]
-            self._keys[pos[won]] = keys[pending[won]]
-            self._rows[pos[won]] = rows[pending[won]]
-            lost = np.ones(pending.size, dtype=bool)
-            lost[won] = False
-            pending = pending[lost]
-            pos = (pos[lost] + 1) & self._mask
+            slots = (pos[:, None] + _WINDOW_OFFSETS) & self._mask  # [P, W]
+            empty = self._slots[slots] < 0
+            first = empty.argmax(axis=1)
+            cand = np.flatnonzero(empty[np.arange(pending.size), first])
+            # Rows naming the same free slot: each writes -2 - its number into the slot;
+            # the one that stays there claims it. One scatter and one gather instead of
+            # a sort per round.
+            chosen = slots[cand, first[cand]]
+            self._slots[chosen] = -2 - cand
+            claimed = self._slots[chosen] == -2 - cand
+            won, won_slots = cand[claimed], chosen[claimed]
+            self._slots[won_slots] = rows[pending[won]]
+            # A row whose window was full goes on after it; one that lost its slot to
+            # another goes on after that slot (every slot before it is taken).
+            nxt = pos + _WINDOW
+            nxt[cand] = chosen + 1
+            left = np.ones(pending.size, dtype=bool)
+            left[won] = False
+            pending = pending[left]
+            pos = nxt[left] & self._mask
 
     def _grow(self, needed: int) -> None:
-        live = self._keys != _EMPTY
-        old_keys, old_rows = self._keys[live], self._rows[live]
+        rows = self._slots[self._slots >= 0].astype(np.int64)
         bits = self._bits
         while needed > _MAX_LOAD * (1 << bits):
             bits += 1
-        saved = (self._bits, self._shift, self._mask, self._keys, self._rows)
+        saved = (self._bits, self._shift, self._mask, self._slots)
         try:
             self._alloc(bits)
-            self._place(old_keys, old_rows, mix64(old_keys))
+            # In chunks: a rehash's [rows, window] temporaries stay a few MiB, not
+            # several times the new slot array (a capped shard's peak memory).
+            for start in range(0, rows.size, _GROW_CHUNK):
+                part = rows[start:start + _GROW_CHUNK]
+                self._place(part, mix64(self.row_keys[part]))
         except MemoryError:  # the index stays as it was (the request fails whole)
-            self._bits, self._shift, self._mask, self._keys, self._rows = saved
+            self._bits, self._shift, self._mask, self._slots = saved
             raise
+
+    def live_rows(self) -> np.ndarray:
+        """int64[n]: the rows holding a key, ascending."""
+        return np.flatnonzero(self.row_keys[: self._row_limit] != np.uint64(RESERVED_KEY))
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """All (keys uint64[n], rows int64[n]) held, ordered by row."""
-        live = self._keys != _EMPTY
-        keys, rows = self._keys[live], self._rows[live].astype(np.int64)
-        order = np.argsort(rows, kind="stable")
-        return keys[order], rows[order]
+        rows = self.live_rows()
+        return self.row_keys[rows], rows

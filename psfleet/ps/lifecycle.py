@@ -26,7 +26,7 @@ from psfleet.ps.accessor import CtrAccessor
 from psfleet.ps.admission import admit, shard_pending_slots
 from psfleet.ps.eviction import select_victims
 from psfleet.ps.table_shard import UNSEEN_DAYS, Shard
-from psfleet.ps.types import RESERVED_KEY, AccessorConfig
+from psfleet.ps.types import AccessorConfig
 
 __all__ = ["LifecycleCounts", "Lifecycle", "shard_caps"]
 
@@ -75,7 +75,7 @@ class Lifecycle:
 
     def make_shard(self, width: int, index: int) -> Shard:
         """Shard ``index`` of the table with the arrays this lifecycle needs."""
-        return Shard(width, row_keys=True, stats=self.accessor is not None,
+        return Shard(width, stats=self.accessor is not None,
                      last_access=self.lru, cap=self.caps[index],
                      pending_slots=self.pending_slots,
                      pending_scores=self.config.admission == "show_click_score")
@@ -137,10 +137,10 @@ class Lifecycle:
     def _evict(self, shard: Shard, protected: np.ndarray, n: int) -> None:
         if n <= 0:
             return
-        assert shard.row_keys is not None
-        mask = shard.row_keys[: shard.index.row_limit] != np.uint64(RESERVED_KEY)
+        mask = np.ones(shard.index.row_limit, dtype=bool)
         mask[protected] = False
-        candidates = np.flatnonzero(mask)
+        candidates = shard.live_rows()
+        candidates = candidates[mask[candidates]]
         if self.config.eviction == "lru":
             assert shard.last_access is not None
             priority = shard.last_access[candidates]
@@ -151,11 +151,8 @@ class Lifecycle:
         shard.free_rows(victims)
         shard.counts[2] += int(victims.size)
 
-    def init_rows(self, shard: Shard, rows: np.ndarray, keys: np.ndarray,
-                  clock: int) -> None:
-        """Lifecycle arrays of new ``rows`` (int64[M]) holding ``keys`` (uint64[M])."""
-        assert shard.row_keys is not None
-        shard.row_keys[rows] = keys
+    def init_rows(self, shard: Shard, rows: np.ndarray, clock: int) -> None:
+        """Lifecycle arrays of new ``rows`` (int64[M])."""
         if shard.stats is not None:
             shard.stats[rows] = 0
         if shard.saved is not None:

@@ -135,7 +135,6 @@ def _select_ctr(table: SparseTable, mode: SaveMode
             else:
                 shard.stats[chosen, DELTA_SCORE] = 0
             shard.saved[chosen] = True
-            assert shard.row_keys is not None
             keys.append(shard.row_keys[chosen])
             rows.append(shard.data[chosen])
             stats.append(shard.stats[chosen])
@@ -273,7 +272,7 @@ def remove_keys(table: SparseTable, keys: np.ndarray) -> int:
     delta's tombstones; they make no tombstone themselves). Returns the rows deleted.
     Tables without a lifecycle are left alone (no save gives them tombstones)."""
     removed = 0
-    if not keys.size:
+    if not keys.size or table.lifecycle is None:
         return 0
     shard_ids = table.shard_of(keys)
     for i, shard in enumerate(table.shards):
@@ -281,8 +280,6 @@ def remove_keys(table: SparseTable, keys: np.ndarray) -> int:
         if not mine.size:
             continue
         with shard.lock:
-            if shard.row_keys is None:  # no lifecycle: no save made tombstones for it
-                continue
             rows = shard.index.lookup(mine)
             rows = rows[rows >= 0]
             if shard.saved is not None:

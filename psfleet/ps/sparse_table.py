@@ -327,7 +327,7 @@ class SparseTable:
         shard.data[rows, self.dim:] = state
         if life is None:
             return rows[inverse]
-        life.init_rows(shard, rows, new, clock)
+        life.init_rows(shard, rows, clock)
         out = np.full(uniq.size, -1, dtype=np.int64)
         out[ok] = rows
         return out[inverse]

@@ -2,10 +2,10 @@
 
 Rows live in one float32 matrix ``data`` [capacity, dim + state_width] (values, then
 rule state). A table with a lifecycle (``AccessorConfig.active``) keeps, beside it and
-indexed by the same row numbers, the arrays it needs, each allocated only when used:
+indexed by the same row numbers, the arrays it needs, each allocated only when used
+(the key of each row is the hash index's ``row_keys``: eviction, shrink and saves pick
+rows, then read their keys there):
 
-- ``row_keys`` uint64[capacity]: the key of each row, RESERVED_KEY for a free row
-  (eviction and shrink pick rows, then need their keys to remove them from the index);
 - ``stats`` float32[capacity, 4]: show, click, unseen_days, delta_score (the CTR
   accessor; ``psfleet.ps.accessor``);
 - ``last_access`` int64[capacity]: the table clock of the row's last pull or push
@@ -42,7 +42,7 @@ class Shard:
 
     Args:
         width: floats per row of ``data`` (dim + state_width).
-        row_keys, stats, last_access: allocate those arrays (see the module docstring);
+        stats, last_access: allocate those arrays (see the module docstring);
             ``stats`` also allocates ``saved`` and the tombstones.
         cap: most rows this shard may hold (None: no cap).
         pending_slots: slots of the admission's pending table (0: none).
@@ -50,13 +50,12 @@ class Shard:
             (show_click_score admission) besides the int64 count.
     """
 
-    def __init__(self, width: int, *, row_keys: bool = False, stats: bool = False,
+    def __init__(self, width: int, *, stats: bool = False,
                  last_access: bool = False, cap: int | None = None,
                  pending_slots: int = 0, pending_scores: bool = False) -> None:
         self.lock = threading.Lock()
-        self.index = HashIndex()
+        self.index = HashIndex(max_rows=cap)
         self.data = np.zeros((0, width), dtype=np.float32)
-        self.row_keys = np.zeros(0, dtype=np.uint64) if row_keys else None
         self.stats = np.zeros((0, 4), dtype=np.float32) if stats else None
         self.last_access = np.zeros(0, dtype=np.int64) if last_access else None
         self.cap = cap
@@ -73,26 +72,31 @@ class Shard:
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes held by the row arrays, the pending table and the hash index."""
-        extra = [a.nbytes for a in (self.row_keys, self.stats, self.last_access,
-                                    self.saved) if a is not None]
-        return int(self.data.nbytes + sum(extra) + self.pending_keys.nbytes
+        """Bytes of the row arrays' rows handed out (``index.row_limit`` of them; the
+        zero-filled capacity past them is address space the OS commits only when a
+        row is written), the pending table and the hash index."""
+        arrays = [a for a in (self.data, self.stats, self.last_access, self.saved)
+                  if a is not None]
+        row_bytes = sum(a.itemsize * int(np.prod(a.shape[1:])) for a in arrays)
+        return int(self.index.row_limit * row_bytes + self.pending_keys.nbytes
                    + self.pending_counts.nbytes + self.pending_scores.nbytes
                    + self.tombs.nbytes + self.index.memory_bytes)
 
     def reserve(self, rows: int) -> None:
-        """Grow the row arrays to at least ``rows`` rows (by 1.5x, at most ``cap``)."""
+        """Grow the row arrays to at least ``rows`` rows: by 1.5x, or for a capped
+        shard to ``cap`` at once, so that a capped shard never holds an old and a new
+        copy of its rows together (its peak memory stays that of the cap). The arrays
+        are zero-filled (``np.zeros``: pages the OS commits on first write), so
+        untouched capacity costs no resident memory."""
         if rows <= self.data.shape[0]:
             return
         capacity = max(rows, int(self.data.shape[0] * _GROWTH), 1024)
         if self.cap is not None:
-            capacity = max(rows, min(capacity, self.cap))
+            capacity = max(rows, self.cap)
         used = self.index.row_limit
         grown = np.zeros((capacity, self.data.shape[1]), dtype=np.float32)
         grown[:used] = self.data[:used]
-        extra = {}
-        if self.row_keys is not None:
-            extra["row_keys"] = np.full(capacity, RESERVED_KEY, dtype=np.uint64)
+        extra: dict[str, np.ndarray] = {}
         if self.stats is not None:
             extra["stats"] = np.zeros((capacity, 4), dtype=np.float32)
         if self.last_access is not None:
@@ -105,21 +109,23 @@ class Shard:
         for name, array in extra.items():
             setattr(self, name, array)
 
+    @property
+    def row_keys(self) -> np.ndarray:
+        """uint64[>= row_limit]: the key of each row below ``index.row_limit``,
+        RESERVED_KEY for a free one (the hash index's array; do not write it)."""
+        return self.index.row_keys
+
     def live_rows(self) -> np.ndarray:
-        """int64[n]: the rows in use (needs ``row_keys``)."""
-        assert self.row_keys is not None
-        return np.flatnonzero(self.row_keys[: self.index.row_limit] != np.uint64(RESERVED_KEY))
+        """int64[n]: the rows in use, ascending."""
+        return self.index.live_rows()
 
     def free_rows(self, rows: np.ndarray) -> None:
         """Remove the keys of ``rows`` (int64[n], distinct, in use) from the shard; the
         keys of rows marked ``saved`` become tombstones."""
-        assert self.row_keys is not None
-        keys = self.row_keys[rows]
         if self.saved is not None:
-            self.add_tombstones(keys[self.saved[rows]])
+            self.add_tombstones(self.row_keys[rows[self.saved[rows]]])
             self.saved[rows] = False
-        self.index.remove(keys)
-        self.row_keys[rows] = np.uint64(RESERVED_KEY)
+        self.index.remove_rows(rows)
 
     def add_tombstones(self, keys: np.ndarray) -> None:
         """Append ``keys`` (uint64[n]) to the tombstones (the buffer doubles when full)."""
