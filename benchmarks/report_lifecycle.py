@@ -95,9 +95,11 @@ def _stream_part(lifecycle: list[Record]) -> str:
         "process, so its peak RSS (`ru_maxrss`) is its own. The capped run has the ctr "
         f"accessor, `max_rows` {s['max_rows']:,}, eviction "
         f"{capped.get('eviction')} in batches of {capped.get('evict_batch_fraction')} of a "
-        "shard's cap; the uncapped reference is the plain table over as many ids as fit "
-        "in memory. Rates are rows per second of pull and push calls alone; the CPU-time "
-        "rates are the fairer comparison on shared cores.\n\n"
+        "shard's cap; the uncapped reference is the plain table over as many ids as the "
+        "cap, run several times (the ratios use the median of its rates: a run of "
+        "seconds moves by 20% with noise on shared cores). Rates are rows per second of "
+        "pull and push calls alone; the CPU-time rates are the fairer comparison on "
+        "shared cores.\n\n"
         + _table(["run", "accessor", "eviction", "max_rows", "ids", "rows at the end",
                   "evicted", "pull M rows/s", "push M rows/s", "pull M rows/CPU s",
                   "push M rows/CPU s", "base RSS MiB", "peak RSS MiB",
