@@ -406,12 +406,12 @@ the targets (sections 1-3):
    the per-row bias correction) and a scatter back. At 1,000 keys per call the fixed
    per-numpy-call overhead dominates. Memory is {m(_med(mem9, 'table_ratio_to_raw'), 2)}x
    the raw row at dim 9:
-   16-byte slots kept at most half full (32-64 B per row) and 1.5x growth slack on the
-   row matrix (section 2b explains why its RSS figure is noisy). *Removal:*
-   a compiled open-addressing map (C++/Rust extension, or a torch C++ op) that probes each
-   key to the end and copies its values in one pass, with no temporaries; values and
-   optimizer state in separate matrices so a pull gathers only the values; 4-byte row
-   ids and a 0.7-0.8 load factor for memory."""
+   the index's 4-byte slots kept at most a quarter full plus an 8-byte key per row
+   (24-40 B per row) and 1.5x growth slack on the row matrix (section 2b explains why
+   its RSS figure is noisy). *Removal:* a compiled open-addressing map (C++/Rust
+   extension, or a torch C++ op) that probes each key to the end and copies its values
+   in one pass, with no temporaries, at a higher load factor; values and optimizer
+   state in separate matrices so a pull gathers only the values."""
 
 
 def _pooled_section(pooled: list[Record]) -> str:

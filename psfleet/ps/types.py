@@ -41,7 +41,7 @@ __all__ = [
     "ServerLimits",
 ]
 
-#: uint64 key that cannot be stored (the hash index marks empty slots with it).
+#: uint64 key that cannot be stored (it marks free rows and empty pending slots).
 RESERVED_KEY = 0xFFFF_FFFF_FFFF_FFFF
 
 #: Optimizer rules the servers apply (one ``psfleet.ps.rules.Rule`` class per name).
