@@ -99,21 +99,20 @@ class HashIndex:
             hashes (uint64[N]): ``mix64(keys)`` when the caller has it already (the
                 sparse table computes it once per request for shard and slot).
         """
-        slots = self._find_slots(keys, mix64(keys) if hashes is None else hashes)
-        out = self._slots[slots].astype(np.int64)
-        out[slots < 0] = -1
-        return out
+        return self._probe(keys, mix64(keys) if hashes is None else hashes)[1]
 
-    def _find_slots(self, keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
-        """Slot of each key (uint64[N]); -1 where absent. int64[N]."""
-        out = np.full(keys.shape[0], -1, dtype=np.int64)
+    def _probe(self, keys: np.ndarray, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(slot, row) of each key (uint64[N]); -1 and -1 where absent. int64[N] each."""
+        slots_out = np.full(keys.shape[0], -1, dtype=np.int64)
+        rows_out = np.full(keys.shape[0], -1, dtype=np.int64)
         if not self._size:
-            return out
+            return slots_out, rows_out
         pos = self._home(hashes)
         # First round: one slot per key (most keys sit in their home slot).
         rows = self._slots[pos]
         hit = (rows >= 0) & (self.row_keys[rows] == keys)  # row -1 reads the last key
-        out[hit] = pos[hit]
+        slots_out[hit] = pos[hit]
+        rows_out[hit] = rows[hit]
         more = ~hit & (rows >= 0)
         pending = np.flatnonzero(more)
         pos = (pos[more] + 1) & self._mask
@@ -128,11 +127,12 @@ class HashIndex:
             first = stop.argmax(axis=1)  # [P]
             at = np.arange(pending.size)
             found = hit[at, first]
-            out[pending[found]] = slots[found, first[found]]
+            slots_out[pending[found]] = slots[found, first[found]]
+            rows_out[pending[found]] = rows[found, first[found]]
             more = ~stop[at, first]
             pending = pending[more]
             pos = (pos[more] + _WINDOW) & self._mask
-        return out
+        return slots_out, rows_out
 
     def insert_new(self, keys: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
         """Insert keys known to be absent and unique; return their new row numbers.
@@ -195,7 +195,7 @@ class HashIndex:
         removed slots are placed again (see the module docstring); keys
         already in their home slot stay.
         """
-        slots = self._find_slots(keys, mix64(keys) if hashes is None else hashes)
+        slots = self._probe(keys, mix64(keys) if hashes is None else hashes)[0]
         found = np.flatnonzero(slots >= 0)
         _, first = np.unique(slots[found], return_index=True)
         found = found[first]  # one entry per removed slot
@@ -209,7 +209,7 @@ class HashIndex:
         :meth:`remove` of ``row_keys[rows]``, without its checks for absent and
         repeated keys (eviction and shrink pick rows)."""
         keys = self.row_keys[rows]
-        self._remove_slots(self._find_slots(keys, mix64(keys)))
+        self._remove_slots(self._probe(keys, mix64(keys))[0])
 
     def _remove_slots(self, freed: np.ndarray) -> None:
         """Empty the distinct occupied ``freed`` slots (int64[F]) and re-place the rest
