@@ -22,6 +22,7 @@ from psfleet.ps.admission import pending_slot, probability_u, shard_pending_slot
 from psfleet.ps.hashing import init_rows, mix64
 from psfleet.ps.lifecycle import LifecycleCounts, shard_caps
 from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table_shard import Shard
 from psfleet.ps.types import AccessorConfig, RuleConfig, SparseTableConfig
 
 pytestmark = pytest.mark.unit
@@ -489,3 +490,11 @@ def test_counts_of_the_wrong_shape_name_the_argument() -> None:
     with pytest.raises(InvalidRequestError, match="update_stats of 2 keys with shows"):
         table.update_stats(keys, np.zeros(1, np.float32), np.zeros(2, np.float32))
     assert len(table) == 0
+
+
+def test_a_cap_beyond_the_address_space_fails_naming_max_rows() -> None:
+    # A capped shard allocates its cap's row arrays at its first insert.
+    shard = Shard(28, stats=True, last_access=True, cap=10**13)
+    with pytest.raises(MemoryError, match="cap of 10,000,000,000,000 rows.*lower max_rows"):
+        shard.reserve(1)
+    assert shard.data.shape[0] == 0  # nothing changed

@@ -94,15 +94,22 @@ class Shard:
         if self.cap is not None:
             capacity = max(rows, self.cap)
         used = self.index.row_limit
-        grown = np.zeros((capacity, self.data.shape[1]), dtype=np.float32)
+        try:
+            grown = np.zeros((capacity, self.data.shape[1]), dtype=np.float32)
+            extra: dict[str, np.ndarray] = {}
+            if self.stats is not None:
+                extra["stats"] = np.zeros((capacity, 4), dtype=np.float32)
+            if self.last_access is not None:
+                extra["last_access"] = np.zeros(capacity, dtype=np.int64)
+            if self.saved is not None:
+                extra["saved"] = np.zeros(capacity, dtype=bool)
+        except MemoryError:
+            if self.cap is None:
+                raise
+            raise MemoryError(f"a shard's cap of {self.cap:,} rows (max_rows / the table's "
+                              "shards) did not fit in this server's address space; lower "
+                              "max_rows to what its memory holds") from None
         grown[:used] = self.data[:used]
-        extra: dict[str, np.ndarray] = {}
-        if self.stats is not None:
-            extra["stats"] = np.zeros((capacity, 4), dtype=np.float32)
-        if self.last_access is not None:
-            extra["last_access"] = np.zeros(capacity, dtype=np.int64)
-        if self.saved is not None:
-            extra["saved"] = np.zeros(capacity, dtype=bool)
         for name, array in extra.items():  # everything allocated before anything changes
             array[:used] = getattr(self, name)[:used]
         self.data = grown
