@@ -78,6 +78,13 @@ def _stream_part(lifecycle: list[Record]) -> str:
              _num(r["pushes_per_cpu_s"], 2, 1e-6), _num(r["base_rss_bytes"], 0, mb),
              _num(r["peak_rss_bytes"], 0, mb), _num(r["table_memory_bytes"], 0, mb)]
             for r in runs]
+    pair = _pick(lifecycle, bench="table_lifecycle_interleaved")
+    for case in ("capped", "uncapped") if pair else ():
+        r = pair[case]
+        rows.append([f"{case}, interleaved", "", "", "", f"{pair['ids']:,}", "", "",
+                     _num(r["pulls_per_s"], 2, 1e-6), _num(r["pushes_per_s"], 2, 1e-6),
+                     _num(r["pulls_per_cpu_s"], 2, 1e-6),
+                     _num(r["pushes_per_cpu_s"], 2, 1e-6), "", "", ""])
     capped = _pick(runs, case="capped") or {}
     s = summary
     ratios = _table(["", "pull", "push"], [
@@ -96,9 +103,10 @@ def _stream_part(lifecycle: list[Record]) -> str:
         f"accessor, `max_rows` {s['max_rows']:,}, eviction "
         f"{capped.get('eviction')} in batches of {capped.get('evict_batch_fraction')} of a "
         "shard's cap; the uncapped reference is the plain table over as many ids as the "
-        "cap, run several times (the ratios use the median of its rates: a run of "
-        "seconds moves by 20% with noise on shared cores). Rates are rows per second of "
-        "pull and push calls alone; the CPU-time rates are the fairer comparison on "
+        "cap. The ratios below come from a third run that feeds both tables the same "
+        "ids alternately, batch by batch (the uncapped one starting afresh at the cap's "
+        "row count), so that noise on shared cores weighs on both alike. Rates are rows "
+        "per second of pull and push calls alone; the CPU-time rates are the fairer comparison on "
         "shared cores.\n\n"
         + _table(["run", "accessor", "eviction", "max_rows", "ids", "rows at the end",
                   "evicted", "pull M rows/s", "push M rows/s", "pull M rows/CPU s",

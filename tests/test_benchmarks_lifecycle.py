@@ -34,21 +34,22 @@ lifecycle_targets = report_lifecycle.lifecycle_targets
 N_IDS, MAX_ROWS = 60_000, 8_000
 
 
-def _stream(case: str) -> dict[str, Any]:
-    args = argparse.Namespace(case=case, n=N_IDS, uncapped_n=N_IDS // 2, max_rows=MAX_ROWS,
+def _args(case: str) -> argparse.Namespace:
+    return argparse.Namespace(case=case, n=N_IDS, uncapped_n=N_IDS // 2, max_rows=MAX_ROWS,
                               batch=2048, accessor="ctr", eviction="lru",
                               evict_batch_fraction=0.05)
-    return table_lifecycle.run(args)
 
 
 @pytest.fixture(scope="module")
 def stream_records() -> list[dict[str, Any]]:
-    capped, uncapped = _stream("capped"), _stream("uncapped")
-    return [uncapped, capped, table_lifecycle.summary(capped, uncapped, MAX_ROWS)]
+    capped = table_lifecycle.run(_args("capped"))
+    uncapped = table_lifecycle.run(_args("uncapped"))
+    pair = table_lifecycle.run_interleaved(_args("interleaved"))
+    return [uncapped, capped, pair, table_lifecycle.summary(capped, pair, MAX_ROWS)]
 
 
 def test_stream_counts_and_summary(stream_records: list[dict[str, Any]]) -> None:
-    uncapped, capped, summary = stream_records
+    uncapped, capped, pair, summary = stream_records
     # Never-seen ids: the plain table keeps each; the capped one admits each, keeps at
     # most the cap and evicted exactly the rest.
     assert uncapped["rows"] == N_IDS // 2 and uncapped["evicted"] == 0
@@ -58,14 +59,18 @@ def test_stream_counts_and_summary(stream_records: list[dict[str, Any]]) -> None
     assert capped["raw_row_bytes"] == 8 + 4 * (9 + 2 * 9 + 1) + 16
     raw = MAX_ROWS * capped["raw_row_bytes"]
     assert summary["cap_raw_bytes"] == raw
+    # The ratios come from the interleaved run, which fed both tables every id.
+    assert pair["ids"] == N_IDS and set(pair["capped"]) == set(pair["uncapped"])
     assert summary["pull_rate_vs_uncapped"] == pytest.approx(
-        capped["pulls_per_s"] / uncapped["pulls_per_s"])
+        pair["capped"]["pulls_per_s"] / pair["uncapped"]["pulls_per_s"])
+    assert summary["push_cpu_rate_vs_uncapped"] == pytest.approx(
+        pair["capped"]["pushes_per_cpu_s"] / pair["uncapped"]["pushes_per_cpu_s"])
     assert summary["peak_rss_growth_over_raw"] == pytest.approx(
         (capped["peak_rss_bytes"] - capped["base_rss_bytes"]) / raw)
 
 
 def test_targets_rows_from_the_records(stream_records: list[dict[str, Any]]) -> None:
-    summary = stream_records[2]
+    summary = stream_records[3]
     rows = lifecycle_targets(stream_records, [])
     assert [r[0].split(" (")[0] for r in rows] == [
         "capped table pull rows/s vs uncapped", "capped table push rows/s vs uncapped",
