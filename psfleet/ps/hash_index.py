@@ -195,12 +195,12 @@ class HashIndex:
         removed slots are placed again (see the module docstring); keys
         already in their home slot stay.
         """
-        slots = self._probe(keys, mix64(keys) if hashes is None else hashes)[0]
+        slots, rows = self._probe(keys, mix64(keys) if hashes is None else hashes)
         found = np.flatnonzero(slots >= 0)
         _, first = np.unique(slots[found], return_index=True)
         found = found[first]  # one entry per removed slot
         out = np.full(keys.shape[0], -1, dtype=np.int64)
-        out[found] = self._slots[slots[found]]
+        out[found] = rows[found]
         self._remove_slots(slots[found])
         return out
 
@@ -287,9 +287,13 @@ class HashIndex:
             self._bits, self._shift, self._mask, self._slots = saved
             raise
 
+    def live_mask(self) -> np.ndarray:
+        """bool[row_limit]: which rows hold a key (a new array)."""
+        return self.row_keys[: self._row_limit] != np.uint64(RESERVED_KEY)
+
     def live_rows(self) -> np.ndarray:
         """int64[n]: the rows holding a key, ascending."""
-        return np.flatnonzero(self.row_keys[: self._row_limit] != np.uint64(RESERVED_KEY))
+        return np.flatnonzero(self.live_mask())
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """All (keys uint64[n], rows int64[n]) held, ordered by row."""

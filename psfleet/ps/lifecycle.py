@@ -137,10 +137,9 @@ class Lifecycle:
     def _evict(self, shard: Shard, protected: np.ndarray, n: int) -> None:
         if n <= 0:
             return
-        mask = np.ones(shard.index.row_limit, dtype=bool)
+        mask = shard.index.live_mask()
         mask[protected] = False
-        candidates = shard.live_rows()
-        candidates = candidates[mask[candidates]]
+        candidates = np.flatnonzero(mask)
         if self.config.eviction == "lru":
             assert shard.last_access is not None
             priority = shard.last_access[candidates]
