@@ -34,16 +34,25 @@ import numpy as np
 from psfleet.ps.hashing import mix64
 from psfleet.ps.types import RESERVED_KEY
 
-__all__ = ["HashIndex"]
+__all__ = ["HashIndex", "row_capacity"]
 
 _EMPTY = -1  # a slot holding no row
 _MAX_LOAD = 0.25
-_GROWTH = 1.5  # row_keys grows by this factor (or to max_rows at once)
+_GROWTH = 1.5
 _WINDOW = 8  # slots examined per key per round
 _WINDOW_OFFSETS = np.arange(_WINDOW, dtype=np.int64)[None, :]
 _GROW_CHUNK = 1 << 15  # rows re-placed per step of a rehash
 #: Row numbers are int32 in the slots: a shard holds fewer rows than this.
 _MAX_ROWS = np.iinfo(np.int32).max
+
+
+def row_capacity(current: int, needed: int, cap: int | None) -> int:
+    """Rows a per-row array grows to when it must hold ``needed`` (> ``current``):
+    1.5x (at least 1,024), or with a row ``cap`` the cap at once, so that a capped
+    shard never holds an old and a new copy of its rows together."""
+    if cap is not None:
+        return max(needed, cap)
+    return max(needed, int(current * _GROWTH), 1024)
 
 
 class HashIndex:
@@ -173,9 +182,7 @@ class HashIndex:
         return rows
 
     def _reserve_rows(self, rows: int) -> None:
-        capacity = max(rows, int(self.row_keys.size * _GROWTH), 1024)
-        if self._max_rows is not None:
-            capacity = max(rows, self._max_rows)
+        capacity = row_capacity(self.row_keys.size, rows, self._max_rows)
         grown = np.zeros(capacity, dtype=np.uint64)  # past row_limit: never read
         grown[: self._row_limit] = self.row_keys[: self._row_limit]
         self.row_keys = grown

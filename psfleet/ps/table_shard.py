@@ -26,12 +26,11 @@ import threading
 
 import numpy as np
 
-from psfleet.ps.hash_index import HashIndex
+from psfleet.ps.hash_index import HashIndex, row_capacity
 from psfleet.ps.types import RESERVED_KEY
 
 __all__ = ["Shard", "STAT_COLUMNS", "SHOW", "CLICK", "UNSEEN_DAYS", "DELTA_SCORE"]
 
-_GROWTH = 1.5
 #: Columns of ``Shard.stats``.
 STAT_COLUMNS = ("show", "click", "unseen_days", "delta_score")
 SHOW, CLICK, UNSEEN_DAYS, DELTA_SCORE = range(4)
@@ -83,16 +82,13 @@ class Shard:
                    + self.tombs.nbytes + self.index.memory_bytes)
 
     def reserve(self, rows: int) -> None:
-        """Grow the row arrays to at least ``rows`` rows: by 1.5x, or for a capped
-        shard to ``cap`` at once, so that a capped shard never holds an old and a new
-        copy of its rows together (its peak memory stays that of the cap). The arrays
+        """Grow the row arrays to at least ``rows`` rows (``hash_index.row_capacity``:
+        a capped shard to its cap at once, so its peak memory stays the cap's). The arrays
         are zero-filled (``np.zeros``: pages the OS commits on first write), so
         untouched capacity costs no resident memory."""
         if rows <= self.data.shape[0]:
             return
-        capacity = max(rows, int(self.data.shape[0] * _GROWTH), 1024)
-        if self.cap is not None:
-            capacity = max(rows, self.cap)
+        capacity = row_capacity(self.data.shape[0], rows, self.cap)
         used = self.index.row_limit
         try:
             grown = np.zeros((capacity, self.data.shape[1]), dtype=np.float32)
