@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from psfleet import env, logs
-from psfleet.cli import starter
+from psfleet.cli import parity, starter
 from psfleet.cli import status as status_cli
 from psfleet.cli.console import (
     close_progress_bars,
@@ -265,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status", help="rows, memory and request rates of a running job's servers",
         description=status_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     starter.register(commands)
+    parity.register(commands)
     return parser
 
 
