@@ -293,3 +293,19 @@ def test_server_wait_timeout_bad_environment(raw: str) -> None:
 
 def test_mode_literal_is_the_tuple() -> None:
     assert get_args(Mode) == MODES
+
+
+def test_runner_a_sync_configs_reach_the_strategy(tmp_path: Path) -> None:
+    from psfleet.rec.trainer import strategy_of  # imports torch: only this test pays
+
+    path = _write_config(tmp_path, runner={"a_sync_configs": {"send_queue_size": 2}})
+    config = load_config(path, ["runner.a_sync_configs.k_steps=3"])
+    strategy = strategy_of(config)
+    assert (strategy.a_sync_configs.k_steps, strategy.a_sync_configs.send_queue_size,
+            strategy.a_sync_configs.max_merge_var_num) == (3, 2, 16)
+    assert strategy_of(load_config(path)).a_sync_configs.k_steps == 1
+    with pytest.raises(ConfigError, match=r"runner\.a_sync_configs.*max_merge: unknown "
+                                          r"setting; the settings are k_steps"):
+        load_config(path, ["runner.a_sync_configs.max_merge=1"])
+    with pytest.raises(ConfigError, match=r"runner\.a_sync_configs.*send_queue_size: 0 must"):
+        load_config(path, ["runner.a_sync_configs.send_queue_size=0"])

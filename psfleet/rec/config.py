@@ -38,6 +38,7 @@ from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
 from psfleet.nn.features import check_table_features
 from psfleet.nn.types import Pooling
+from psfleet.ps.communicator.types import AsyncConfig
 from psfleet.ps.types import AccessorConfig, Initializer, OptimizerClass
 from psfleet.rec.online_config import AfterPassConfig, check_online_keys, table_accessors
 from psfleet.types import Mode
@@ -98,6 +99,8 @@ class RunnerConfig(_Section):
         use_gpu: collective mode: train each rank on a GPU (nccl); an error when
             there is no GPU.
         geo_step: steps between GEO syncs (PaddleRec's default 400).
+        a_sync_configs: the async communicator's settings, as Paddle's
+            ``strategy.a_sync_configs`` (``psfleet.ps.communicator.AsyncConfig``).
         thread_num: CPU threads of each worker's torch ops.
         print_interval: steps between progress-bar refreshes.
         model_save_path: the folder of the run folders: each run writes
@@ -157,6 +160,7 @@ class RunnerConfig(_Section):
     batch_size: int = Field(512, ge=1)
     sync_mode: Mode = "async"
     geo_step: int = Field(400, ge=1)
+    a_sync_configs: AsyncConfig = AsyncConfig()
     use_gpu: bool = False
     thread_num: int = Field(1, ge=1)
     print_interval: int = Field(10, ge=1)

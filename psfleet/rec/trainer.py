@@ -63,7 +63,7 @@ from psfleet.rec.resume import CheckpointTally, agreed_share, resume_cursor
 from psfleet.rec.run_folder import open_run_folder
 from psfleet.rec.validation import finish_pass, record_valid, valid_reader, validate_between
 
-__all__ = ["train", "evaluate", "OPTIMIZERS"]
+__all__ = ["train", "evaluate", "strategy_of", "OPTIMIZERS"]
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +169,17 @@ def _recorder(config: TrainConfig, first: bool) -> RunRecorder:
     return RunRecorder(folder, None if fleet.is_collective() else fleet.server_stats)
 
 
+def strategy_of(config: TrainConfig) -> DistributedStrategy:
+    """The fleet strategy a runner config describes: ``runner.sync_mode``,
+    ``geo_step``, ``a_sync_configs`` and ``cluster.server_wait_timeout_s`` (None: the
+    environment's); collective mode on the CPU (gloo)."""
+    runner = config.runner
+    return DistributedStrategy(
+        mode=runner.sync_mode, geo_step=runner.geo_step, a_sync_configs=runner.a_sync_configs,
+        server_wait_timeout_s=config.cluster.server_wait_timeout_s,
+        collective_backend="gloo" if runner.sync_mode == "collective" else "auto")
+
+
 def train(config: TrainConfig) -> dict[str, Any] | None:
     """Run this process's part of the job described by ``config``.
 
@@ -189,10 +200,7 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
     torch.set_num_threads(runner.thread_num)
     torch.manual_seed(runner.seed)
     # The config was checked before the job started (runner.use_gpu is false: CPU).
-    fleet.init(strategy=DistributedStrategy(
-        mode=runner.sync_mode, geo_step=runner.geo_step,
-        server_wait_timeout_s=config.cluster.server_wait_timeout_s,  # None: the env's
-        collective_backend="gloo" if runner.sync_mode == "collective" else "auto"))
+    fleet.init(strategy=strategy_of(config))
     model = build_runner_model(config)
     optimizer = fleet.distributed_optimizer(
         OPTIMIZERS[hp.optimizer.class_](model.parameters(), lr=hp.optimizer.learning_rate))
