@@ -312,6 +312,28 @@ def test_async_applies_every_gradient_exactly_once() -> None:
     np.testing.assert_allclose(rows[-1], initial_counter - LR * steps, rtol=0, atol=1e-5)
 
 
+def test_async_staleness_counts_the_workers_steps_missing_from_installed_values() -> None:
+    """With k_steps 2 the dense values are pulled after every second send: installed
+    right after step 2 or 4 they hold every step (staleness 0); installed after step
+    5 they are step 4's, one step short (staleness 1). Values not yet installed wait
+    for the next call, which gets the newest."""
+    config = AsyncConfig(k_steps=2, send_queue_size=4, max_merge_var_num=1)
+    installs: list[bool] = []
+    with servers(1) as endpoints, worker_client(endpoints, 0) as client:
+        comm = AsyncCommunicator(client, config)
+        comm.start()
+        try:
+            for step in range(1, 6):
+                comm.push_dense(DENSE, np.ones(DENSE_TOTAL, np.float32))
+                comm.flush()  # the step is sent (and pulled after, every second send)
+                if step in (1, 2, 5):  # not after 3 and 4: step 4's values wait
+                    installs.append(comm.fresh_dense(DENSE) is not None)
+        finally:
+            comm.stop()
+    assert installs == [False, True, True]
+    assert (comm.staleness.count, comm.staleness.max, comm.staleness.mean) == (2, 1, 0.5)
+
+
 # -- strategies -------------------------------------------------------------------------
 
 

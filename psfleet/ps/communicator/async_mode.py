@@ -45,6 +45,8 @@ class _Step:
     sparse_clicks: dict[int, list[np.ndarray | None]] = field(
         default_factory=lambda: defaultdict(list))
     dense: dict[int, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
+    #: the worker's number of the newest step merged in (1 for its first step)
+    last: int = 0
 
     def empty(self) -> bool:
         return not self.sparse_keys and not self.dense
@@ -57,9 +59,35 @@ class _Step:
             self.sparse_clicks[tid].extend(other.sparse_clicks[tid])  # their counts
         for tid, grads in other.dense.items():
             self.dense[tid].extend(grads)
+        self.last = max(self.last, other.last)
 
 
 _STOP = None
+
+
+class StalenessStats:
+    """How stale the dense values a worker installs are: per install, the worker's own
+    steps whose gradients are not in them yet (0: all are; one process is always 0).
+    Other workers' pushes are not counted: the worker cannot see them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0
+        self.max = 0
+
+    def add(self, steps: int) -> None:
+        """Record one install's staleness, in steps (>= 0)."""
+        self.count += 1
+        self.total += steps
+        self.max = max(self.max, steps)
+
+    @property
+    def mean(self) -> float:
+        """Mean staleness in steps (0.0 before any install)."""
+        return self.total / self.count if self.count else 0.0
+
+    def __str__(self) -> str:
+        return f"mean {self.mean:.2f} max {self.max} steps over {self.count} installs"
 
 
 class AsyncCommunicator(Communicator):
@@ -80,7 +108,11 @@ class AsyncCommunicator(Communicator):
         self.config = config or AsyncConfig()
         self._queue: queue.Queue[_Step | None] = queue.Queue(maxsize=self.config.send_queue_size)
         self._open = _Step()
-        self._fresh: dict[int, np.ndarray] = {}
+        self._fresh: dict[int, tuple[np.ndarray, int]] = {}  # values, newest step in them
+        self._steps = 0
+        #: dense staleness of each install: the worker's steps not yet in the values
+        #: it installs (0: every step so far is in them; the lag behind one process)
+        self.staleness = StalenessStats()
         self._fresh_lock = threading.Lock()
         self._sends = 0
         self._count_lock = threading.Lock()
@@ -119,7 +151,9 @@ class AsyncCommunicator(Communicator):
         self._check()
         if self._open.empty():
             return
+        self._steps += 1
         step, self._open = self._open, _Step()
+        step.last = self._steps
         while True:
             try:
                 self._queue.put(step, timeout=1.0)
@@ -130,7 +164,12 @@ class AsyncCommunicator(Communicator):
     def fresh_dense(self, table_id: int) -> np.ndarray | None:
         self._check()
         with self._fresh_lock:
-            return self._fresh.pop(table_id, None)
+            fresh = self._fresh.pop(table_id, None)
+        if fresh is None:
+            return None
+        values, last = fresh
+        self.staleness.add(self._steps - last)
+        return values
 
     def flush(self) -> None:
         if not self._threads:
@@ -150,6 +189,8 @@ class AsyncCommunicator(Communicator):
             for thread in self._threads:
                 thread.join()
             self._threads = []
+            logger.info("async communicator: %d sends, %d steps merged into others; "
+                        "dense staleness %s", self._sends, self.merged_steps, self.staleness)
 
     def _collect(self) -> list[_Step | None]:
         """The next queued steps to merge: at least one, at most max_merge_var_num."""
@@ -210,4 +251,4 @@ class AsyncCommunicator(Communicator):
             for table_id in step.dense:
                 values = self.client.pull_dense(table_id)
                 with self._fresh_lock:
-                    self._fresh[table_id] = values
+                    self._fresh[table_id] = (values, step.last)
