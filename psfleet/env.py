@@ -265,6 +265,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         "when the script does not pass checkpoint_dir to fleet.init_server(); fleetrun "
         "names it in the line of a gang restart.",
     ),
+    EnvVar(
+        "PSFLEET_SIMULATE_STALENESS",
+        None,
+        "Single-process training (cluster.server_num 0) only: apply every push STEPS "
+        "steps late (STEPS, or STEPS:dense / STEPS:sparse for those pushes only), so one "
+        "process measures what that much async staleness costs the model, "
+        "deterministically (docs/modes.md). Unset or 0: off.",
+    ),
 )
 
 _BY_NAME = {v.name: v for v in VARIABLES}

@@ -10,7 +10,7 @@ from psfleet.ps.client import TableClient
 from psfleet.ps.communicator.async_mode import AsyncCommunicator
 from psfleet.ps.communicator.collective_mode import CollectiveCommunicator
 from psfleet.ps.communicator.geo_mode import GeoCommunicator
-from psfleet.ps.communicator.local_mode import LocalCommunicator
+from psfleet.ps.communicator.local_mode import LocalCommunicator, simulated_staleness
 from psfleet.ps.communicator.sync_mode import SyncCommunicator
 from psfleet.ps.communicator.types import AsyncConfig, Communicator
 
@@ -31,7 +31,7 @@ class CommunicatorSettings:
 
 
 MODES: dict[str, Callable[[TableClient, CommunicatorSettings], Communicator]] = {
-    "local": lambda client, settings: LocalCommunicator(client),
+    "local": lambda client, settings: LocalCommunicator(client, simulated_staleness()),
     "async": lambda client, settings: AsyncCommunicator(client, settings.async_config),
     "sync": lambda client, settings: SyncCommunicator(client, settings.worker_num),
     "geo": lambda client, settings: GeoCommunicator(client, settings.geo_step,
