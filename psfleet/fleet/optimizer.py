@@ -2,7 +2,10 @@
 
 The wrapped optimizer is not stepped: its type and hyper-parameters choose the rule
 the tables apply (Adam -> adam, SGD -> sgd, Adagrad -> adagrad), as Paddle's
-distributed optimizer turns the optimizer into server-side rules. ``step()`` asks the
+distributed optimizer turns the optimizer into server-side rules. In async mode with
+``local_dense_update`` a copy of it (``psfleet.fleet.dense_lag.local_optimizer``) also
+steps the dense parameters on the worker: those steps stand in for the worker's own
+pushes the servers' values do not hold yet. ``step()`` asks the
 worker runtime's step collector (:class:`psfleet.fleet.step.StepCollector`) to push the
 step's sparse gradients (collected there by the embeddings' forwards) and the flat
 dense gradient, and installs the freshest dense values it returns.
@@ -18,6 +21,7 @@ import numpy as np
 import torch
 
 from psfleet.errors import ConfigError, FatalError
+from psfleet.fleet.dense_lag import OwnStepCompensation, local_optimizer
 from psfleet.fleet.step import StepCollector
 from psfleet.ps.types import OPTIMIZER_CLASSES, RuleConfig
 
@@ -84,17 +88,26 @@ class DistributedOptimizer:
         self.params: list[torch.Tensor] = [p for g in optimizer.param_groups
                                            for p in g["params"]]
         self._step: StepCollector | None = None
+        self._own: OwnStepCompensation | None = None  # async local_dense_update
         self.steps = 0
 
     def bind(self, step: StepCollector) -> None:
-        """Drive the worker runtime's steps (called by ``fleet.init_worker``)."""
+        """Drive the worker runtime's steps (called by ``fleet.init_worker``, after
+        it installed the tables' dense values)."""
         self._step = step
+        if step.communicator.local_dense_update and self.params:
+            self._own = OwnStepCompensation(sum(p.numel() for p in self.params),
+                                            local_optimizer(self.inner))
 
-    def flat_values(self) -> np.ndarray:
-        """The dense parameters flattened in order: float32[total] (a copy)."""
+    def flat_values(self, out: np.ndarray | None = None) -> np.ndarray:
+        """The dense parameters flattened in order: float32[total] (a copy, written
+        into ``out`` when given)."""
         if not self.params:
             return np.zeros(0, dtype=np.float32)
         with torch.no_grad():
+            if out is not None:
+                torch.cat([p.reshape(-1) for p in self.params], out=torch.from_numpy(out))
+                return out
             return torch.cat([p.reshape(-1) for p in self.params]).numpy().copy()
 
     def install(self, values: np.ndarray) -> None:
@@ -113,6 +126,8 @@ class DistributedOptimizer:
             values = self._step.pull_dense()
             if values is not None:
                 self.install(values)
+                if self._own is not None:
+                    self._own.reset()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the dense parameters' gradients."""
@@ -142,6 +157,13 @@ class DistributedOptimizer:
             grads = torch.cat([p.grad.reshape(-1) if p.grad is not None
                                else torch.zeros(p.numel()) for p in self.params]).numpy()
         fresh = self._step.end_step(grads, labels)
+        own = self._own
+        if own is not None and own.local is not None:  # the own step, at once
+            before = self.flat_values(out=own.before)
+            own.local.step()
+            own.record(before, self.flat_values(out=own.after))
+            if fresh is not None:
+                fresh = own.compensate(fresh, self._step.communicator.fresh_dense_lag)
         if fresh is not None:
             self.install(fresh)
         self.steps += 1

@@ -113,6 +113,7 @@ class AsyncCommunicator(Communicator):
         #: dense staleness of each install: the worker's steps not yet in the values
         #: it installs (0: every step so far is in them; the lag behind one process)
         self.staleness = StalenessStats()
+        self.local_dense_update = self.config.local_dense_update
         self._fresh_lock = threading.Lock()
         self._sends = 0
         self._count_lock = threading.Lock()
@@ -168,7 +169,8 @@ class AsyncCommunicator(Communicator):
         if fresh is None:
             return None
         values, last = fresh
-        self.staleness.add(self._steps - last)
+        self.fresh_dense_lag = self._steps - last
+        self.staleness.add(self.fresh_dense_lag)
         return values
 
     def flush(self) -> None:

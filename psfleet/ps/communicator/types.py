@@ -42,6 +42,11 @@ class AsyncConfig(BaseModel):
         send_wait_times: when fewer than ``max_merge_var_num`` steps are queued, a
             send thread waits up to this many 10 ms periods for more to merge
             (0: send at once) (>= 0).
+        local_dense_update: the worker also applies its dense gradient to its own
+            parameters at once (its optimizer's rule) and keeps those steps on top
+            of the servers' values until they include them
+            (``psfleet.fleet.dense_lag``); False: it computes on the servers' values
+            as they arrive, its own last steps missing (Paddle's behaviour).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -51,6 +56,7 @@ class AsyncConfig(BaseModel):
     max_merge_var_num: int = 16
     thread_pool_size: int = 1
     send_wait_times: int = 0
+    local_dense_update: bool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -109,6 +115,15 @@ class Communicator(ABC):
         source of its own (GEO's local copy) overrides this.
         """
         return self.client.start_pull_sparse(table_id, keys, create)
+
+    #: Whether the worker's optimizer also steps its dense parameters locally and keeps
+    #: its own steps that :meth:`fresh_dense`'s values miss (``fresh_dense_lag``) on
+    #: top of them (``psfleet.fleet.dense_lag``): async with ``local_dense_update``.
+    local_dense_update = False
+
+    #: This worker's last steps missing from the values :meth:`fresh_dense` last
+    #: returned (0 in the modes whose values hold every step).
+    fresh_dense_lag = 0
 
     #: Whether pushes carry the ``ctr`` tables' show and click counts to the tables
     #: (every mode with servers; not collective, whose ranks hold no servers' tables).
