@@ -22,6 +22,7 @@ On Ctrl-C worker 0 writes ``metrics.json`` with the finished epochs and an
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -313,10 +314,10 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
                 progress.malformed.observe("train", reader)
             if recorder is not None:
                 recorder.epoch(stats)
-            logger.info("epoch %d/%d: loss %.5f, train auc %.4f, %d examples, %.0f "
-                        "examples/s on this worker, %.1f s", stats["epoch"], total,
-                        stats["loss"], stats["auc"], stats["examples"],
-                        stats["examples_per_s"], stats["wall_s"])
+            auc = "" if math.isnan(stats["auc"]) else f", train auc {stats['auc']:.4f}"
+            logger.info("epoch %d/%d: loss %.5f%s, %d examples, %.0f examples/s on this "
+                        "worker, %.1f s", stats["epoch"], total, stats["loss"], auc,
+                        stats["examples"], stats["examples_per_s"], stats["wall_s"])
         progress.epoch, progress.batch = epoch + 1, 0  # the next one, if any
         if plan.ends_pass(epoch):
             if finish_pass(config, plan, k, epoch, model, optimizer, readers, book,
