@@ -62,12 +62,12 @@ class LocalCommunicator(Communicator):
         self._delay, which = staleness
         self._late = {kind: self._delay > 0 and which in ("all", kind)
                       for kind in ("dense", "sparse")}
-        self._step: list[Callable[[], None]] = []  # this step's late pushes
-        self._pending: deque[list[Callable[[], None]]] = deque()  # earlier steps'
+        self._late_now: list[Callable[[], None]] = []  # this step's late pushes
+        self._late_steps: deque[list[Callable[[], None]]] = deque()  # earlier steps'
 
     def _push(self, kind: str, push: Callable[[], None]) -> None:
         if self._late[kind]:
-            self._step.append(push)
+            self._late_now.append(push)
         else:
             push()
 
@@ -84,10 +84,10 @@ class LocalCommunicator(Communicator):
     def end_step(self) -> None:
         """Apply the pushes of the step ``staleness`` steps back (none without it)."""
         if self._delay:
-            self._pending.append(self._step)
-            self._step = []
-            while len(self._pending) > self._delay:
-                self._apply(self._pending.popleft())
+            self._late_steps.append(self._late_now)
+            self._late_now = []
+            while len(self._late_steps) > self._delay:
+                self._apply(self._late_steps.popleft())
 
     @staticmethod
     def _apply(pushes: list[Callable[[], None]]) -> None:
@@ -102,7 +102,7 @@ class LocalCommunicator(Communicator):
 
     def flush(self) -> None:
         """Apply every push still held back (simulated staleness); else nothing waits."""
-        self._pending.append(self._step)
-        self._step = []
-        while self._pending:
-            self._apply(self._pending.popleft())
+        self._late_steps.append(self._late_now)
+        self._late_now = []
+        while self._late_steps:
+            self._apply(self._late_steps.popleft())
