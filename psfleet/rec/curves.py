@@ -45,7 +45,8 @@ from typing import Any
 from psfleet.errors import PsfleetError
 from psfleet.rpc import messages as msg
 
-__all__ = ["CURVES_NAME", "TENSORBOARD_DIR", "RunRecorder", "plot_curves", "server_scalars"]
+__all__ = ["CURVES_NAME", "TENSORBOARD_DIR", "RunRecorder", "plot_curves", "save_png",
+           "server_scalars"]
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +173,18 @@ class RunRecorder:
         self._writer, self._server_writers = None, []
 
 
+def save_png(figure: Any, path: Path) -> Path:
+    """Write a matplotlib ``figure`` to ``path`` as PNG, atomically (a temporary file
+    beside it, then a rename: a reader never sees half a file); returns ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        figure.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def _values(entries: Sequence[Mapping[str, Any]], key: str) -> list[float]:
     return [math.nan if e.get(key) is None else float(e[key]) for e in entries]
 
@@ -221,10 +234,4 @@ def plot_curves(path: Path, epochs: Sequence[Mapping[str, Any]],
     if title:
         figure.suptitle(title)
     figure.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        figure.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return save_png(figure, path)

@@ -10,10 +10,11 @@ renamed.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from psfleet.rec.curves import save_png
 
 __all__ = ["PARITY_PNG", "plot_parity"]
 
@@ -64,10 +65,4 @@ def plot_parity(path: Path, rows: Sequence[Mapping[str, Any]], tolerance: float,
     if title:
         ax.set_title(title)
     figure.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        figure.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return save_png(figure, path)
