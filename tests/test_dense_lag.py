@@ -1,6 +1,7 @@
 """Dense lag: an async worker's own dense steps on top of lagging server values
-(``psfleet.fleet.dense_lag``, ``a_sync_configs.local_dense_update``), and the simulated
-staleness of single-process training (``PSFLEET_SIMULATE_STALENESS``).
+(``psfleet.fleet.dense_lag``, ``a_sync_configs.local_dense_update``), the dense rule's
+momentum correction (``psfleet.fleet.async_momentum``), and the simulated staleness of
+single-process training (``PSFLEET_SIMULATE_STALENESS``).
 
 With one worker and SGD, the values each step computes on are one process's values,
 whatever the lag of the servers' values; without the local update they are not.
@@ -8,18 +9,23 @@ whatever the lag of the servers' values; without the local update they are not.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 import torch
 
 from psfleet.errors import ConfigError
-from psfleet.fleet import DistributedOptimizer
-from psfleet.fleet.dense_lag import OwnStepCompensation
+from psfleet.fleet import DistributedOptimizer, DistributedStrategy, Role, RoleInfo
+from psfleet.fleet.async_momentum import async_dense_rule
+from psfleet.fleet.dense_lag import OwnStepCompensation, local_optimizer
+from psfleet.fleet.runtime import ParameterServerHooks, RuntimeConfig, WorkerRuntime
 from psfleet.fleet.step import StepCollector
 from psfleet.ps import RemoteClient, RuleConfig, SparseTableConfig, TableService, start_server
 from psfleet.ps.client import LocalClient
 from psfleet.ps.communicator import AsyncCommunicator, AsyncConfig, LocalCommunicator
 from psfleet.ps.communicator.local_mode import simulated_staleness
+from psfleet.ps.rules import make_rule
 from psfleet.rpc import RpcConfig
 
 pytestmark = pytest.mark.service
@@ -130,3 +136,68 @@ def test_simulated_staleness_of_one_kind_and_bad_values() -> None:
     for bad in ("-1", "two", "2:both", "2:"):
         with pytest.raises(ConfigError, match="PSFLEET_SIMULATE_STALENESS: .* is not STEPS"):
             simulated_staleness(bad)
+
+
+def test_async_dense_rule_lowers_adams_momentum_by_what_asynchrony_adds() -> None:
+    adam = RuleConfig(name="adam", learning_rate=0.001, beta1=0.9)
+    assert async_dense_rule(adam, 1) == adam
+    assert async_dense_rule(adam, 2).beta1 == pytest.approx(0.4)
+    assert async_dense_rule(adam, 4).beta1 == pytest.approx(0.15)
+    assert async_dense_rule(adam, 16).beta1 == 0.0  # floored
+    assert async_dense_rule(adam, 2).model_dump(exclude={"beta1"}) == adam.model_dump(
+        exclude={"beta1"})
+    sgd = RuleConfig(name="sgd", learning_rate=0.1)
+    assert async_dense_rule(sgd, 4) == sgd  # no momentum to lower
+
+
+def test_the_local_optimizer_computes_the_tables_rule() -> None:
+    for rule in (RuleConfig(name="adam", learning_rate=0.01, beta1=0.4, beta2=0.99,
+                            epsilon=1e-6),
+                 RuleConfig(name="adagrad", learning_rate=0.1, epsilon=1e-7,
+                            initial_accumulator=0.1),
+                 RuleConfig(name="sgd", learning_rate=0.1)):
+        start = np.linspace(-1, 1, 6, dtype=np.float32).reshape(1, 6)
+        param = torch.nn.Parameter(torch.from_numpy(start.copy()))
+        optimizer = local_optimizer([param], rule)
+        table_rule = make_rule(rule)
+        values, state = start.copy(), table_rule.init_state(1, 6)
+        for step in range(3):
+            grad = np.full((1, 6), 0.5 - step, np.float32)
+            param.grad = torch.from_numpy(grad.copy())
+            optimizer.step()
+            table_rule.update(values, state, grad)
+        np.testing.assert_allclose(param.detach().numpy(), values, rtol=0, atol=1e-6,
+                                   err_msg=rule.name)
+
+
+def _dense_rule_on_the_server(correction: bool) -> RuleConfig:
+    """The dense table's rule a 2-worker async job creates on its server."""
+    service = TableService()
+    _, server = start_server("127.0.0.1", 0, CONFIG, service)
+    strategy = DistributedStrategy(mode="async", a_sync_configs={
+        "momentum_correction": correction})
+
+    def worker(index: int) -> WorkerRuntime:
+        model = torch.nn.Linear(3, 1)
+        config = RuntimeConfig(RoleInfo(Role.WORKER, index, 2,
+                                        server_endpoints=[server.endpoint]),
+                               strategy, CONFIG, 20.0)
+        optimizer = DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01))
+        return WorkerRuntime.connect(config, ParameterServerHooks(), optimizer, [])
+
+    try:
+        with ThreadPoolExecutor(2) as pool:  # both workers meet at the start barrier
+            runtimes = list(pool.map(worker, (0, 1)))
+        rules = {r.optimizer.dense_rule for r in runtimes}
+        table = service.tables[runtimes[0].tables.dense_table_id]
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda r: r.stop(), runtimes))
+    finally:
+        server.stop(grace_s=0.5)
+    assert rules == {table.config.rule}  # the workers' local steps use the table's rule
+    return table.config.rule
+
+
+def test_a_two_worker_async_job_creates_its_dense_table_with_corrected_momentum() -> None:
+    assert _dense_rule_on_the_server(True).beta1 == pytest.approx(0.4)
+    assert _dense_rule_on_the_server(False).beta1 == pytest.approx(0.9)

@@ -3,8 +3,9 @@
 The wrapped optimizer is not stepped: its type and hyper-parameters choose the rule
 the tables apply (Adam -> adam, SGD -> sgd, Adagrad -> adagrad), as Paddle's
 distributed optimizer turns the optimizer into server-side rules. In async mode with
-``local_dense_update`` a copy of it (``psfleet.fleet.dense_lag.local_optimizer``) also
-steps the dense parameters on the worker: those steps stand in for the worker's own
+``local_dense_update`` an optimizer computing the dense table's rule
+(``psfleet.fleet.dense_lag.local_optimizer``) also steps the dense parameters on the
+worker: those steps stand in for the worker's own
 pushes the servers' values do not hold yet. ``step()`` asks the
 worker runtime's step collector (:class:`psfleet.fleet.step.StepCollector`) to push the
 step's sparse gradients (collected there by the embeddings' forwards) and the flat
@@ -85,6 +86,9 @@ class DistributedOptimizer:
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.inner = optimizer
         self.rule = rule_from_optimizer(optimizer)
+        #: the dense table's rule: ``rule``, or in async mode with momentum correction
+        #: its Adam beta1 lowered (``psfleet.fleet.async_momentum``; set by the runtime)
+        self.dense_rule = self.rule
         self.params: list[torch.Tensor] = [p for g in optimizer.param_groups
                                            for p in g["params"]]
         self._step: StepCollector | None = None
@@ -97,7 +101,7 @@ class DistributedOptimizer:
         self._step = step
         if step.communicator.local_dense_update and self.params:
             self._own = OwnStepCompensation(sum(p.numel() for p in self.params),
-                                            local_optimizer(self.inner))
+                                            local_optimizer(self.params, self.dense_rule))
 
     def flat_values(self, out: np.ndarray | None = None) -> np.ndarray:
         """The dense parameters flattened in order: float32[total] (a copy, written

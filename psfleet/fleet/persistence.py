@@ -273,7 +273,7 @@ class Persistence:
                                for name, c in self._table_configs().items()},
                 dense={"table_id": rt.tables.dense_table_id,
                        "shapes": [list(p.shape) for p in optimizer.params],
-                       "rule": optimizer.rule.model_dump(mode="json")},
+                       "rule": optimizer.dense_rule.model_dump(mode="json")},
                 cursors=cursors, extra=extra)
             url = store.commit(pending, manifest)
         except (OSError, PsfleetError) as exc:
@@ -324,7 +324,7 @@ class Persistence:
             if latest is not None:
                 check_compatible(latest.manifest, latest.storage.url, self._table_configs(),
                                  [list(p.shape) for p in optimizer.params],
-                                 optimizer.rule.model_dump(mode="json"))
+                                 optimizer.dense_rule.model_dump(mode="json"))
                 rt.client.load(latest.storage.url)
                 logger.info("resumed tables from checkpoint %s (step %d, %d server(s) then, "
                             "%d now)", latest.storage.url, latest.manifest.step,

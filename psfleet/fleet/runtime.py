@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 from torch import nn
 
+from psfleet.fleet.async_momentum import async_dense_rule
 from psfleet.fleet.optimizer import DistributedOptimizer
 from psfleet.fleet.role_maker import RoleInfo
 from psfleet.fleet.step import StepCollector
@@ -164,6 +165,12 @@ class WorkerRuntime:
             remote.wait_ready(config.wait_timeout_s)
             client, mode = remote, strategy.mode
         communicator = make_communicator(mode, client, settings)
+        if mode == "async" and strategy.a_sync_configs.momentum_correction:
+            optimizer.dense_rule = async_dense_rule(optimizer.rule, role.worker_num)
+            if optimizer.dense_rule != optimizer.rule:
+                logger.info("async with %d workers: dense Adam beta1 %g -> %g (the momentum "
+                            "asynchrony adds; a_sync_configs.momentum_correction)",
+                            role.worker_num, optimizer.rule.beta1, optimizer.dense_rule.beta1)
         runtime = cls(config, hooks, client, communicator, tables, optimizer, mode)
         runtime._create_tables()
         logger.info("worker %d/%d ready: %s mode, %d sparse tables %s, %d dense parameters, "
@@ -181,14 +188,14 @@ class WorkerRuntime:
         dense_id = self.tables.dense_table_id
         strategy = self.config.strategy
         client.create_dense_table(
-            dense_id, "dense", [tuple(p.shape) for p in opt.params], opt.rule,
+            dense_id, "dense", [tuple(p.shape) for p in opt.params], opt.dense_rule,
             self.hooks.initial_dense(opt.flat_values()), strategy.slicing(),
             strategy.dc_asgd_lambda if strategy.dc_asgd else 0.0)
         if self.config.restart_num == 0:  # a restarted worker joins a job already running
             self.barrier("init_worker")
         values = client.pull_dense(dense_id)
         opt.install(values)
-        communicator.on_dense_table(dense_id, opt.rule, values)
+        communicator.on_dense_table(dense_id, opt.dense_rule, values)
         opt.bind(self.step)
         self.hooks.attach(communicator, opt.step)  # collective: a joined rank steps too
         communicator.start()
@@ -219,7 +226,7 @@ class WorkerRuntime:
         """Install the dense values the tables hold now, in the optimizer and the
         communicator (after a load into the tables)."""
         self.optimizer.refresh()
-        self.communicator.on_dense_table(self.tables.dense_table_id, self.optimizer.rule,
+        self.communicator.on_dense_table(self.tables.dense_table_id, self.optimizer.dense_rule,
                                          self.optimizer.flat_values())
 
     def stop(self) -> None:

@@ -47,6 +47,10 @@ class AsyncConfig(BaseModel):
             of the servers' values until they include them
             (``psfleet.fleet.dense_lag``); False: it computes on the servers' values
             as they arrive, its own last steps missing (Paddle's behaviour).
+        momentum_correction: with W workers, the dense table's Adam beta1 is lowered
+            by the momentum asynchrony adds, to max(0, beta1 - (1 - 1/W))
+            (``psfleet.fleet.async_momentum``; Mitliagkas et al. 2016); False: the
+            optimizer's beta1 as given.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -57,6 +61,7 @@ class AsyncConfig(BaseModel):
     thread_pool_size: int = 1
     send_wait_times: int = 0
     local_dense_update: bool = True
+    momentum_correction: bool = True
 
     @model_validator(mode="before")
     @classmethod
