@@ -5,11 +5,11 @@ the tables apply (Adam -> adam, SGD -> sgd, Adagrad -> adagrad), as Paddle's
 distributed optimizer turns the optimizer into server-side rules. In async mode with
 ``local_dense_update`` an optimizer computing the dense table's rule
 (``psfleet.fleet.dense_lag.local_optimizer``) also steps the dense parameters on the
-worker: those steps stand in for the worker's own
-pushes the servers' values do not hold yet. ``step()`` asks the
-worker runtime's step collector (:class:`psfleet.fleet.step.StepCollector`) to push the
-step's sparse gradients (collected there by the embeddings' forwards) and the flat
-dense gradient, and installs the freshest dense values it returns.
+worker: those steps stand in for the worker's own pushes the servers' values do not
+hold yet. ``step()`` asks the worker runtime's step collector
+(:class:`psfleet.fleet.step.StepCollector`) to push the step's sparse gradients
+(collected there by the embeddings' forwards) and the flat dense gradient, and
+installs the freshest dense values it returns.
 
 Tables with the ``ctr`` accessor count each key's shows and clicks from the batch
 labels, so their steps take the labels: ``optimizer.step(labels=batch.labels)`` or

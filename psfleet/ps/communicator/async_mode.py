@@ -109,6 +109,7 @@ class AsyncCommunicator(Communicator):
         self._queue: queue.Queue[_Step | None] = queue.Queue(maxsize=self.config.send_queue_size)
         self._open = _Step()
         self._fresh: dict[int, tuple[np.ndarray, int]] = {}  # values, newest step in them
+        self._fresh_last: dict[int, int] = {}  # the newest step of values stored so far
         self._steps = 0
         #: dense staleness of each install: the worker's steps not yet in the values
         #: it installs (0: every step so far is in them; the lag behind one process)
@@ -252,5 +253,7 @@ class AsyncCommunicator(Communicator):
         if pull:
             for table_id in step.dense:
                 values = self.client.pull_dense(table_id)
-                with self._fresh_lock:
-                    self._fresh[table_id] = (values, step.last)
+                with self._fresh_lock:  # with several send threads, keep the newest
+                    if step.last > self._fresh_last.get(table_id, 0):
+                        self._fresh[table_id] = (values, step.last)
+                        self._fresh_last[table_id] = step.last

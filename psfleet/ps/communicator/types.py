@@ -43,7 +43,7 @@ class AsyncConfig(BaseModel):
             send thread waits up to this many 10 ms periods for more to merge
             (0: send at once) (>= 0).
         local_dense_update: the worker also applies its dense gradient to its own
-            parameters at once (its optimizer's rule) and keeps those steps on top
+            parameters at once (the dense table's rule) and keeps those steps on top
             of the servers' values until they include them
             (``psfleet.fleet.dense_lag``); False: it computes on the servers' values
             as they arrive, its own last steps missing (Paddle's behaviour).
