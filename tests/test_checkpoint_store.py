@@ -272,9 +272,12 @@ def test_snapshot_under_concurrent_async_pushes_is_consistent(tmp_path: Path) ->
                                                         initializer="zeros"))
         client.create_dense_table(1, "dense", SHAPES, rule, np.zeros(TOTAL, np.float32))
         stop = threading.Event()
+        ones = np.ones((keys.size, 5), np.float32)
+        # Every row exists before the first snapshot (under load the threads may not
+        # have pushed yet, and the test would read a header as rows).
+        client.push_sparse(0, keys, ones)
 
         def push() -> None:
-            ones = np.ones((keys.size, 5), np.float32)
             while not stop.is_set():
                 client.push_sparse(0, keys, ones)
 

@@ -119,7 +119,7 @@ def _run_fleet_job(tmp_path: Path, data: Path, *script_args: str,
     out = tmp_path / "out"
     out.mkdir()
     argv = [*_fleetrun(), "--server_num=1", "--worker_num=2", f"--log_dir={tmp_path / 'log'}",
-            "--stop_grace_s=3", str(FLEET_JOB), "--data", str(data), "--out_dir", str(out),
+            "--stop_grace_s=10", str(FLEET_JOB), "--data", str(data), "--out_dir", str(out),
             *script_args]
     started = time.monotonic()
     r = run_command(argv, timeout, cwd=tmp_path)
