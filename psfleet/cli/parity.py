@@ -33,7 +33,6 @@ SIGTERM (the running run is stopped as on Ctrl-C; the finished ones are reported
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
@@ -47,19 +46,11 @@ from psfleet.errors import ConfigError
 from psfleet.rec import parity
 from psfleet.rec.config_load import load_config
 from psfleet.rec.parity_plot import PARITY_PNG, plot_parity
+from psfleet.rec.reporting import write_json_atomic
 
 __all__ = ["PARITY_JSON", "register"]
 
 PARITY_JSON = "parity.json"
-
-
-def _write_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(value, indent=2) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _validate(args: argparse.Namespace) -> tuple[list[parity.RunSpec], Path, str]:
@@ -121,7 +112,7 @@ def _report(args: argparse.Namespace, out: Path, records: list[dict[str, Any]],
               "repeats": args.repeats, "tolerance": args.tolerance,
               "reference": parity.REFERENCE, "interrupted": interrupted,
               "runs": records, "summary": rows}
-    _write_json(out / PARITY_JSON, report)
+    write_json_atomic(out / PARITY_JSON, report)
     plot = ""
     try:
         plot_parity(out / PARITY_PNG, rows, args.tolerance,
