@@ -78,14 +78,37 @@ def test_rule_names_are_the_rules_registry() -> None:
 def test_optimizer_classes_map_onto_rules() -> None:
     import torch
 
-    from psfleet.fleet.optimizer import rule_from_optimizer
-    from psfleet.rec.trainer import OPTIMIZERS
+    from psfleet.fleet.optimizer import rule_from_optimizer, rule_of_class
 
-    assert set(OPTIMIZERS) == set(OPTIMIZER_CLASSES)
     param = [torch.nn.Parameter(torch.zeros(2))]
-    rules = {rule_from_optimizer(OPTIMIZERS[name](param, lr=0.1)).name
+    rules = {name: rule_from_optimizer(getattr(torch.optim, name)(param, lr=0.1))
              for name in OPTIMIZER_CLASSES}
-    assert rules == set(RULE_NAMES)
+    assert {rule.name for rule in rules.values()} == set(RULE_NAMES)
+    # The runner's rules (from the class's defaults, no optimizer built) are the same.
+    assert {name: rule_of_class(name, 0.1) for name in OPTIMIZER_CLASSES} == rules
+    assert rules["Adagrad"].epsilon == 1e-10  # torch's default, not RuleConfig's
+    with pytest.raises(ConfigError, match="'RMSprop' has no table rule; use one of"):
+        rule_of_class("RMSprop", 0.1)
+
+
+def test_a_distributed_optimizer_takes_an_optimizer_or_params_and_a_rule() -> None:
+    import torch
+
+    from psfleet.fleet import DistributedOptimizer
+    from psfleet.ps.types import RuleConfig
+
+    param = torch.nn.Parameter(torch.ones(2))
+    by_rule = DistributedOptimizer(params=[param], rule=RuleConfig(name="sgd", learning_rate=1))
+    assert by_rule.params == [param] and by_rule.rule.name == "sgd"
+    param.grad = torch.ones(2)
+    by_rule.zero_grad(set_to_none=False)
+    assert param.grad is not None and param.grad.tolist() == [0.0, 0.0]
+    by_rule.zero_grad()
+    assert param.grad is None
+    sgd = torch.optim.SGD([param], lr=1)
+    for bad in ({}, {"params": [param]}, {"optimizer": sgd, "rule": by_rule.rule}):
+        with pytest.raises(ConfigError, match="give a torch optimizer, or params and rule"):
+            DistributedOptimizer(**bad)  # type: ignore[arg-type]
 
 
 def test_every_initializer_makes_rows() -> None:

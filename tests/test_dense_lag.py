@@ -18,7 +18,7 @@ import torch
 from psfleet.errors import ConfigError
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy, Role, RoleInfo
 from psfleet.fleet.async_momentum import async_dense_rule
-from psfleet.fleet.dense_lag import OwnStepCompensation, local_optimizer
+from psfleet.fleet.dense_lag import LocalStep, OwnStepCompensation
 from psfleet.fleet.runtime import ParameterServerHooks, RuntimeConfig, WorkerRuntime
 from psfleet.fleet.step import StepCollector
 from psfleet.ps import RemoteClient, RuleConfig, SparseTableConfig, TableService, start_server
@@ -150,7 +150,7 @@ def test_async_dense_rule_lowers_adams_momentum_by_what_asynchrony_adds() -> Non
     assert async_dense_rule(sgd, 4) == sgd  # no momentum to lower
 
 
-def test_the_local_optimizer_computes_the_tables_rule() -> None:
+def test_the_local_step_computes_the_tables_rule() -> None:
     for rule in (RuleConfig(name="adam", learning_rate=0.01, beta1=0.4, beta2=0.99,
                             epsilon=1e-6),
                  RuleConfig(name="adagrad", learning_rate=0.1, epsilon=1e-7,
@@ -158,7 +158,7 @@ def test_the_local_optimizer_computes_the_tables_rule() -> None:
                  RuleConfig(name="sgd", learning_rate=0.1)):
         start = np.linspace(-1, 1, 6, dtype=np.float32).reshape(1, 6)
         param = torch.nn.Parameter(torch.from_numpy(start.copy()))
-        optimizer = local_optimizer([param], rule)
+        optimizer = LocalStep([param], rule)
         table_rule = make_rule(rule)
         values, state = start.copy(), table_rule.init_state(1, 6)
         for step in range(3):

@@ -2,7 +2,7 @@
 
 from psfleet.checkpoint import CheckpointConfig
 from psfleet.fleet.fleet import Fleet
-from psfleet.fleet.optimizer import DistributedOptimizer, rule_from_optimizer
+from psfleet.fleet.optimizer import DistributedOptimizer, rule_from_optimizer, rule_of_class
 from psfleet.fleet.role_maker import (
     MPIRoleMaker,
     PaddleCloudRoleMaker,
@@ -89,6 +89,7 @@ __all__ = [
     "load_model",
     "reset",
     "rule_from_optimizer",
+    "rule_of_class",
     "run_server",
     "save_inference_model",
     "save_checkpoint",

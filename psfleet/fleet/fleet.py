@@ -25,7 +25,7 @@ nothing, so one script runs in both.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ from psfleet.fleet.server_wait import server_wait_timeout_s
 from psfleet.fleet.strategy import DistributedStrategy
 from psfleet.nn import SparseEmbedding, live_embeddings
 from psfleet.ps import TableClient, run_server
-from psfleet.ps.types import SaveMode
+from psfleet.ps.types import RuleConfig, SaveMode
 from psfleet.rpc import RpcConfig, parse_endpoint
 from psfleet.rpc import messages as msg
 
@@ -254,21 +254,24 @@ class Fleet:
         """
         return self._hooks.join(self._runtime.communicator if self._runtime else None)
 
-    def distributed_optimizer(self, optimizer: torch.optim.Optimizer,
-                              strategy: DistributedStrategy | None = None
-                              ) -> DistributedOptimizer:
-        """Wrap ``optimizer``; its type and settings become the tables' rule.
+    def distributed_optimizer(self, optimizer: torch.optim.Optimizer | None = None,
+                              strategy: DistributedStrategy | None = None, *,
+                              params: Iterable[torch.Tensor] | None = None,
+                              rule: RuleConfig | None = None) -> DistributedOptimizer:
+        """Wrap ``optimizer``; its type and settings become the tables' rule. Or give
+        ``params`` and ``rule`` instead of an optimizer (see DistributedOptimizer).
 
         Raises:
-            ConfigError: the optimizer has no table rule, or ``strategy`` is
-                collective and fleet.init() was not (or the reverse).
+            ConfigError: the optimizer has no table rule, or neither (or both) of
+                ``optimizer`` and ``params`` with ``rule`` were given, or ``strategy``
+                is collective and fleet.init() was not (or the reverse).
         """
         if strategy is not None:
             if (strategy.mode == "collective") != self._hooks.is_collective:
                 raise ConfigError(f"strategy.mode {strategy.mode!r} does not match "
                                   "fleet.init(): pass the strategy to fleet.init() instead")
             self.strategy = strategy
-        self._optimizer = DistributedOptimizer(optimizer)
+        self._optimizer = DistributedOptimizer(optimizer, params=params, rule=rule)
         return self._optimizer
 
     def init_worker(self) -> None:

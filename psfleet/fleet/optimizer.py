@@ -4,7 +4,7 @@ The wrapped optimizer is not stepped: its type and hyper-parameters choose the r
 the tables apply (Adam -> adam, SGD -> sgd, Adagrad -> adagrad), as Paddle's
 distributed optimizer turns the optimizer into server-side rules. In async mode with
 ``local_dense_update`` an optimizer computing the dense table's rule
-(``psfleet.fleet.dense_lag.local_optimizer``) also steps the dense parameters on the
+(``psfleet.fleet.dense_lag.LocalStep``) also steps the dense parameters on the
 worker: those steps stand in for the worker's own pushes the servers' values do not
 hold yet. ``step()`` asks the worker runtime's step collector
 (:class:`psfleet.fleet.step.StepCollector`) to push the step's sparse gradients
@@ -18,15 +18,18 @@ labels, so their steps take the labels: ``optimizer.step(labels=batch.labels)`` 
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Iterable
+
 import numpy as np
 import torch
 
 from psfleet.errors import ConfigError, FatalError
-from psfleet.fleet.dense_lag import OwnStepCompensation, local_optimizer
+from psfleet.fleet.dense_lag import LocalStep, OwnStepCompensation
 from psfleet.fleet.step import StepCollector
 from psfleet.ps.types import OPTIMIZER_CLASSES, RuleConfig
 
-__all__ = ["DistributedOptimizer", "rule_from_optimizer"]
+__all__ = ["DistributedOptimizer", "rule_from_optimizer", "rule_of_class"]
 
 
 def _hyper(optimizer: torch.optim.Optimizer, name: str) -> object:
@@ -37,6 +40,9 @@ def _hyper(optimizer: torch.optim.Optimizer, name: str) -> object:
     return optimizer.param_groups[0].get(name)
 
 
+_KNOWN = ", ".join(f"torch.optim.{name}" for name in OPTIMIZER_CLASSES)
+
+
 def rule_from_optimizer(optimizer: torch.optim.Optimizer) -> RuleConfig:
     """The table rule equivalent to ``optimizer``.
 
@@ -44,53 +50,88 @@ def rule_from_optimizer(optimizer: torch.optim.Optimizer) -> RuleConfig:
         ConfigError: the optimizer or one of its options has no table rule (lists
             the supported ones).
     """
+    return _rule(type(optimizer), lambda name: _hyper(optimizer, name))
+
+
+def rule_of_class(class_name: str, learning_rate: float) -> RuleConfig:
+    """The table rule of ``torch.optim.<class_name>(params, lr=learning_rate)`` with
+    its other settings at the class's defaults, read from its signature: no optimizer
+    is constructed (a constructor imports ``torch._dynamo``, about 1.5 s of CPU).
+
+    Raises:
+        ConfigError: ``class_name`` is not one of ``OPTIMIZER_CLASSES``.
+    """
+    if class_name not in OPTIMIZER_CLASSES:
+        raise ConfigError(f"optimizer: {class_name!r} has no table rule; use one of "
+                          f"{_KNOWN}")
+    optimizer_class = getattr(torch.optim, class_name)
+    defaults = inspect.signature(optimizer_class).parameters
+    return _rule(optimizer_class, lambda name: learning_rate if name == "lr"
+                 else defaults[name].default if name in defaults else None)
+
+
+def _rule(optimizer_class: type, hyper: Callable[[str], object]) -> RuleConfig:
     def unsupported(option: str, default: object) -> None:
-        value = _hyper(optimizer, option)
+        value = hyper(option)
         if value not in (None, default):
-            raise ConfigError(f"optimizer {type(optimizer).__name__}: {option}={value!r} is "
+            raise ConfigError(f"optimizer {optimizer_class.__name__}: {option}={value!r} is "
                               f"not supported by the tables (only {default!r})")
 
-    lr = float(_hyper(optimizer, "lr"))  # type: ignore[arg-type]
-    unsupported("weight_decay", 0)
-    unsupported("maximize", False)
-    if isinstance(optimizer, torch.optim.Adam):
+    def number(option: str) -> float:
+        return float(hyper(option))  # type: ignore[arg-type]
+
+    if issubclass(optimizer_class, torch.optim.Adam | torch.optim.Adagrad | torch.optim.SGD):
+        unsupported("weight_decay", 0)
+        unsupported("maximize", False)
+    if issubclass(optimizer_class, torch.optim.Adam):
         unsupported("amsgrad", False)
-        betas: tuple[float, float] = _hyper(optimizer, "betas")  # type: ignore[assignment]
-        return RuleConfig(name="adam", learning_rate=lr, beta1=betas[0], beta2=betas[1],
-                          epsilon=float(_hyper(optimizer, "eps")))  # type: ignore[arg-type]
-    if isinstance(optimizer, torch.optim.Adagrad):
+        beta1, beta2 = hyper("betas")  # type: ignore[misc]
+        return RuleConfig(name="adam", learning_rate=number("lr"), beta1=beta1, beta2=beta2,
+                          epsilon=number("eps"))
+    if issubclass(optimizer_class, torch.optim.Adagrad):
         unsupported("lr_decay", 0)
-        return RuleConfig(name="adagrad", learning_rate=lr,
-                          epsilon=float(_hyper(optimizer, "eps")),  # type: ignore[arg-type]
-                          initial_accumulator=float(
-                              _hyper(optimizer, "initial_accumulator_value")))  # type: ignore[arg-type]
-    if isinstance(optimizer, torch.optim.SGD):
+        return RuleConfig(name="adagrad", learning_rate=number("lr"), epsilon=number("eps"),
+                          initial_accumulator=number("initial_accumulator_value"))
+    if issubclass(optimizer_class, torch.optim.SGD):
         unsupported("momentum", 0)
         unsupported("nesterov", False)
-        return RuleConfig(name="sgd", learning_rate=lr)
-    known = ", ".join(f"torch.optim.{name}" for name in OPTIMIZER_CLASSES)
-    raise ConfigError(f"optimizer: {type(optimizer).__name__} has no table rule; use one of "
-                      f"{known}")
+        return RuleConfig(name="sgd", learning_rate=number("lr"))
+    raise ConfigError(f"optimizer: {optimizer_class.__name__} has no table rule; use one of "
+                      f"{_KNOWN}")
 
 
 class DistributedOptimizer:
     """Wraps a torch optimizer for parameter-server training.
 
+    Give either ``optimizer``, or ``params`` and ``rule``: the same without a
+    ``torch.optim`` instance (whose constructor imports ``torch._dynamo``, about 1.5 s
+    of CPU; the YAML runner's workers use this form, with :func:`rule_of_class`).
+
     Args:
         optimizer: the user's optimizer over the model's dense parameters.
+        params: the model's dense parameters (float32 tensors).
+        rule: the tables' rule.
 
     Raises:
-        ConfigError: the optimizer has no table rule.
+        ConfigError: the optimizer has no table rule, or not exactly one of
+            ``optimizer`` and (``params``, ``rule``) was given.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer | None = None, *,
+                 params: Iterable[torch.Tensor] | None = None,
+                 rule: RuleConfig | None = None) -> None:
+        if optimizer is not None and params is None and rule is None:
+            rule = rule_from_optimizer(optimizer)
+            params = (p for g in optimizer.param_groups for p in g["params"])
+        elif optimizer is not None or params is None or rule is None:
+            raise ConfigError("distributed_optimizer: give a torch optimizer, or params and "
+                              "rule (not both)")
         self.inner = optimizer
-        self.rule = rule_from_optimizer(optimizer)
+        self.rule: RuleConfig = rule
         #: the dense table's rule: ``rule``, or in async mode with momentum correction
         #: its Adam beta1 lowered (``psfleet.fleet.async_momentum``; set by the runtime)
         self.dense_rule = self.rule
-        self.params: list[torch.Tensor] = [p for g in optimizer.param_groups
-                                           for p in g["params"]]
+        self.params: list[torch.Tensor] = list(params)
         self._step: StepCollector | None = None
         self._own: OwnStepCompensation | None = None  # async local_dense_update
         self.steps = 0
@@ -101,7 +142,7 @@ class DistributedOptimizer:
         self._step = step
         if step.communicator.local_dense_update and self.params:
             self._own = OwnStepCompensation(sum(p.numel() for p in self.params),
-                                            local_optimizer(self.params, self.dense_rule))
+                                            LocalStep(self.params, self.dense_rule))
 
     def flat_values(self, out: np.ndarray | None = None) -> np.ndarray:
         """The dense parameters flattened in order: float32[total] (a copy, written
@@ -135,7 +176,14 @@ class DistributedOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the dense parameters' gradients."""
-        self.inner.zero_grad(set_to_none=set_to_none)
+        if self.inner is not None:
+            self.inner.zero_grad(set_to_none=set_to_none)
+            return
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
 
     def step(self, labels: torch.Tensor | np.ndarray | None = None) -> None:
         """Have the runtime push this step's gradients (sparse rows collected by the

@@ -35,11 +35,10 @@ from psfleet import fleet
 from psfleet.checkpoint import Cursor
 from psfleet.data import Batch, Reader
 from psfleet.errors import DataError
-from psfleet.fleet import DistributedOptimizer, DistributedStrategy
+from psfleet.fleet import DistributedOptimizer, DistributedStrategy, rule_of_class
 from psfleet.fleet.persistence import restart_num
 from psfleet.metrics import StreamingAuc
 from psfleet.nn import FeatureEmbeddings, Prefetch, SparseEmbedding, use_prefetched
-from psfleet.ps.types import OPTIMIZER_CLASSES
 from psfleet.rec.config import TrainConfig
 from psfleet.rec.curves import TENSORBOARD_DIR, RunRecorder
 from psfleet.rec.early_stopping import EarlyStopping
@@ -64,12 +63,9 @@ from psfleet.rec.resume import CheckpointTally, agreed_share, resume_cursor
 from psfleet.rec.run_folder import open_run_folder
 from psfleet.rec.validation import finish_pass, record_valid, valid_reader, validate_between
 
-__all__ = ["train", "evaluate", "strategy_of", "OPTIMIZERS"]
+__all__ = ["train", "evaluate", "strategy_of"]
 
 logger = logging.getLogger(__name__)
-
-#: ``hyper_parameters.optimizer.class`` -> the torch.optim class (whose rule the tables run).
-OPTIMIZERS: dict[str, Any] = {name: getattr(torch.optim, name) for name in OPTIMIZER_CLASSES}
 
 
 def _prefetch(modules: list[FeatureEmbeddings | SparseEmbedding],
@@ -202,16 +198,19 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
     torch.manual_seed(runner.seed)
     # The config was checked before the job started (runner.use_gpu is false: CPU).
     fleet.init(strategy=strategy_of(config))
-    model = build_runner_model(config)
-    optimizer = fleet.distributed_optimizer(
-        OPTIMIZERS[hp.optimizer.class_](model.parameters(), lr=hp.optimizer.learning_rate))
-    checkpoint = runner.checkpoint
     if fleet.is_server():
+        # No model or optimizer: the workers create the tables (fleet.init_worker).
         # Saves and loads go to the checkpoint folder and this run's folders only.
+        checkpoint = runner.checkpoint
         fleet.init_server(checkpoint_dir=checkpoint.checkpoint_dir if checkpoint else None,
                           storage_roots=[str(runner.model_save_path), str(runner.model_dir)])
         fleet.run_server()
         return None
+    model = build_runner_model(config)
+    # hyper_parameters.optimizer.class names a torch.optim class whose rule the tables run.
+    optimizer = fleet.distributed_optimizer(
+        params=model.parameters(),
+        rule=rule_of_class(hp.optimizer.class_, hp.optimizer.learning_rate))
     first = fleet.worker_index() == 0
     if first:
         open_run_folder(config)
