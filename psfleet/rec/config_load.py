@@ -63,6 +63,10 @@ def _format(error: ValidationError) -> str:
     for e in error.errors():
         path = ".".join(str(p) for p in e["loc"])
         value = e.get("input")
+        message = e["msg"].removeprefix("Value error, ")
+        # runner.a_sync_configs is the strategy's, whose messages name it as the
+        # Python API spells it (strategy.a_sync_configs.k_steps)
+        python_name = ".".join(["strategy", *map(str, e["loc"][1:])])
         if e["type"] == "extra_forbidden":
             lines.append(_unknown_key(e["loc"]))
         elif e["type"] == "literal_error":
@@ -72,11 +76,13 @@ def _format(error: ValidationError) -> str:
             lines.append(f"{path}: required")
         elif isinstance(e.get("ctx", {}).get("error"), ConfigError):
             lines.append(str(e["ctx"]["error"]))  # a cross-field rule: names its fields
+        elif message.startswith(python_name):  # the strategy's rule, at the YAML key
+            lines.append(path + message.removeprefix(python_name))
         elif e["type"] == "value_error" and isinstance(value, dict):
             # a section's own rule: its message names the key; the section is not shown
-            lines.append(f"{path}: {e['msg'].removeprefix('Value error, ')}")
+            lines.append(f"{path}: {message}")
         else:
-            lines.append(f"{path}: {value!r}: {e['msg'].removeprefix('Value error, ')}")
+            lines.append(f"{path}: {value!r}: {message}")
     return "; ".join(lines)
 
 

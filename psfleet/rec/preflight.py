@@ -18,7 +18,8 @@ cheaply, by each process of the job):
   training files (each worker reads whole files);
 - the first lines of every data file parse with the configured parser (a column
   the config names that the file's header lacks is a ConfigError naming it);
-- ``runner.model`` is a registered model and builds over the declared tables.
+- ``runner.model`` is a registered model and builds over the declared tables;
+- ``PSFLEET_SIMULATE_STALENESS``, when set, is a valid value.
 
 Each failure is a :class:`~psfleet.errors.DataError` or
 :class:`~psfleet.errors.ConfigError` naming the field, the file and what to do.
@@ -40,6 +41,7 @@ from psfleet.data.compression import (
 )
 from psfleet.data.split import plan_share
 from psfleet.errors import ConfigError, DataError
+from psfleet.ps.communicator.local_mode import simulated_staleness
 from psfleet.rec.config import TrainConfig, parser_kind, parser_options
 from psfleet.rec.features import build_runner_model
 
@@ -122,9 +124,11 @@ def check_before_start(config: TrainConfig) -> None:
     Raises:
         DataError: a missing, empty, unreadable or (zip, unsuffixed) compressed data
             path (names the field and the file).
-        ConfigError: too few files for ``split_file_list: False``, an unknown model, or
-            a pipe_command that decompresses a file psfleet decompresses.
+        ConfigError: too few files for ``split_file_list: False``, an unknown model,
+            a pipe_command that decompresses a file psfleet decompresses, or a bad
+            ``PSFLEET_SIMULATE_STALENESS``.
     """
+    simulated_staleness()  # read by single-process training, after the run folder exists
     from psfleet.rec.models import list_models
 
     runner = config.runner
