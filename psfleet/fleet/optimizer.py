@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
+from typing import cast
 
 import numpy as np
 import torch
@@ -85,9 +86,9 @@ def _rule(optimizer_class: type, hyper: Callable[[str], object]) -> RuleConfig:
         unsupported("maximize", False)
     if issubclass(optimizer_class, torch.optim.Adam):
         unsupported("amsgrad", False)
-        beta1, beta2 = hyper("betas")  # type: ignore[misc]
-        return RuleConfig(name="adam", learning_rate=number("lr"), beta1=beta1, beta2=beta2,
-                          epsilon=number("eps"))
+        betas = cast(tuple[float, float], hyper("betas"))
+        return RuleConfig(name="adam", learning_rate=number("lr"), beta1=betas[0],
+                          beta2=betas[1], epsilon=number("eps"))
     if issubclass(optimizer_class, torch.optim.Adagrad):
         unsupported("lr_decay", 0)
         return RuleConfig(name="adagrad", learning_rate=number("lr"), epsilon=number("eps"),

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from psfleet.errors import InvalidRequestError
 from psfleet.ps.accessor import CtrAccessor
 from psfleet.ps.admission import admit, shard_pending_slots
+from psfleet.ps.disk_tier import DiskTier
 from psfleet.ps.eviction import select_victims
 from psfleet.ps.table_shard import UNSEEN_DAYS, Shard
 from psfleet.ps.types import AccessorConfig
@@ -40,12 +42,16 @@ class LifecycleCounts:
         rejected: sightings of new keys not given a row (admission or a full shard).
         evicted: rows removed to stay under ``max_rows``.
         deleted: rows removed by ``shrink``.
+        spilled: rows moved from memory to the disk tier (``memory_rows``).
+        promoted: rows moved from the disk tier back to memory.
     """
 
     admitted: int = 0
     rejected: int = 0
     evicted: int = 0
     deleted: int = 0
+    spilled: int = 0
+    promoted: int = 0
 
 
 def shard_caps(max_rows: int | None, num_shards: int) -> list[int | None]:
@@ -63,13 +69,19 @@ class Lifecycle:
     Args:
         config: the table's accessor config (active).
         num_shards: the table's internal shards.
+        disk: the table's disk tier (``config.tiered``): a full shard spills rows
+            there instead of dropping them.
+        memory_rows: with ``disk``, the rows per server kept in memory.
     """
 
-    def __init__(self, config: AccessorConfig, num_shards: int) -> None:
+    def __init__(self, config: AccessorConfig, num_shards: int,
+                 disk: DiskTier | None = None, memory_rows: int | None = None) -> None:
         self.config = config
         self.accessor = CtrAccessor(config) if config.name == "ctr" else None
-        self.lru = config.max_rows is not None and config.eviction == "lru"
-        self.caps = shard_caps(config.max_rows, num_shards)
+        self.disk = disk
+        capped = config.max_rows is not None or disk is not None
+        self.lru = capped and config.eviction == "lru"
+        self.caps = shard_caps(config.max_rows if disk is None else memory_rows, num_shards)
         self.pending_slots = shard_pending_slots(config, num_shards)
         self._clock = itertools.count(1)
 
@@ -78,7 +90,8 @@ class Lifecycle:
         return Shard(width, stats=self.accessor is not None,
                      last_access=self.lru, cap=self.caps[index],
                      pending_slots=self.pending_slots,
-                     pending_scores=self.config.admission == "show_click_score")
+                     pending_scores=self.config.admission == "show_click_score",
+                     number=index)
 
     def tick(self) -> int:
         """The table clock for one pull or push (thread safe: itertools.count)."""
@@ -87,7 +100,7 @@ class Lifecycle:
     @staticmethod
     def counts(shards: list[Shard]) -> LifecycleCounts:
         """The counters summed over ``shards`` (each shard's under its lock)."""
-        total = [0, 0, 0, 0]
+        total = [0] * len(LifecycleCounts.__dataclass_fields__)
         for shard in shards:
             with shard.lock:
                 total = [a + b for a, b in zip(total, shard.counts, strict=True)]
@@ -117,22 +130,43 @@ class Lifecycle:
         """
         ok = admit(self.config, shard, keys, hashes, scores) if use_admission else \
             np.ones(keys.size, dtype=bool)
-        cap = shard.cap
-        if cap is not None:
-            new = int(ok.sum())
-            live = len(shard.index)
-            over = live + new - cap
-            if over > 0:
-                evictable = live - np.unique(protected).size
-                if over > evictable:  # no room even after evicting all the others
-                    admitted = np.flatnonzero(ok)
-                    ok[admitted[new - (over - evictable):]] = False
-                    over = evictable
-                slack = int(cap * self.config.evict_batch_fraction)
-                self._evict(shard, protected, min(evictable, over + slack))
+        self.make_room(shard, ok, protected)
         shard.counts[0] += int(ok.sum())
         shard.counts[1] += int(ok.size - ok.sum())
         return ok
+
+    def make_room(self, shard: Shard, ok: np.ndarray, protected: np.ndarray) -> None:
+        """Evict (or with a disk tier, spill) rows of a capped shard so that the keys
+        marked in ``ok`` (bool[M], changed in place) fit; with no room even after
+        evicting every row but ``protected`` (int64[P]), the last marked keys are
+        unmarked (a table with a disk tier raises instead: see below).
+
+        Raises:
+            InvalidRequestError: with a disk tier, one request has more keys in the
+                shard than its memory rows hold (names the numbers and the setting).
+        """
+        cap = shard.cap
+        if cap is None:
+            return
+        new = int(ok.sum())
+        live = len(shard.index)
+        over = live + new - cap
+        if over <= 0:
+            return
+        evictable = live - np.unique(protected).size
+        if over > evictable:  # no room even after evicting all the others
+            if self.disk is not None:  # the rows exist: they must be in memory to serve
+                needed = new + live - evictable
+                raise InvalidRequestError(
+                    f"one request has {needed:,} keys in a table shard holding {cap:,} "
+                    "rows in memory; raise accessor.memory_rows (or memory_budget_bytes) "
+                    f"to at least {needed * len(self.caps):,} rows per server, or send "
+                    "smaller batches")
+            admitted = np.flatnonzero(ok)
+            ok[admitted[new - (over - evictable):]] = False
+            over = evictable
+        slack = int(cap * self.config.evict_batch_fraction)
+        self._evict(shard, protected, min(evictable, over + slack))
 
     def _evict(self, shard: Shard, protected: np.ndarray, n: int) -> None:
         if n <= 0:
@@ -147,8 +181,18 @@ class Lifecycle:
             assert self.accessor is not None and shard.stats is not None
             priority = self.accessor.row_score(shard.stats[candidates])
         victims = select_victims(priority, candidates, shard.row_keys, n)
+        if self.disk is None:
+            shard.free_rows(victims)
+            shard.counts[2] += int(victims.size)
+            return
+        saved = shard.saved[victims] if shard.saved is not None else \
+            np.zeros(victims.size, dtype=bool)
+        self.disk.spill(shard.number, shard.row_keys[victims], shard.data[victims],
+                        None if shard.stats is None else shard.stats[victims], saved)
+        if shard.saved is not None:
+            shard.saved[victims] = False  # still in the chain, on disk: no tombstone
         shard.free_rows(victims)
-        shard.counts[2] += int(victims.size)
+        shard.counts[4] += int(victims.size)
 
     def init_rows(self, shard: Shard, rows: np.ndarray, clock: int) -> None:
         """Lifecycle arrays of new ``rows`` (int64[M])."""
@@ -180,6 +224,24 @@ class Lifecycle:
         shard.free_rows(doomed)
         shard.counts[3] += int(doomed.size)
         return int(doomed.size)
+
+    def shrink_spilled(self, shard: Shard, disk: DiskTier) -> int:
+        """:meth:`shrink` of the shard's rows on the disk tier (one scan and rewrite of
+        them); rows deleted."""
+        if self.accessor is None:
+            return 0
+        spilled = disk.scan(shard.number)
+        if not spilled.keys.size:
+            return 0
+        assert spilled.stats is not None
+        doomed = self.accessor.decay_and_select(spilled.stats)
+        kept = ~doomed
+        disk.discard(shard.number, spilled.keys)
+        disk.spill(shard.number, spilled.keys[kept], spilled.data[kept],
+                   spilled.stats[kept], spilled.saved[kept])
+        shard.add_tombstones(spilled.keys[doomed & spilled.saved])
+        shard.counts[3] += int(doomed.sum())
+        return int(doomed.sum())
 
     def age(self, shard: Shard) -> None:
         """unseen_days += 1 for every row of ``shard``."""

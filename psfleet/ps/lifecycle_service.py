@@ -18,6 +18,7 @@ import numpy as np
 
 from psfleet.errors import InvalidRequestError, RemoteError
 from psfleet.ps.dense_table import DenseTable
+from psfleet.ps.lifecycle import LifecycleCounts
 from psfleet.ps.merge import merge_sparse
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.rpc import codec
@@ -30,11 +31,14 @@ ShowClicks = tuple[np.ndarray, np.ndarray] | None
 
 
 def lifecycle_stats(table: SparseTable | DenseTable) -> dict[str, int]:
-    """``TableStats`` fields ``admitted``, ``rejected``, ``evicted``, ``deleted`` of
-    ``table`` (rows since it was created on this server; dense tables: zeros)."""
+    """``TableStats`` fields of ``table``'s lifecycle: the ``LifecycleCounts`` (rows
+    since it was created on this server), and ``disk_rows`` and ``disk_bytes`` of its
+    disk tier; dense tables: zeros."""
     if isinstance(table, DenseTable):
-        return {"admitted": 0, "rejected": 0, "evicted": 0, "deleted": 0}
-    return dataclasses.asdict(table.lifecycle_counts())
+        return {name: 0 for name in (*LifecycleCounts.__dataclass_fields__, "disk_rows",
+                                     "disk_bytes")}
+    return {**dataclasses.asdict(table.lifecycle_counts()), "disk_rows": table.disk_rows,
+            "disk_bytes": table.disk_bytes}
 
 
 def decode_counts(table_id: int, name: str, buf: bytes) -> np.ndarray | None:

@@ -26,6 +26,10 @@ name                                     type     meaning
 ``psfleet_table_rejected_rows_total``    counter  sightings of new keys not given a row
 ``psfleet_table_evicted_rows_total``     counter  rows removed to stay under ``max_rows``
 ``psfleet_table_deleted_rows_total``     counter  rows removed by shrink
+``psfleet_table_spilled_rows_total``     counter  rows moved to the disk tier
+``psfleet_table_promoted_rows_total``    counter  rows moved from the disk tier to memory
+``psfleet_table_disk_rows``              gauge    rows on the disk tier (in ``rows`` too)
+``psfleet_table_disk_bytes``             gauge    bytes of the disk tier's files
 =======================================  =======  ==========================================
 
 plus prometheus_client's ``process_*`` metrics (resident memory, CPU seconds, open
@@ -61,6 +65,8 @@ _LIFECYCLE_COUNTERS = (
     ("rejected", "Sightings of new keys not given a row (admission or a full shard)"),
     ("evicted", "Rows removed to stay under accessor.max_rows"),
     ("deleted", "Rows removed by shrink"),
+    ("spilled", "Rows moved to the disk tier (accessor.memory_rows)"),
+    ("promoted", "Rows moved from the disk tier back to memory"),
 )
 
 
@@ -105,6 +111,11 @@ class ServiceCollector(Collector):
         memory = GaugeMetricFamily("psfleet_table_memory_bytes",
                                    "Bytes held: row matrices with optimizer state, key index",
                                    labels=_TABLE_LABELS)
+        disk_rows = GaugeMetricFamily("psfleet_table_disk_rows",
+                                      "Rows on the disk tier (counted in rows too)",
+                                      labels=_TABLE_LABELS)
+        disk_bytes = GaugeMetricFamily("psfleet_table_disk_bytes",
+                                       "Bytes of the disk tier's files", labels=_TABLE_LABELS)
         pulls = CounterMetricFamily("psfleet_table_pulls", "Pull requests answered",
                                     labels=_TABLE_LABELS)
         pulled = CounterMetricFamily("psfleet_table_pulled_rows",
@@ -127,12 +138,14 @@ class ServiceCollector(Collector):
                 family.add_metric(labels, getattr(table, field))
             rows.add_metric(labels, table.rows)
             memory.add_metric(labels, table.memory_bytes)
+            disk_rows.add_metric(labels, table.disk_rows)
+            disk_bytes.add_metric(labels, table.disk_bytes)
             pulls.add_metric(labels, table.pulls)
             pulled.add_metric(labels, table.pulled_rows)
             pushes.add_metric(labels, table.pushes)
             pushed.add_metric(labels, table.pushed_rows)
             rejected.add_metric([*labels, "non_finite"], table.rejected_non_finite)
-        yield from (rows, memory, pulls, pulled, pushes, pushed, rejected)
+        yield from (rows, memory, disk_rows, disk_bytes, pulls, pulled, pushes, pushed, rejected)
         yield from lifecycle.values()
 
 

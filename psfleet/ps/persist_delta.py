@@ -139,6 +139,20 @@ def _select_ctr(table: SparseTable, mode: SaveMode
             rows.append(shard.data[chosen])
             stats.append(shard.stats[chosen])
             tombs.append(shard.take_tombstones(clear=True))
+            spilled = table.disk.scan(shard.number) if table.disk is not None else None
+            if spilled is not None and spilled.keys.size:  # the same, on the disk tier
+                assert table.disk is not None and spilled.stats is not None
+                pick = accessor.save_selection(spilled.stats, mode == "delta")
+                if mode == "base":
+                    spilled.stats[:, DELTA_SCORE] = 0
+                    spilled.saved[:] = False
+                else:
+                    spilled.stats[pick, DELTA_SCORE] = 0
+                spilled.saved[pick] = True
+                table.disk.replace(shard.number, spilled)
+                keys.append(spilled.keys[pick])
+                rows.append(spilled.data[pick])
+                stats.append(spilled.stats[pick])
     all_keys = np.concatenate(keys)
     order = np.argsort(all_keys)
     all_keys = all_keys[order]
@@ -281,6 +295,8 @@ def remove_keys(table: SparseTable, keys: np.ndarray) -> int:
             continue
         with shard.lock:
             rows = shard.index.lookup(mine)
+            if table.disk is not None:
+                removed += table.disk.delete(shard.number, mine[rows < 0])
             rows = rows[rows >= 0]
             if shard.saved is not None:
                 shard.saved[rows] = False

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from psfleet.errors import InvalidRequestError, RemoteError, clip_text
+from psfleet.ps.disk_tier import DiskTier
 from psfleet.ps.hashing import init_rows, mix64
 from psfleet.ps.lifecycle import Lifecycle, LifecycleCounts
 from psfleet.ps.merge import sum_equal_keys
@@ -54,19 +55,58 @@ class SparseTable:
         self.rule = make_rule(config.rule)
         self.state_width = self.rule.state_width(config.dim)
         width = self.dim + self.state_width
-        life = Lifecycle(config.accessor, config.num_shards) if config.accessor.active \
-            else None
+        accessor = config.accessor
+        self._disk = DiskTier(width, accessor.name == "ctr", accessor.disk_dir, config.name) \
+            if accessor.tiered else None
+        life = Lifecycle(accessor, config.num_shards, self._disk,
+                         self.memory_rows(config)) if accessor.active else None
         self._life = life
         self._shards = [Shard(width) if life is None else life.make_shard(width, i)
                         for i in range(config.num_shards)]
 
     def __len__(self) -> int:
-        return sum(len(s.index) for s in self._shards)
+        return sum(len(s.index) for s in self._shards) + self.disk_rows
+
+    @staticmethod
+    def row_memory_bytes(config: SparseTableConfig) -> int:
+        """Bytes one row takes in a full memory tier: its floats (values and rule
+        state), the lifecycle's arrays (statistics and the saved flag with the ``ctr``
+        accessor, the LRU stamp) and its index entry (key, and 4-byte slots at a load
+        of at most a quarter, ``psfleet.ps.hash_index``)."""
+        accessor = config.accessor
+        floats = config.dim + make_rule(config.rule).state_width(config.dim)
+        lifecycle = (17 if accessor.name == "ctr" else 0) + (8 if accessor.eviction == "lru"
+                                                             else 0)
+        return 4 * floats + lifecycle + 8 + 16
+
+    @classmethod
+    def memory_rows(cls, config: SparseTableConfig) -> int | None:
+        """Rows per server the memory tier holds: ``accessor.memory_rows``, or
+        ``memory_budget_bytes`` over :meth:`row_memory_bytes`; None: no disk tier."""
+        accessor = config.accessor
+        if accessor.memory_budget_bytes is None:
+            return accessor.memory_rows
+        return max(1, accessor.memory_budget_bytes // cls.row_memory_bytes(config))
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes held by row matrices and hash indexes."""
+        """Bytes held by row matrices and hash indexes (the memory tier)."""
         return sum(s.memory_bytes for s in self._shards)
+
+    @property
+    def disk_rows(self) -> int:
+        """Rows on the disk tier (0 without one)."""
+        return 0 if self._disk is None else len(self._disk)
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of the disk tier's files (0 without one)."""
+        return 0 if self._disk is None else self._disk.disk_bytes
+
+    def close(self) -> None:
+        """Release the disk tier (its folder is deleted); the table is unusable after."""
+        if self._disk is not None:
+            self._disk.close()
 
     def shard_of(self, keys: np.ndarray) -> np.ndarray:
         """int64[N]: the internal shard of each of ``keys`` (uint64[N])."""
@@ -119,7 +159,7 @@ class SparseTable:
                 rows = self._rows(shard, k, hashes, create, clock)
                 missing = rows < 0
                 if missing.any():  # not creating, or not admitted
-                    out[pos[missing]] = self._initial(k[missing])
+                    out[pos[missing]] = self._absent(shard, k[missing], create)
                     pos, rows = pos[~missing], rows[~missing]
                 out[pos] = np.take(shard.data, rows, axis=0)[:, : self.dim]
                 if life is not None:
@@ -134,11 +174,58 @@ class SparseTable:
         admission scores), else -1."""
         rows = shard.index.lookup(keys, hashes)
         missing = rows < 0
+        if create and missing.any() and self._disk is not None:
+            rows[missing] = self._promote(shard, keys[missing], hashes[missing],
+                                          rows[~missing], clock)
+            missing = rows < 0
         if create and missing.any():
             rows[missing] = self._insert(shard, keys[missing], hashes[missing],
                                          rows[~missing], clock, use_admission,
                                          None if scores is None else scores[missing])
         return rows
+
+    def _absent(self, shard: Shard, keys: np.ndarray, create: bool) -> np.ndarray:
+        """float32[N, dim]: the values of ``keys`` that have no row in memory: their
+        rows on the disk tier (when not ``create``: creating promoted them already),
+        else their initial values."""
+        out = self._initial(keys)
+        if self._disk is not None and not create:
+            uniq, inverse = np.unique(keys, return_inverse=True)
+            found, rows = self._disk.read(shard.number, uniq, take=False)
+            hit = found[inverse]
+            out[hit] = rows.data[np.cumsum(found)[inverse[hit]] - 1, : self.dim]
+        return out
+
+    def _promote(self, shard: Shard, keys: np.ndarray, hashes: np.ndarray,
+                 protected: np.ndarray, clock: int) -> np.ndarray:
+        """Move the rows of ``keys`` (uint64[N], no row in memory, possibly repeated)
+        that are on the disk tier into memory (caller holds the shard's lock);
+        returns each key's row, -1 for keys not on disk. ``protected`` (int64[P]): the
+        request's rows already in memory (never spilled to make room).
+
+        Raises:
+            InvalidRequestError: the request's keys do not fit in the shard's memory
+                rows (``Lifecycle.make_room``).
+        """
+        assert self._disk is not None and self._life is not None
+        uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        found, disk = self._disk.read(shard.number, uniq, take=False)
+        out = np.full(uniq.size, -1, dtype=np.int64)
+        if not disk.keys.size:
+            return out[inverse]
+        self._life.make_room(shard, np.ones(disk.keys.size, dtype=bool), protected)
+        shard.reserve(shard.index.row_limit_after(disk.keys.size))
+        rows = shard.index.insert_new(disk.keys, hashes[first][found])
+        shard.data[rows] = disk.data
+        self._life.init_rows(shard, rows, clock)
+        if shard.stats is not None and disk.stats is not None:
+            shard.stats[rows] = disk.stats
+        if shard.saved is not None:
+            shard.saved[rows] = disk.saved
+        self._disk.discard(shard.number, disk.keys)  # in memory now: off the disk
+        shard.counts[5] += int(disk.keys.size)
+        out[found] = rows
+        return out[inverse]
 
     def _counts(self, keys: np.ndarray, shows: np.ndarray | None,
                 clicks: np.ndarray | None, what: str) -> np.ndarray:
@@ -286,7 +373,12 @@ class SparseTable:
             w[...] = r[:, : self.dim]
             state[...] = r[:, self.dim:]
 
-        self._update(keys, rows, set_rows, use_admission=False)
+        # With a disk tier, a chunk at a time: each must fit in the memory tier.
+        step = keys.size if self._life is None or self._disk is None else \
+            max(1, min(cap or 1 for cap in self._life.caps) // 2)
+        for start in range(0, keys.size, max(step, 1)):
+            self._update(keys[start:start + step], rows[start:start + step], set_rows,
+                         use_admission=False)
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         """bool[N]: which of ``keys`` (uint64[N]) have a row."""
@@ -294,6 +386,10 @@ class SparseTable:
         for shard, pos, hashes in self._split(keys):
             with shard.lock:
                 out[pos] = shard.index.lookup(keys[pos], hashes) >= 0
+                if self._disk is not None and not out[pos].all():
+                    absent = pos[~out[pos]]
+                    uniq, inverse = np.unique(keys[absent], return_inverse=True)
+                    out[absent] = self._disk.read(shard.number, uniq, take=False)[0][inverse]
         return out
 
     def _initial(self, keys: np.ndarray) -> np.ndarray:
@@ -340,6 +436,10 @@ class SparseTable:
                 k, rows = shard.index.items()
                 keys.append(k)
                 data.append(shard.data[rows].copy())
+                if self._disk is not None:
+                    spilled = self._disk.scan(shard.number)
+                    keys.append(spilled.keys)
+                    data.append(spilled.data)
         all_keys = np.concatenate(keys)
         all_data = np.concatenate(data)
         order = np.argsort(all_keys)
@@ -351,6 +451,12 @@ class SparseTable:
     def shards(self) -> list[Shard]:
         """The internal shards (for ``psfleet.ps.persist_delta``; hold each one's lock)."""
         return self._shards
+
+    @property
+    def disk(self) -> DiskTier | None:
+        """The disk tier (for ``psfleet.ps.persist_delta``; hold the shard's lock for
+        calls naming it); None: every row is in memory."""
+        return self._disk
 
     @property
     def lifecycle(self) -> Lifecycle | None:
@@ -368,6 +474,8 @@ class SparseTable:
         for shard in self._shards:
             with shard.lock:
                 deleted += self._life.shrink(shard)
+                if self._disk is not None:
+                    deleted += self._life.shrink_spilled(shard, self._disk)
         return deleted
 
     def update_stats(self, keys: np.ndarray, shows: np.ndarray, clicks: np.ndarray) -> None:
@@ -392,6 +500,10 @@ class SparseTable:
         for shard, pos, hashes in self._split(keys):
             with shard.lock:
                 rows = shard.index.lookup(keys[pos], hashes)
+                if self._disk is not None and (rows < 0).any():  # spilled rows come back
+                    missing = rows < 0
+                    rows[missing] = self._promote(shard, keys[pos][missing],
+                                                  hashes[missing], rows[~missing], clock)
                 kept = rows >= 0
                 pos, rows = pos[kept], rows[kept]
                 life.push_stats(shard, rows, counts[pos, 0], counts[pos, 1])
@@ -405,6 +517,8 @@ class SparseTable:
         for shard in self._shards:
             with shard.lock:
                 self._life.age(shard)
+        if self._disk is not None:
+            self._disk.age_one_day()
 
     def lifecycle_counts(self) -> LifecycleCounts:
         """Rows admitted, rejected, evicted and deleted on this server so far."""
@@ -424,6 +538,11 @@ class SparseTable:
                 k, rows = shard.index.items()
                 keys.append(k)
                 stats.append(shard.stats[rows].copy())
+                if self._disk is not None:
+                    spilled = self._disk.scan(shard.number)
+                    assert spilled.stats is not None  # a ctr table's tier keeps them
+                    keys.append(spilled.keys)
+                    stats.append(spilled.stats)
         all_keys, all_stats = np.concatenate(keys), np.concatenate(stats)
         order = np.argsort(all_keys)
         return all_keys[order], all_stats[order]
@@ -447,3 +566,6 @@ class SparseTable:
                 kept = rows >= 0
                 assert shard.stats is not None
                 shard.stats[rows[kept]] = stats[pos[kept]]
+                if self._disk is not None and not kept.all():  # rows the load spilled
+                    self._disk.rewrite_stats(shard.number, keys[pos[~kept]],
+                                             stats[pos[~kept]])

@@ -47,18 +47,22 @@ class Shard:
         pending_slots: slots of the admission's pending table (0: none).
         pending_scores: the pending table keeps a float32 score per slot
             (show_click_score admission) besides the int64 count.
+        number: the shard's index in its table (its rows' key range on the disk tier).
     """
 
     def __init__(self, width: int, *, stats: bool = False,
                  last_access: bool = False, cap: int | None = None,
-                 pending_slots: int = 0, pending_scores: bool = False) -> None:
+                 pending_slots: int = 0, pending_scores: bool = False,
+                 number: int = 0) -> None:
+        self.number = number
         self.lock = threading.Lock()
         self.index = HashIndex(max_rows=cap)
         self.data = np.zeros((0, width), dtype=np.float32)
         self.stats = np.zeros((0, 4), dtype=np.float32) if stats else None
         self.last_access = np.zeros(0, dtype=np.int64) if last_access else None
         self.cap = cap
-        self.counts = [0, 0, 0, 0]  # LifecycleCounts: admitted, rejected, evicted, deleted
+        # LifecycleCounts: admitted, rejected, evicted, deleted, spilled, promoted
+        self.counts = [0, 0, 0, 0, 0, 0]
         # The count filter's pending ids (psfleet.ps.admission), fixed size.
         self.pending_keys = np.full(pending_slots, RESERVED_KEY, dtype=np.uint64)
         self.pending_counts = np.zeros(pending_slots, dtype=np.int64)

@@ -233,6 +233,18 @@ class AccessorConfig(_Frozen):
             this since the last base/delta save (Paddle's default 0.25); >= 0, finite.
         delta_keep_days: ``base`` and ``delta`` saves skip rows unseen for more days
             (Paddle's default 16); >= 0, finite.
+        memory_rows: rows per table per server kept in memory (split over the shards
+            as ``max_rows``); a full shard *spills* rows by ``eviction`` to the disk
+            tier instead of dropping them, and a spilled row read again comes back
+            (``psfleet.ps.disk_tier``). None: every row in memory. A shard must hold
+            one request's keys in it (a request with more is refused, naming this).
+        memory_budget_bytes: the same as a memory budget per table per server: the
+            memory rows are the budget over the bytes a row takes in memory (its
+            floats, statistics and index entry; ``SparseTable.row_memory_bytes``).
+            At most one of ``memory_rows`` and ``memory_budget_bytes``.
+        disk_dir: where the disk tier's folder is created (a path on each server;
+            None: the system's temporary folder). The tier is not durable: a
+            restarted server reloads from the newest checkpoint.
     """
 
     name: AccessorName = "none"
@@ -253,13 +265,26 @@ class AccessorConfig(_Frozen):
     base_threshold: float = Field(1.5, ge=0, allow_inf_nan=False)
     delta_threshold: float = Field(0.25, ge=0, allow_inf_nan=False)
     delta_keep_days: float = Field(16.0, ge=0, allow_inf_nan=False)
+    memory_rows: int | None = Field(None, ge=1)
+    memory_budget_bytes: int | None = Field(None, ge=1)
+    disk_dir: str | None = None
 
     @model_validator(mode="after")
     def _check_policies(self) -> AccessorConfig:
+        if self.memory_rows is not None and self.memory_budget_bytes is not None:
+            raise ValueError("accessor.memory_rows and accessor.memory_budget_bytes: set "
+                             "one of them (both size the memory tier)")
+        if self.tiered and self.max_rows is not None:
+            raise ValueError("accessor.max_rows drops rows beyond the cap, "
+                             "accessor.memory_rows / memory_budget_bytes spill them to disk: "
+                             "set one of them")
+        if self.disk_dir is not None and not self.tiered:
+            raise ValueError("accessor.disk_dir: only used with accessor.memory_rows or "
+                             "memory_budget_bytes (the disk tier); set one or drop disk_dir")
         if self.admission == "show_click_score" and self.name != "ctr":
             raise ValueError("accessor.admission: 'show_click_score' needs accessor.name "
                              "'ctr' (the score is the ctr accessor's); set name: ctr")
-        if self.eviction == "lowest_score" and self.max_rows is not None \
+        if self.eviction == "lowest_score" and (self.max_rows is not None or self.tiered) \
                 and self.name != "ctr":
             raise ValueError("accessor.eviction: 'lowest_score' needs accessor.name "
                              "'ctr' (rows have no score otherwise); use 'lru'")
@@ -268,7 +293,13 @@ class AccessorConfig(_Frozen):
     @property
     def active(self) -> bool:
         """Whether rows have a lifecycle (statistics, admission or a cap)."""
-        return self.name != "none" or self.admission != "none" or self.max_rows is not None
+        return (self.name != "none" or self.admission != "none" or self.max_rows is not None
+                or self.tiered)
+
+    @property
+    def tiered(self) -> bool:
+        """Whether rows beyond a memory budget spill to a disk tier."""
+        return self.memory_rows is not None or self.memory_budget_bytes is not None
 
 
 class SparseTableConfig(_Frozen):

@@ -219,7 +219,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableStats(_message.Message):
-    __slots__ = ("table_id", "name", "rows", "memory_bytes", "rejected_non_finite", "pulls", "pulled_rows", "pushes", "pushed_rows", "admitted", "rejected", "evicted", "deleted")
+    __slots__ = ("table_id", "name", "rows", "memory_bytes", "rejected_non_finite", "pulls", "pulled_rows", "pushes", "pushed_rows", "admitted", "rejected", "evicted", "deleted", "spilled", "promoted", "disk_rows", "disk_bytes")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +233,10 @@ class TableStats(_message.Message):
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     EVICTED_FIELD_NUMBER: _ClassVar[int]
     DELETED_FIELD_NUMBER: _ClassVar[int]
+    SPILLED_FIELD_NUMBER: _ClassVar[int]
+    PROMOTED_FIELD_NUMBER: _ClassVar[int]
+    DISK_ROWS_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     name: str
     rows: int
@@ -246,7 +250,11 @@ class TableStats(_message.Message):
     rejected: int
     evicted: int
     deleted: int
-    def __init__(self, table_id: _Optional[int] = ..., name: _Optional[str] = ..., rows: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., rejected_non_finite: _Optional[int] = ..., pulls: _Optional[int] = ..., pulled_rows: _Optional[int] = ..., pushes: _Optional[int] = ..., pushed_rows: _Optional[int] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., evicted: _Optional[int] = ..., deleted: _Optional[int] = ...) -> None: ...
+    spilled: int
+    promoted: int
+    disk_rows: int
+    disk_bytes: int
+    def __init__(self, table_id: _Optional[int] = ..., name: _Optional[str] = ..., rows: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., rejected_non_finite: _Optional[int] = ..., pulls: _Optional[int] = ..., pulled_rows: _Optional[int] = ..., pushes: _Optional[int] = ..., pushed_rows: _Optional[int] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., evicted: _Optional[int] = ..., deleted: _Optional[int] = ..., spilled: _Optional[int] = ..., promoted: _Optional[int] = ..., disk_rows: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("tables", "uptime_s")
