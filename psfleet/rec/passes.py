@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 SAVES_DIR = "saves"
 
 #: Lifecycle counters of a table's Stats, counted per pass in metrics.json.
-COUNTERS = ("admitted", "rejected", "evicted", "deleted")
+COUNTERS = ("admitted", "rejected", "evicted", "deleted", "spilled", "promoted")
 
 
 @dataclass(frozen=True)
@@ -120,16 +120,19 @@ def restored_passes(checkpoint: CheckpointConfig | None) -> list[dict[str, Any]]
 def table_totals(stats: Sequence[StatsResponse],
                  names: Collection[str] | None = None) -> dict[str, dict[str, int]]:
     """Per table name (only ``names`` when given, e.g. the sparse tables): ``rows``,
-    ``bytes`` and the lifecycle counters (:data:`COUNTERS`) summed over the servers'
-    Stats."""
+    ``bytes`` (memory), ``disk_rows``, ``disk_bytes`` and the lifecycle counters
+    (:data:`COUNTERS`) summed over the servers' Stats."""
     totals: dict[str, dict[str, int]] = {}
     for server in stats:
         for table in server.tables:
             if names is not None and table.name not in names:
                 continue
-            into = totals.setdefault(table.name, dict.fromkeys(("rows", "bytes", *COUNTERS), 0))
+            into = totals.setdefault(table.name, dict.fromkeys(
+                ("rows", "bytes", "disk_rows", "disk_bytes", *COUNTERS), 0))
             into["rows"] += int(table.rows)
             into["bytes"] += int(table.memory_bytes)
+            into["disk_rows"] += int(table.disk_rows)
+            into["disk_bytes"] += int(table.disk_bytes)
             for name in COUNTERS:
                 into[name] += int(getattr(table, name))
     return totals
