@@ -7,6 +7,7 @@ from typing import Any
 
 from e2e_throughput import CASES as E2E_CASES
 from report_lifecycle import lifecycle_section, lifecycle_targets
+from report_tiered import tiered_section, tiered_targets
 
 Record = dict[str, Any]
 
@@ -86,7 +87,7 @@ def _spread(record: Record | None, *path: str) -> tuple[float | None, float | No
 
 def _targets(e2e: list[Record], table: list[Record], memory: list[Record],
              steps: list[Record], reader: list[Record], lifecycle: list[Record],
-             capped: list[Record]) -> str:
+             capped: list[Record], tiered: list[Record]) -> str:
     rows = []
     for case, target, note in (
         ("PS async 1x1", 0.9, ""),
@@ -118,6 +119,7 @@ def _targets(e2e: list[Record], table: list[Record], memory: list[Record],
                          _met(value, 1.3, higher=False, low=lo, high=hi)])
     rows += _reader_targets(reader, e2e)
     rows += lifecycle_targets(lifecycle, capped)
+    rows += tiered_targets(tiered)
     return _table(["target", "target value", "measured: median (min-max)", "met?"], rows)
 
 
@@ -493,7 +495,8 @@ def write_report(out: Path, *, records: dict[str, list[Record]], machine: dict[s
         f"; at the end: {', '.join(f'{x:.2f}' for x in end_loadavg)}. The machine is shared "
         "with other sessions, so figures carry that noise; the spread shows how much.\n\n"
         + _PS_CONTEXT + "\n",
-        section("Targets", _targets(e2e, table, memory, steps, reader, lifecycle, capped)),
+        section("Targets", _targets(e2e, table, memory, steps, reader, lifecycle, capped,
+                                    records.get("tiered_table", []))),
         section("Machine", _table(["", ""], [
             ["CPU", m["cpu_model"]], ["cores (nproc)", str(m["nproc"])],
             ["RAM", f"{m['ram_gib']} GiB"], ["kernel", m["kernel"]],
@@ -537,6 +540,8 @@ def write_report(out: Path, *, records: dict[str, list[Record]], machine: dict[s
                 _multihot_section(records.get("multihot_parity", []))),
         section("8. Table lifecycle: a row cap on never-ending ids",
                 lifecycle_section(lifecycle, capped)),
+        section("9. A table larger than memory: the disk tier",
+                tiered_section(records.get("tiered_table", []))),
         section("Top three costs and what would remove each",
                 _costs(e2e, table, memory, wire, steps)),
     ]

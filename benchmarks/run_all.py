@@ -57,6 +57,9 @@ def script_commands(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
                              "--max_rows", str(args.lifecycle_max_rows)]),
         ("capped_auc", ["benchmarks/capped_auc.py", "--train_rows", str(args.capped_auc_rows),
                         "--test_rows", str(args.test_rows), *cache]),
+        ("tiered_table", ["benchmarks/tiered_table.py", "--table_rows",
+                          str(args.tiered_table_rows), "--train_rows", str(args.tiered_job_rows),
+                          "--test_rows", str(args.test_rows), *cache]),
     ]
 
 
@@ -65,12 +68,14 @@ SIZES = {"repeats": 3, "train_rows": 150_000, "test_rows": 40_000, "pool_rows": 
          "memory_rows": 1_000_000, "wire_pool_rows": 500_000, "steps": 100,
          "reader_rows": 1_000_000, "multihot_rows": 1_000_000,
          "lifecycle_ids": 30_000_000, "lifecycle_uncapped_ids": 2_000_000,
-         "lifecycle_max_rows": 2_000_000, "capped_auc_rows": 1_000_000}
+         "lifecycle_max_rows": 2_000_000, "capped_auc_rows": 1_000_000,
+         "tiered_table_rows": 1_000_000, "tiered_job_rows": 1_000_000}
 QUICK_SIZES = {"repeats": 1, "train_rows": 20_000, "test_rows": 5_000, "pool_rows": 100_000,
                "memory_rows": 100_000, "wire_pool_rows": 100_000, "steps": 20,
                "reader_rows": 50_000, "multihot_rows": 20_000,
                "lifecycle_ids": 300_000, "lifecycle_uncapped_ids": 300_000,
-               "lifecycle_max_rows": 50_000, "capped_auc_rows": 20_000}
+               "lifecycle_max_rows": 50_000, "capped_auc_rows": 20_000,
+               "tiered_table_rows": 100_000, "tiered_job_rows": 20_000}
 
 
 def _argv_without_out(argv: list[str]) -> list[str]:
@@ -105,7 +110,8 @@ def main() -> None:
     parser.add_argument("--cache_dir", type=Path, default=DEFAULT_CACHE_DIR)
     parser.add_argument("--only", default="", help="comma-separated script names to run "
                         "(table_ops, wire_ops, step_profile, reader_throughput, e2e_throughput, "
-                        "pooled_embedding, multihot_parity, table_lifecycle, capped_auc)")
+                        "pooled_embedding, multihot_parity, table_lifecycle, capped_auc, "
+                        "tiered_table)")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes, 1 repeat: checks the harness, not the figures "
                         "(sizes given explicitly are kept)")

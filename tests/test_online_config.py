@@ -112,24 +112,31 @@ def test_plan_numbers_epochs_across_passes() -> None:
 def _stats(*servers: dict[str, int]) -> list[StatsResponse]:
     return [StatsResponse(tables=[
         TableStats(name="embedding", rows=s["rows"], memory_bytes=s["bytes"],
-                   admitted=s["admitted"], evicted=s["evicted"], deleted=s["deleted"]),
+                   admitted=s["admitted"], evicted=s["evicted"], deleted=s["deleted"],
+                   spilled=s.get("spilled", 0), disk_rows=s.get("disk_rows", 0)),
         TableStats(name="dense", rows=10, memory_bytes=40)]) for s in servers]
 
 
 def test_pass_entries_count_growth_summed_over_servers() -> None:
-    a1 = {"rows": 5, "bytes": 50, "admitted": 9, "evicted": 3, "deleted": 1}
+    a1 = {"rows": 5, "bytes": 50, "admitted": 9, "evicted": 3, "deleted": 1, "spilled": 4,
+          "disk_rows": 2}
     b1 = {"rows": 4, "bytes": 40, "admitted": 6, "evicted": 2, "deleted": 0}
     totals = table_totals(_stats(a1, b1), ["embedding"])
-    assert totals == {"embedding": {"rows": 9, "bytes": 90, "admitted": 15, "rejected": 0,
-                                    "evicted": 5, "deleted": 1}}
+    assert totals == {"embedding": {"rows": 9, "bytes": 90, "disk_rows": 2, "disk_bytes": 0,
+                                    "admitted": 15, "rejected": 0, "evicted": 5,
+                                    "deleted": 1, "spilled": 4, "promoted": 0}}
     book = PassBook([], None)
     book.record(0, 1, Path("d1"), totals, 1, None)
-    a2 = {"rows": 6, "bytes": 60, "admitted": 12, "evicted": 4, "deleted": 3}
+    a2 = {"rows": 6, "bytes": 60, "admitted": 12, "evicted": 4, "deleted": 3, "spilled": 9,
+          "disk_rows": 3}
     b2 = {"rows": 7, "bytes": 70, "admitted": 10, "evicted": 2, "deleted": 1}
     second = book.record(1, 2, Path("d2"), table_totals(_stats(a2, b2), ["embedding"]),
                          3, "saves/pass-2")
-    assert second["tables"]["embedding"] == {"rows": 13, "bytes": 130, "admitted": 7,
-                                             "rejected": 0, "evicted": 1, "deleted": 3}
+    # disk_rows is the state after the pass; spilled, like admitted, its growth
+    assert second["tables"]["embedding"] == {"rows": 13, "bytes": 130, "disk_rows": 3,
+                                             "disk_bytes": 0, "admitted": 7, "rejected": 0,
+                                             "evicted": 1, "deleted": 3, "spilled": 5,
+                                             "promoted": 0}
     # a restarted server counts from 0 again: its total is the pass's count
     fresh = {"rows": 2, "bytes": 20, "admitted": 2, "evicted": 0, "deleted": 0}
     third = book.record(2, 3, Path("d3"), table_totals(_stats(fresh), ["embedding"]),

@@ -241,25 +241,26 @@ def test_status_prints_each_table_of_a_live_server(
     code, rows, err = _status(capsys, log_dir, "--interval_s", "0")
     assert (code, err) == (0, "")
     assert rows[0] == ["server", "endpoint", "table_id", "table", "rows", "memory",
-                       "pulls/s", "pushes/s", "uptime"]
+                       "disk_rows", "disk", "pulls/s", "pushes/s", "uptime"]
     by_table = {r[2]: r for r in rows[1:]}
     emb, mlp = by_table["0"], by_table["1"]
     assert emb[:5] == ["0", live_server.endpoint, "0", "emb", str(keys.size)]
     assert mlp[:5] == ["0", live_server.endpoint, "1", "mlp", str(dense_size)]
     # --interval_s 0: averages since the start, over a few seconds at most.
-    assert float(emb[7]) > 0 and float(emb[8]) > 0 and float(mlp[7]) > 0
-    assert mlp[8] == "0.0" and emb[9].endswith("s")
+    assert emb[7:9] == mlp[7:9] == ["-", "-"]  # no disk tier
+    assert float(emb[9]) > 0 and float(emb[10]) > 0 and float(mlp[9]) > 0
+    assert mlp[10] == "0.0" and emb[11].endswith("s")
 
     # Over an interval with no traffic: 0 requests per second.
     code, rows, err = _status(capsys, log_dir, "--interval_s", "0.3")
     assert (code, err) == (0, "")
-    assert [r[7:9] for r in rows[1:]] == [["0.0", "0.0"], ["0.0", "0.0"]]
+    assert [r[9:11] for r in rows[1:]] == [["0.0", "0.0"], ["0.0", "0.0"]]
 
     # The endpoint itself: the same rows and counts (all from Stats).
     code, rows, err = _status(capsys, live_server.endpoint, "--interval_s", "0")
     assert (code, err) == (0, "")
     assert [r[4] for r in rows[1:]] == [str(keys.size), str(dense_size)]
-    assert float(rows[1][7]) > 0 and rows[2][8] == "0.0"
+    assert float(rows[1][9]) > 0 and rows[2][10] == "0.0"
 
 
 def test_status_names_the_server_that_does_not_answer(

@@ -137,16 +137,21 @@ def _rows(server: ServerTarget, first: msg.StatsResponse,
     uptime = _duration(last.uptime_s)
     lines = []
     for table in sorted(last.tables, key=lambda t: t.table_id):
+        tiered = bool(table.disk_rows or table.disk_bytes)
         lines.append([str(server.index), server.endpoint, str(table.table_id), table.name,
                       str(table.rows), _human_bytes(table.memory_bytes),
+                      str(table.disk_rows) if tiered else "-",
+                      _human_bytes(table.disk_bytes) if tiered else "-",
                       _rate("pulls", table.table_id, first, last),
                       _rate("pushes", table.table_id, first, last), uptime])
     return lines or [[str(server.index), server.endpoint, "-", "(no tables)", "0", "0 B",
-                      "-", "-", uptime]]
+                      "-", "-", "-", "-", uptime]]
 
 
-_HEADER = ["server", "endpoint", "table_id", "table", "rows", "memory", "pulls/s",
-           "pushes/s", "uptime"]
+#: ``rows`` counts both tiers; ``memory`` is the memory tier's bytes, ``disk_rows`` and
+#: ``disk`` the disk tier's rows and bytes ("-": no disk tier; docs/tiered-storage.md).
+_HEADER = ["server", "endpoint", "table_id", "table", "rows", "memory", "disk_rows",
+           "disk", "pulls/s", "pushes/s", "uptime"]
 
 
 def _print_table(lines: list[list[str]]) -> None:

@@ -157,7 +157,8 @@ class PassBook:
                saved: str | None) -> dict[str, Any]:
         """Add pass ``k``'s entry (0-based ``k``, run epochs done ``epoch``).
 
-        Per table: ``rows`` and ``bytes`` after the pass; each counter of
+        Per table: ``rows``, ``bytes``, ``disk_rows`` and ``disk_bytes`` after the
+        pass; each counter of
         :data:`COUNTERS` as its growth during the pass (the total now minus the total
         at the previous pass's end; the total itself when it went down, i.e. a
         server restarted and counts from 0 again). ``tables`` is None in collective
@@ -171,7 +172,7 @@ class PassBook:
             tables = {}
             for name, now in totals.items():
                 before = self._previous.get(name, {})
-                row = {"rows": now["rows"], "bytes": now["bytes"]}
+                row = {key: now[key] for key in ("rows", "bytes", "disk_rows", "disk_bytes")}
                 for counter in COUNTERS:
                     grown = now[counter] - before.get(counter, 0)
                     row[counter] = grown if grown >= 0 else now[counter]
