@@ -304,6 +304,17 @@ def test_a_bad_simulated_staleness_fails_before_start(tmp_path: Path,
     check_before_start(config)  # a valid value passes
 
 
+def test_a_memory_tier_too_small_for_one_request_fails_before_start(tmp_path: Path) -> None:
+    path = _write_config(tmp_path, cluster={"server_num": 1, "worker_num": 2},
+                         runner={"batch_size": 16, "sync_mode": "sync"})
+    with pytest.raises(ConfigError, match=r"hyper_parameters\.sparse_accessor: a memory tier "
+                                          r"of 1,000 rows .*\(up to 16 examples x 26 features "
+                                          r"x 2 workers = 832 ids .* at least 1,664 rows"):
+        check_before_start(load_config(path, ["hyper_parameters.sparse_accessor.memory_rows="
+                                              "1000"]))
+    check_before_start(load_config(path, ["hyper_parameters.sparse_accessor.memory_rows=1664"]))
+
+
 # -- the server wait timeout: one resolver ----------------------------------------------
 
 

@@ -19,7 +19,9 @@ cheaply, by each process of the job):
 - the first lines of every data file parse with the configured parser (a column
   the config names that the file's header lacks is a ConfigError naming it);
 - ``runner.model`` is a registered model and builds over the declared tables;
-- ``PSFLEET_SIMULATE_STALENESS``, when set, is a valid value.
+- ``PSFLEET_SIMULATE_STALENESS``, when set, is a valid value;
+- a table with a disk tier (``memory_rows`` / ``memory_budget_bytes``) holds one
+  request's keys in memory.
 
 Each failure is a :class:`~psfleet.errors.DataError` or
 :class:`~psfleet.errors.ConfigError` naming the field, the file and what to do.
@@ -41,9 +43,12 @@ from psfleet.data.compression import (
 )
 from psfleet.data.split import plan_share
 from psfleet.errors import ConfigError, DataError
+from psfleet.nn.types import check_accessor
+from psfleet.ps import SparseTable, SparseTableConfig
 from psfleet.ps.communicator.local_mode import simulated_staleness
-from psfleet.rec.config import TrainConfig, parser_kind, parser_options
-from psfleet.rec.features import build_runner_model
+from psfleet.ps.types import RuleConfig
+from psfleet.rec.config import TrainConfig, parser_kind, parser_options, parser_schema
+from psfleet.rec.features import build_runner_model, table_specs
 
 __all__ = ["check_before_start", "check_data_files"]
 
@@ -159,6 +164,35 @@ def check_before_start(config: TrainConfig) -> None:
             for file in files:
                 _check_first_lines(parser, field, file)
     build_runner_model(config)  # a model that rejects the tables names the key
+    _check_memory_tiers(config)
+
+
+def _check_memory_tiers(config: TrainConfig) -> None:
+    """A table with a disk tier must hold one request's keys in memory: at most
+    ``batch_size`` x its features ids per worker (x ``worker_num`` in sync mode, whose
+    server applies the workers' merged push), spread over its shards. Asks for twice
+    that, so that an uneven spread over the shards fits too."""
+    hp, runner = config.hyper_parameters, config.runner
+    schema = parser_schema(runner)
+    for k, spec in enumerate(table_specs(hp, schema)):
+        accessor = check_accessor(spec.accessor, f"table {spec.name!r}")
+        if not accessor.tiered:
+            continue
+        rule = spec.rule or RuleConfig(name=hp.optimizer.class_.lower(),  # type: ignore[arg-type]
+                                       learning_rate=hp.optimizer.learning_rate)
+        rows = SparseTable.memory_rows(SparseTableConfig(name=spec.name, dim=spec.dim,
+                                                         rule=rule, accessor=accessor))
+        workers = config.cluster.worker_num if runner.sync_mode == "sync" else 1
+        request = runner.batch_size * len(spec.features) * workers
+        if rows is not None and rows < 2 * request:
+            key = (f"hyper_parameters.tables[{k}].accessor" if hp.tables is not None
+                   and hp.tables[k].accessor is not None else "hyper_parameters.sparse_accessor")
+            raise ConfigError(
+                f"{key}: a memory tier of {rows:,} rows per server cannot hold one "
+                f"request's keys (up to {runner.batch_size} examples x {len(spec.features)} "
+                f"features{f' x {workers} workers' if workers > 1 else ''} = {request:,} "
+                f"ids of table {spec.name!r}, spread over its shards): set memory_rows "
+                f"(or memory_budget_bytes) to at least {2 * request:,} rows")
 
 
 def _check_first_lines(parser: Parser, field: str, file: Path) -> None:
