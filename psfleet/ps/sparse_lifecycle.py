@@ -7,6 +7,7 @@ an empty lifecycle would, and pull and push never reach it.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -163,14 +164,23 @@ class LifecycleOps:
         ``ctr`` accessor."""
         if self._life is None:
             return
-        for shard in self._shards:
-            with shard.lock:
+        if self._disk is None:
+            for shard in self._shards:
+                with shard.lock:
+                    self._life.age(shard)
+            return
+        # With a disk tier every shard is held at once: a row spilling between its
+        # shard's aging and the tier's day count would be aged twice (or not at all).
+        with contextlib.ExitStack() as held:
+            for shard in self._shards:
+                held.enter_context(shard.lock)
+            for shard in self._shards:
                 self._life.age(shard)
-        if self._disk is not None:
             self._disk.age_one_day()
 
     def lifecycle_counts(self) -> LifecycleCounts:
-        """Rows admitted, rejected, evicted and deleted on this server so far."""
+        """Rows admitted, rejected, evicted, deleted, spilled and promoted on this
+        server so far."""
         if self._life is None:
             return LifecycleCounts()
         return Lifecycle.counts(self._shards)
