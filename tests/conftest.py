@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import psutil
 import pytest
@@ -143,6 +145,15 @@ def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
 def repo_root() -> Path:
     """The repository root (the folder holding ``psfleet/`` and ``tests/``)."""
     return REPO_ROOT
+
+
+def bench_module(name: str) -> ModuleType:
+    """The module ``benchmarks/<name>.py``; the benchmark scripts import each other by
+    plain name (``from common import ...``), so their folder joins ``sys.path``."""
+    bench_dir = str(REPO_ROOT / "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.append(bench_dir)
+    return importlib.import_module(name)
 
 
 def require_shared_data(folder: Path | None = None,

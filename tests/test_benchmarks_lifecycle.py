@@ -7,27 +7,22 @@ runner's own loader and its reading of metrics.json."""
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from conftest import bench_module
 
 from psfleet.errors import ConfigError
 from psfleet.rec.config_load import load_config
 
 pytestmark = pytest.mark.unit
 
-# The benchmark scripts import each other by plain name (``from common import ...``).
-BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-if str(BENCH_DIR) not in sys.path:
-    sys.path.append(str(BENCH_DIR))
-capped_auc = importlib.import_module("capped_auc")
-report = importlib.import_module("report")
-table_lifecycle = importlib.import_module("table_lifecycle")
-report_lifecycle = importlib.import_module("report_lifecycle")
+capped_auc = bench_module("capped_auc")
+report = bench_module("report")
+table_lifecycle = bench_module("table_lifecycle")
+report_lifecycle = bench_module("report_lifecycle")
 lifecycle_section = report_lifecycle.lifecycle_section
 lifecycle_targets = report_lifecycle.lifecycle_targets
 

@@ -4,19 +4,13 @@ Targets row rendered from their records (the job part not run)."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
+from conftest import bench_module
 
 pytestmark = pytest.mark.unit
 
-BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-if str(BENCH_DIR) not in sys.path:
-    sys.path.append(str(BENCH_DIR))
-tiered_table = importlib.import_module("tiered_table")
-report_tiered = importlib.import_module("report_tiered")
+tiered_table = bench_module("tiered_table")
+report_tiered = bench_module("report_tiered")
 
 
 def test_store_and_table_parts_and_their_section() -> None:

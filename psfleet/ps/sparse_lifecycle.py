@@ -8,12 +8,13 @@ an empty lifecycle would, and pull and push never reach it.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from psfleet.errors import RemoteError
-from psfleet.ps.disk_tier import DiskTier
+from psfleet.ps.disk_tier import DiskRows, DiskTier
 from psfleet.ps.lifecycle import Lifecycle, LifecycleCounts
 from psfleet.ps.merge import distinct_summed
 from psfleet.ps.table_shard import STAT_COLUMNS, Shard
@@ -189,22 +190,29 @@ class LifecycleOps:
         """Every (keys uint64[n], stats float32[n, 4]) sorted by key; the columns are
         ``STAT_COLUMNS`` (show, click, unseen_days, delta_score). Empty without the
         ``ctr`` accessor."""
-        keys, stats = [np.zeros(0, dtype=np.uint64)], [np.zeros((0, 4), dtype=np.float32)]
+        if self._life is None or self._life.accessor is None:
+            return np.zeros(0, dtype=np.uint64), np.zeros((0, 4), dtype=np.float32)
+        return self._gather(_memory_stats, _disk_stats)
+
+    def _gather(self, memory: Callable[[Shard, np.ndarray], np.ndarray],
+                disk: Callable[[DiskRows], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """(keys uint64[n], values[n, ...]) of every row of both tiers, sorted by key:
+        ``memory(shard, rows)`` of each shard's rows in memory, ``disk(rows)`` of its
+        rows on disk, each shard under its lock (so no row is missed or seen twice as
+        it moves between the tiers)."""
+        keys, values = [], []
         for shard in self._shards:
-            if shard.stats is None:
-                continue
             with shard.lock:
                 k, rows = shard.index.items()
                 keys.append(k)
-                stats.append(shard.stats[rows].copy())
+                values.append(memory(shard, rows))
                 if self._disk is not None:
                     spilled = self._disk.scan(shard.number)
-                    assert spilled.stats is not None  # a ctr table's tier keeps them
                     keys.append(spilled.keys)
-                    stats.append(spilled.stats)
-        all_keys, all_stats = np.concatenate(keys), np.concatenate(stats)
+                    values.append(disk(spilled))
+        all_keys = np.concatenate(keys)
         order = np.argsort(all_keys)
-        return all_keys[order], all_stats[order]
+        return all_keys[order], np.concatenate(values)[order]
 
     def load_stats(self, keys: np.ndarray, stats: np.ndarray) -> None:
         """Set the statistics (float32[N, 4], as :meth:`stats_items`) of the rows of
@@ -228,3 +236,13 @@ class LifecycleOps:
                 if self._disk is not None and not kept.all():  # rows the load spilled
                     self._disk.rewrite_stats(shard.number, keys[pos[~kept]],
                                              stats[pos[~kept]])
+
+
+def _memory_stats(shard: Shard, rows: np.ndarray) -> np.ndarray:
+    assert shard.stats is not None  # a ctr table's shards keep them
+    return shard.stats[rows]
+
+
+def _disk_stats(spilled: DiskRows) -> np.ndarray:
+    assert spilled.stats is not None  # a ctr table's disk tier keeps them
+    return spilled.stats

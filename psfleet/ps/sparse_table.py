@@ -363,17 +363,4 @@ class SparseTable(LifecycleOps):
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """Every (keys uint64[n], rows float32[n, dim + state_width]), sorted by key."""
-        keys, data = [], []
-        for shard in self._shards:
-            with shard.lock:
-                k, rows = shard.index.items()
-                keys.append(k)
-                data.append(shard.data[rows].copy())
-                if self._disk is not None:
-                    spilled = self._disk.scan(shard.number)
-                    keys.append(spilled.keys)
-                    data.append(spilled.data)
-        all_keys = np.concatenate(keys)
-        all_data = np.concatenate(data)
-        order = np.argsort(all_keys)
-        return all_keys[order], all_data[order]
+        return self._gather(lambda shard, rows: shard.data[rows], lambda spilled: spilled.data)
