@@ -168,10 +168,12 @@ def check_before_start(config: TrainConfig) -> None:
 
 
 def _check_memory_tiers(config: TrainConfig) -> None:
-    """A table with a disk tier must hold one request's keys in memory: at most
+    """A table with a disk tier must hold one request's keys in memory: up to
     ``batch_size`` x its features ids per worker (x ``worker_num`` in sync mode, whose
     server applies the workers' merged push), spread over its shards. Asks for twice
-    that, so that an uneven spread over the shards fits too."""
+    that, so that an uneven spread over the shards fits too. A multi-valued feature
+    counts as one id here (its lists' lengths are the data's): a table of them can
+    still be refused at run time, by the server, with the size its request needed."""
     hp, runner = config.hyper_parameters, config.runner
     schema = parser_schema(runner)
     for k, spec in enumerate(table_specs(hp, schema)):
