@@ -37,7 +37,7 @@ def _config(tmp_path: Path, train: Path, checkpoint_dir: Path, servers: int,
     path.write_text(json.dumps({
         "runner": {"train_data_dir": str(train), "epochs": epochs, "batch_size": 16,
                    "sync_mode": "async", "model_save_path": str(tmp_path / "out"),
-                   "seed": 5,
+                   "seed": 5, "export_model": False,  # checkpoints only
                    "checkpoint": {"checkpoint_dir": str(checkpoint_dir), "epoch_interval": 1,
                                   "step_interval": 10, "max_num_checkpoints": 2}},
         "hyper_parameters": {"fc_sizes": [8]},

@@ -41,7 +41,7 @@ def _config(tmp_path: Path, name: str, train: Path, test: Path, mode: str, epoch
         "runner": {"train_data_dir": str(train), "test_data_dir": str(test),
                    "epochs": epochs, "batch_size": batch, "sync_mode": mode,
                    "model_save_path": str(tmp_path / f"out-{name}"), "seed": 11,
-                   "checkpoint": checkpoint},
+                   "checkpoint": checkpoint, "export_model": False},  # checkpoints only
         "hyper_parameters": {"fc_sizes": [32, 16]},
         "cluster": {"server_num": servers, "worker_num": 2, "max_restarts": max_restarts},
     }))

@@ -28,7 +28,8 @@ def _args(repo_root: Path, out: Path, train: Path, test: Path, *extra: str) -> l
             "-o", f"runner.train_data_dir={train}", "-o", f"runner.test_data_dir={test}",
             "-o", f"runner.model_save_path={out}", "-o", "cluster.server_num=0",
             "-o", "cluster.worker_num=1", "-o", "runner.epochs=1",
-            "-o", "hyper_parameters.fc_sizes=[16]", *extra]
+            "-o", "hyper_parameters.fc_sizes=[16]",
+            "-o", "runner.export_model=false", *extra]  # the data is under test, not export
 
 
 def _metrics(out: Path, r: subprocess.CompletedProcess[str]) -> dict[str, Any]:

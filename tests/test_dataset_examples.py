@@ -22,7 +22,8 @@ def test_queue_dataset_with_pipe_command_trains_on_slot_format(
     config = repo_root / "examples" / "criteo_slot_queue" / "config.yaml"
     result = run_cli(["train", "-v", "-m", str(config), "-o",
                       f"runner.model_save_path={tmp_path}", "-o", "cluster.server_num=0",
-                      "-o", "cluster.worker_num=1"], timeout=180)
+                      "-o", "cluster.worker_num=1", "-o", "runner.export_model=false"],
+                     timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((run_folder(tmp_path) / "metrics.json").read_text())
     assert [e["examples"] for e in metrics["epochs"]] == [80, 80]
@@ -33,8 +34,8 @@ def test_queue_dataset_with_pipe_command_trains_on_slot_format(
 def test_in_memory_dataset_with_global_shuffle_trains_on_two_workers(
         run_cli: Cli, repo_root: Path, tmp_path: Path) -> None:
     config = repo_root / "examples" / "criteo_global_shuffle" / "config.yaml"
-    result = run_cli(["train", "-m", str(config), "-o", f"runner.model_save_path={tmp_path}"],
-                     timeout=300)
+    result = run_cli(["train", "-m", str(config), "-o", f"runner.model_save_path={tmp_path}",
+                      "-o", "runner.export_model=false"], timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     metrics = json.loads((run_folder(tmp_path) / "metrics.json").read_text())
     logs = {k: (run_folder(tmp_path) / "log" / f"workerlog.{k}").read_text() for k in (0, 1)}
@@ -59,6 +60,7 @@ def test_the_criteo_example_sees_the_same_examples_with_each_reader_type(
                           "-o", f"runner.test_data_dir={test}", "-o", "runner.shuffle=false",
                           "-o", "runner.epochs=1", "-o", "hyper_parameters.fc_sizes=[32, 16]",
                           "-o", f"runner.model_save_path={out}", "-o", "cluster.server_num=0",
+                          "-o", "runner.export_model=false",
                           "-o", "cluster.worker_num=1"], timeout=180)
         assert result.returncode == 0, result.stderr[-3000:]
         results[kind] = json.loads((run_folder(out) / "metrics.json").read_text())

@@ -29,7 +29,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
-SMALL_MODEL = ["-o", "hyper_parameters.fc_sizes=[64, 32]", "-o", "runner.epochs=2"]
+# No export: its own tests (test_export_*, test_run_folders) cover it.
+SMALL_MODEL = ["-o", "hyper_parameters.fc_sizes=[64, 32]", "-o", "runner.epochs=2",
+               "-o", "runner.export_model=false"]
 FLEET_JOB = Path(__file__).resolve().parent / "jobs" / "fleet_job.py"
 
 

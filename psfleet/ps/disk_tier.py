@@ -115,11 +115,6 @@ class DiskTier:
             return sum(self._counts.values())
 
     @property
-    def record_bytes(self) -> int:
-        """Bytes of one record (key and value, before the store's own overhead)."""
-        return 9 + 4 * self._record
-
-    @property
     def disk_bytes(self) -> int:
         """Bytes of the store's files on disk (SST files and the memtables)."""
         files = self._db.property_int_value("rocksdb.total-sst-files-size") or 0
