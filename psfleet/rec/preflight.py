@@ -43,10 +43,10 @@ from psfleet.data.compression import (
 )
 from psfleet.data.split import plan_share
 from psfleet.errors import ConfigError, DataError
+from psfleet.fleet import rule_of_class
 from psfleet.nn.types import check_accessor
 from psfleet.ps import SparseTable, SparseTableConfig
 from psfleet.ps.communicator.local_mode import simulated_staleness
-from psfleet.ps.types import RuleConfig
 from psfleet.rec.config import TrainConfig, parser_kind, parser_options, parser_schema
 from psfleet.rec.features import build_runner_model, table_specs
 
@@ -180,8 +180,7 @@ def _check_memory_tiers(config: TrainConfig) -> None:
         accessor = check_accessor(spec.accessor, f"table {spec.name!r}")
         if not accessor.tiered:
             continue
-        rule = spec.rule or RuleConfig(name=hp.optimizer.class_.lower(),  # type: ignore[arg-type]
-                                       learning_rate=hp.optimizer.learning_rate)
+        rule = spec.rule or rule_of_class(hp.optimizer.class_, hp.optimizer.learning_rate)
         rows = SparseTable.memory_rows(SparseTableConfig(name=spec.name, dim=spec.dim,
                                                          rule=rule, accessor=accessor))
         workers = config.cluster.worker_num if runner.sync_mode == "sync" else 1
