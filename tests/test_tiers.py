@@ -47,4 +47,4 @@ def test_ci_runs_every_tier_and_the_import_contracts() -> None:
     pytest_call = command[command.index("python -m pytest") + len("python -m pytest"):]
     assert not re.search(r"\s(-m|-k|--deselect|--ignore)\b", pytest_call), (
         f"CI must run every tier, but README's Test command filters: pytest{pytest_call}")
-    assert 'python -m pytest -q -m "not slow"' in readme  # the fast tier is documented
+    assert 'python -m pytest -q -n auto -m "not slow"' in readme  # the fast tier is documented
