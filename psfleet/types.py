@@ -7,7 +7,8 @@ without pulling in one another (or torch).
 - :class:`Role`: what a process of a job does (server or worker), with the seeds'
   ``TRAINING_ROLE`` spelling as its value and the DESIGN.md word for logs and files.
 - :data:`Mode`: how a job trains (``sync``, ``async``, ``geo`` for the parameter
-  server; ``collective`` for all-reduce without servers); :data:`MODES` lists them.
+  server, ``gpubox`` for pass mode: a pass's rows cached on the worker; ``collective``
+  for all-reduce without servers); :data:`MODES` lists them.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class Role(enum.Enum):
 
 
 #: How a job trains (DistributedStrategy.mode, the YAML's runner.sync_mode).
-Mode = Literal["sync", "async", "geo", "collective"]
+Mode = Literal["sync", "async", "geo", "gpubox", "collective"]
 
 #: Every :data:`Mode`, in declaration order.
 MODES: tuple[str, ...] = get_args(Mode)

@@ -44,6 +44,8 @@ distributed_model = _fleet.distributed_model
 join = _fleet.join
 is_collective = _fleet.is_collective
 flush = _fleet.flush
+begin_pass = _fleet.begin_pass
+end_pass = _fleet.end_pass
 save_persistables = _fleet.save_persistables
 load_model = _fleet.load_model
 save_checkpoint = _fleet.save_checkpoint
@@ -73,6 +75,8 @@ __all__ = [
     "TrainerProgram",
     "UserDefinedRoleMaker",
     "barrier_worker",
+    "begin_pass",
+    "end_pass",
     "server_stats",
     "distributed_model",
     "distributed_optimizer",

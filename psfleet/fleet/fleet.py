@@ -25,7 +25,7 @@ nothing, so one script runs in both.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -384,6 +384,19 @@ class Fleet:
         role = self.role
         self._hooks.barrier("barrier_worker", lambda: self.client.barrier(
             "barrier_worker", role.worker_index, role.worker_num))
+
+    def begin_pass(self, ids: Mapping[str, Any]) -> int:
+        """Pass mode (strategy mode ``gpubox``): pull the rows of a pass's ids, with
+        their optimizer state, into this worker's cache; the steps until
+        :meth:`end_pass` read and update them there. See ``WorkerRuntime.begin_pass``
+        (arguments, errors); ``psfleet.nn.pass_ids(model, batches)`` collects ``ids``.
+        """
+        return self._require_runtime().begin_pass(ids)
+
+    def end_pass(self) -> int:
+        """Pass mode: push the pass's row changes to the servers, empty the cache;
+        returns the rows pushed (``WorkerRuntime.end_pass``)."""
+        return self._require_runtime().end_pass()
 
     def flush(self) -> None:
         """Block until this worker's pushes so far are applied; install fresh dense values.

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
+import torch
 from torch import nn
 
+from psfleet.errors import ConfigError
 from psfleet.fleet.async_momentum import async_dense_rule
 from psfleet.fleet.optimizer import DistributedOptimizer
 from psfleet.fleet.role_maker import RoleInfo
@@ -37,7 +39,7 @@ from psfleet.fleet.strategy import DistributedStrategy
 from psfleet.fleet.tables import TableRegistry
 from psfleet.nn import SparseEmbedding
 from psfleet.ps import LocalClient, RemoteClient, TableClient
-from psfleet.ps.communicator import Communicator, make_communicator
+from psfleet.ps.communicator import Communicator, PassCommunicator, make_communicator
 from psfleet.rpc import RpcConfig
 
 __all__ = ["ParameterServerHooks", "RuntimeConfig", "WorkerHooks", "WorkerRuntime"]
@@ -158,14 +160,16 @@ class WorkerRuntime:
         client: TableClient
         if hooks.tables_in_process or role.is_local:
             client = LocalClient()
-            mode = hooks.communicator_mode or "local"
+            mode = hooks.communicator_mode or ("gpubox" if strategy.mode == "gpubox"
+                                               else "local")
         else:
             remote = RemoteClient(role.server_endpoints, config.rpc_config, role.worker_index,
                                   incarnation=config.restart_num)
             remote.wait_ready(config.wait_timeout_s)
             client, mode = remote, strategy.mode
         communicator = make_communicator(mode, client, settings)
-        if mode == "async" and strategy.a_sync_configs.momentum_correction:
+        dense_mode = strategy.pass_configs.dense_mode if mode == "gpubox" else mode
+        if dense_mode == "async" and strategy.a_sync_configs.momentum_correction:
             optimizer.dense_rule = async_dense_rule(optimizer.rule, role.worker_num)
             if optimizer.dense_rule != optimizer.rule:
                 logger.info("async with %d workers: dense Adam beta1 %g -> %g (the momentum "
@@ -229,6 +233,42 @@ class WorkerRuntime:
         self.communicator.on_dense_table(self.tables.dense_table_id, self.optimizer.dense_rule,
                                          self.optimizer.flat_values())
 
+    def _passes(self, call: str) -> PassCommunicator:
+        if not isinstance(self.communicator, PassCommunicator):
+            raise ConfigError(f"fleet.{call}: passes exist in pass mode only (strategy mode "
+                              f"'gpubox'); this job's mode is {self.mode!r}")
+        return self.communicator
+
+    def begin_pass(self, ids: Mapping[str, Any]) -> int:
+        """Cache the rows of a pass on this worker (pass mode). Blocks.
+
+        Args:
+            ids: per table (embedding name), the keys the pass's batches read:
+                Tensor or array of int64 (uint64 bits) or uint64, any shape, repeats
+                allowed (``psfleet.nn.pass_ids(model, batches)`` collects them).
+
+        Returns:
+            Bytes cached (all tables).
+
+        Raises:
+            ConfigError: not pass mode, a name is not a table of this worker (lists
+                them), or the rows exceed ``pass_configs.cache_budget_bytes``.
+            FatalError: a pass is open.
+        """
+        passes = self._passes("begin_pass")
+        by_name = self.tables.sparse_ids()
+        unknown = sorted(set(ids) - set(by_name))
+        if unknown:
+            raise ConfigError(f"fleet.begin_pass: {unknown} are not tables of this worker; "
+                              f"its tables are {sorted(by_name)}")
+        return passes.begin_pass({by_name[name]: _keys(value) for name, value in ids.items()})
+
+    def end_pass(self) -> int:
+        """Send the pass's row changes to the servers and empty the cache (pass mode);
+        returns the rows pushed. Raises ConfigError (not pass mode), FatalError (no
+        pass open)."""
+        return self._passes("end_pass").end_pass()
+
     def stop(self) -> None:
         """Flush, wait for every worker, then (worker 0) stop the servers; close."""
         self.communicator.stop()
@@ -237,3 +277,12 @@ class WorkerRuntime:
         if role.worker_index == 0:
             self.client.stop_servers(role.worker_index)
         self.client.close()
+
+
+def _keys(value: Any) -> np.ndarray:
+    """Keys given as a tensor or array (int64 bits or uint64, any shape) as uint64[N]."""
+    array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else \
+        np.asarray(value)
+    if array.dtype not in (np.int64, np.uint64):
+        raise ConfigError(f"fleet.begin_pass: ids must be int64 or uint64, got {array.dtype}")
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint64)

@@ -23,6 +23,7 @@ shows (occurrences) and clicks (sum of the occurrences' labels), as Paddle's
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -119,10 +120,12 @@ class StepCollector:
             DataError: a label is not finite (nothing was pushed).
         """
         flat = _flat_labels(labels)
+        tensors = self.communicator.takes_tensors
         plans = []  # every table's push, counted before anything is sent or cleared
         for table_id in sorted(self._rows):
-            with_grad = [(keys, rows.grad.numpy(), occ) for keys, rows, occ
-                         in self._rows[table_id] if rows.grad is not None]
+            with_grad: list[tuple[np.ndarray | RoutedKeys, Any, Occurrences | None]] = [
+                (keys, rows.grad if tensors else rows.grad.numpy(), occ)
+                for keys, rows, occ in self._rows[table_id] if rows.grad is not None]
             if not with_grad:  # still push (nothing): a sync round counts every push
                 dim = self._dims[table_id]
                 with_grad = [(np.zeros(0, np.uint64), np.zeros((0, dim), np.float32), None)]
@@ -136,17 +139,34 @@ class StepCollector:
             self._rows[table_id].clear()
             keys_list = [k for k, _, _ in with_grad]
             grads_list = [g for _, g, _ in with_grad]
-            if counts is None:
+            if tensors:  # pass mode's cache sums repeated keys itself, on its device
+                pushed += self._push_tensors(table_id, keys_list, grads_list, counts)
+            elif counts is None:
                 keys, grads = merge_sparse(keys_list, grads_list)
                 self.communicator.push_sparse(table_id, keys, grads)
+                pushed += int(grads.shape[0])
             else:
                 keys, grads, shows, clicks = merge_sparse_counts(
                     keys_list, grads_list, [c[0] for c in counts], [c[1] for c in counts])
                 self.communicator.push_sparse(table_id, keys, grads, shows=shows,
                                               clicks=clicks)
+                pushed += int(grads.shape[0])
             self.sparse_pushes += 1
-            pushed += int(grads.shape[0])
         return pushed
+
+    def _push_tensors(self, table_id: int, keys_list: list[np.ndarray | RoutedKeys],
+                      grads_list: list[Any],
+                      counts: list[tuple[np.ndarray, np.ndarray]] | None) -> int:
+        """One table's push to a communicator that takes tensors (pass mode): the
+        forwards' keys and gradients side by side, repeats not merged here."""
+        keys = np.concatenate([keys_of(k) for k in keys_list])
+        grads = torch.cat([torch.as_tensor(g) for g in grads_list])
+        shows = clicks = None
+        if counts is not None:
+            shows = np.concatenate([c[0] for c in counts])
+            clicks = np.concatenate([c[1] for c in counts])
+        self.communicator.push_sparse(table_id, keys, grads, shows, clicks)  # type: ignore[arg-type]
+        return int(grads.shape[0])
 
     def _counts(self, table_id: int, labels: np.ndarray | None, occurrences: Occurrences | None,
                 unique: int) -> tuple[np.ndarray, np.ndarray]:

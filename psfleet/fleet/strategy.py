@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from psfleet.collective.types import BackendChoice
 from psfleet.errors import ConfigError
-from psfleet.ps.communicator import AsyncConfig, CommunicatorSettings
+from psfleet.ps.communicator import AsyncConfig, CommunicatorSettings, PassConfig
 from psfleet.ps.types import SlicingConfig, SplitMethod
 from psfleet.types import Mode
 
@@ -40,11 +40,16 @@ class DistributedStrategy(BaseModel):
             equal to one process with the global batch), ``async`` (gradients
             applied as they arrive, merged in a send queue) or ``geo`` (local
             training, deltas exchanged every ``geo_step`` steps) for the parameter
-            server; ``collective`` for all-reduce data parallelism without servers
-            (every rank holds the model; same as ``fleet.init(is_collective=True)``).
+            server; ``gpubox`` (pass mode: between ``fleet.begin_pass`` and
+            ``fleet.end_pass`` a pass's rows are cached on the worker, no sparse RPC
+            per step; ``psfleet.ps.communicator.pass_mode``); ``collective`` for
+            all-reduce data parallelism without servers (every rank holds the model;
+            same as ``fleet.init(is_collective=True)``).
         geo_step: steps between GEO syncs (PaddleRec's default 400).
         a_sync_configs: the async communicator's settings
             (``psfleet.ps.communicator.AsyncConfig``, the same model it takes).
+        pass_configs: pass mode's settings (``psfleet.ps.communicator.PassConfig``:
+            the dense path, the cache's device and byte budget).
         slice_var_up, split_method, min_block_size: how dense parameters are cut
             into blocks and placed on servers (``psfleet.ps.types.SlicingConfig``).
         dc_asgd: delay-compensated async SGD for dense parameters on the servers
@@ -62,6 +67,7 @@ class DistributedStrategy(BaseModel):
     mode: Mode = "async"
     geo_step: int = Field(400, ge=1)
     a_sync_configs: AsyncConfig = AsyncConfig()
+    pass_configs: PassConfig = PassConfig()
     # The seeds' flat names; default and constraints are SlicingConfig's (declared once).
     slice_var_up: bool = _slicing_field("slice_var_up")
     split_method: SplitMethod = _slicing_field("split_method")
@@ -79,7 +85,8 @@ class DistributedStrategy(BaseModel):
 
     def communicator_settings(self, worker_num: int) -> CommunicatorSettings:
         """What the communicator of :attr:`mode` needs."""
-        return CommunicatorSettings(self.a_sync_configs, self.geo_step, worker_num)
+        return CommunicatorSettings(self.a_sync_configs, self.geo_step, worker_num,
+                                    pass_config=self.pass_configs)
 
     def slicing(self) -> SlicingConfig:
         """The dense block layout settings."""

@@ -1,7 +1,7 @@
 """Worker-side modules whose parameters live in the parameter server's tables."""
 
 from psfleet.nn.embedding_bag import SparseEmbeddingBag
-from psfleet.nn.features import FeatureEmbeddings
+from psfleet.nn.features import FeatureEmbeddings, pass_ids
 from psfleet.nn.sparse_embedding import (
     SparseEmbedding,
     check_distinct_names,
@@ -18,6 +18,6 @@ from psfleet.nn.types import (
     check_accessor,
 )
 
-__all__ = ["POOLINGS", "AccessorSpec", "EmbeddingTableSpec", "FeatureEmbeddings",
+__all__ = ["POOLINGS", "AccessorSpec", "EmbeddingTableSpec", "FeatureEmbeddings", "pass_ids",
            "Pooling", "Prefetch", "RowAccess", "SparseEmbedding", "SparseEmbeddingBag",
            "check_accessor", "check_distinct_names", "live_embeddings", "use_prefetched"]

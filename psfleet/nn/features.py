@@ -33,21 +33,22 @@ one row.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from psfleet.data.criteo import slot_prefixes
 from psfleet.data.jagged import KeyedJagged
-from psfleet.data.types import FeatureSchema
+from psfleet.data.types import Batch, FeatureSchema
 from psfleet.errors import ConfigError
 from psfleet.nn.embedding_bag import SparseEmbeddingBag
 from psfleet.nn.sparse_embedding import SparseEmbedding
 from psfleet.nn.types import EmbeddingTableSpec, Prefetch
 
-__all__ = ["FeatureEmbeddings", "NamedFeatures", "check_table_features"]
+__all__ = ["FeatureEmbeddings", "NamedFeatures", "check_table_features", "pass_ids"]
 
 _ID_MASK = int(slot_prefixes(1)[0]) - 1  # the low 33 bits: the id without its slot prefix
 
@@ -173,6 +174,17 @@ class FeatureEmbeddings(nn.Module):
         return [module.prefetch(ids) for module, (ids, _, _) in zip(
             self._per_table, self.table_inputs(sparse, jagged), strict=True)]
 
+    def batch_ids(self, sparse: Tensor, jagged: KeyedJagged | None = None
+                  ) -> dict[str, Tensor]:
+        """Every table's keys of a batch, by table name: Tensor[N_t], int64, repeats
+        kept (what pass mode's ``fleet.begin_pass`` caches; no rows are read).
+
+        Raises:
+            ConfigError: as :meth:`forward`.
+        """
+        return {spec.name: ids.reshape(-1) for spec, (ids, _, _)
+                in zip(self.tables, self.table_inputs(sparse, jagged), strict=True)}
+
     @staticmethod
     def flatten(parts: Sequence[Tensor]) -> Tensor:
         """The tables' outputs (Tensor[B, F_t, D_t] each) side by side:
@@ -264,6 +276,28 @@ class FeatureEmbeddings(nn.Module):
 
     def extra_repr(self) -> str:
         return f"tables={[t.name for t in self.tables]}, output_dim={self.output_dim}"
+
+
+def pass_ids(model: nn.Module, batches: Iterable[Batch]) -> dict[str, np.ndarray]:
+    """The distinct keys each table of ``model`` reads in ``batches``, by table name:
+    uint64[P_t] sorted (pass mode's ``fleet.begin_pass(ids)``). Reads the ids of every
+    :class:`FeatureEmbeddings` in ``model`` (the runner's models); a model calling
+    SparseEmbeddings itself collects its ids by hand.
+
+    Raises:
+        ConfigError: ``model`` has no FeatureEmbeddings, or a batch does not match its
+            schema.
+    """
+    modules = [m for m in model.modules() if isinstance(m, FeatureEmbeddings)]
+    if not modules:
+        raise ConfigError(f"pass_ids: {type(model).__name__} has no FeatureEmbeddings; "
+                          "give fleet.begin_pass the ids of each table by name")
+    parts: dict[str, list[np.ndarray]] = {}
+    for batch in batches:
+        for module in modules:
+            for name, ids in module.batch_ids(batch.sparse, batch.jagged).items():
+                parts.setdefault(name, []).append(ids.numpy().view(np.uint64))
+    return {name: np.unique(np.concatenate(p)) for name, p in parts.items()}
 
 
 class NamedFeatures(Protocol):

@@ -16,7 +16,7 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from psfleet.ps.lifecycle_service import check_show_clicks
 from psfleet.ps.persist_delta import check_save_mode
 from psfleet.ps.routing import BucketRouter, DenseLayout, RoutedKeys
 from psfleet.ps.rpc_transport import RpcTransport
+from psfleet.ps.rules import make_rule
 from psfleet.ps.service import TableService
 from psfleet.ps.transport import InProcessTransport, Transport
 from psfleet.ps.types import (
@@ -70,6 +71,7 @@ class TableClient:
         self._seq = itertools.count(1)
         self._routers: dict[int, BucketRouter] = {}
         self._dims: dict[int, int] = {}
+        self._state_widths: dict[int, int] = {}  # sparse table id -> rule state floats
         self._layouts: dict[int, DenseLayout] = {}
 
     def _push(self, table_id: int, mode: PushMode, step: int, worker_num: int) -> PushMeta:
@@ -97,6 +99,7 @@ class TableClient:
             server_num=num) for s in range(num)])
         self._routers[table_id] = BucketRouter(config.num_buckets, len(self._servers))
         self._dims[table_id] = config.dim
+        self._state_widths[table_id] = make_rule(config.rule).state_width(config.dim)
 
     def create_dense_table(self, table_id: int, name: str, shapes: Sequence[tuple[int, ...] | int],
                            rule: RuleConfig, init_values: np.ndarray,
@@ -150,24 +153,30 @@ class TableClient:
         return layout
 
     def pull_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
-                    create: bool = True) -> np.ndarray:
-        """Rows of ``keys`` (uint64[N], or routed by :meth:`route`): float32[N, dim].
-        Blocks.
+                    create: bool = True, with_state: bool = False) -> np.ndarray:
+        """Rows of ``keys`` (uint64[N], or routed by :meth:`route`): float32[N, dim]
+        (``with_state``: float32[N, :meth:`row_width`], values and rule state). Blocks.
 
         Args:
             create: create missing rows (training); False returns the initial
                 values of missing rows without storing them (evaluation).
+            with_state: also pull the rows' rule state (pass mode's worker cache).
         """
-        return self.start_pull_sparse(table_id, keys, create).result()
+        return cast(np.ndarray, self.start_pull_sparse(table_id, keys, create,
+                                                       with_state).result())
+
+    def row_width(self, table_id: int) -> int:
+        """Floats of a whole row of sparse table ``table_id``: dim + rule state."""
+        return self._dims[table_id] + self._state_widths[table_id]
 
     def start_pull_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
-                          create: bool = True) -> PullHandle:
+                          create: bool = True, with_state: bool = False) -> PullHandle:
         """Issue :meth:`pull_sparse` to every server at once and return without
         waiting for the rows."""
         routed = self.route(table_id, keys)
         keys, positions = routed.keys, routed.positions
-        dim = self._dims[table_id]
-        pending = [(pos, c.start_pull_sparse(table_id, keys[pos], create, dim))
+        dim = self.row_width(table_id) if with_state else self._dims[table_id]
+        pending = [(pos, c.start_pull_sparse(table_id, keys[pos], create, dim, with_state))
                    for c, pos in zip(self._servers, positions, strict=True) if pos.size]
 
         def collect() -> np.ndarray:
@@ -200,7 +209,8 @@ class TableClient:
             keys: the keys, or the keys routed by :meth:`route` (a pull's
                 ``PullHandle.keys``).
             mode: APPLY, SYNC (returns once every worker's push of ``step`` was
-                applied; every server gets a push, empty or not) or DELTA.
+                applied; every server gets a push, empty or not), DELTA, or
+                ROW_DELTA (values float32[N, :meth:`row_width`]).
             step: SYNC: the step number, equal on every worker.
             worker_num: SYNC: how many workers push each step.
             shows, clicks (float32[N] each, both or neither): per-key show and click
@@ -214,7 +224,8 @@ class TableClient:
         """
         routed = self.route(table_id, keys)
         keys, positions = routed.keys, routed.positions
-        expected = (keys.size, self._dims[table_id])
+        expected = (keys.size, self.row_width(table_id) if mode == PushMode.ROW_DELTA
+                    else self._dims[table_id])
         if grads.shape != expected:
             raise ConfigError(f"push to sparse table {table_id}: values of shape "
                               f"{grads.shape}, expected {expected} (one row per key)")

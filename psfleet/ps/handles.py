@@ -8,7 +8,7 @@ them to overlap RPC with compute.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
@@ -16,7 +16,13 @@ from psfleet.ps.routing import RoutedKeys
 from psfleet.ps.transport import Pending
 from psfleet.ps.wait_budget import poll_until_done
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["PullHandle", "PushHandle", "wait_all"]
+
+#: A pull's rows: float32[N, dim] on the host, or a tensor on pass mode's cache device.
+Rows = Union[np.ndarray, "torch.Tensor"]
 
 
 class PullHandle:
@@ -30,20 +36,22 @@ class PullHandle:
     """
 
     def __init__(self, keys: np.ndarray | RoutedKeys,
-                 collect: Callable[[], np.ndarray]) -> None:
+                 collect: Callable[[], Rows]) -> None:
         self.keys = keys
         self._collect = collect
-        self._rows: np.ndarray | None = None
+        self._rows: Rows | None = None
 
     @classmethod
-    def ready(cls, keys: np.ndarray | RoutedKeys, rows: np.ndarray) -> PullHandle:
-        """A handle whose rows float32[N, dim] are already here."""
+    def ready(cls, keys: np.ndarray | RoutedKeys, rows: Rows) -> PullHandle:
+        """A handle whose rows float32[N, dim] (an array, or a tensor on pass mode's
+        cache device) are already here."""
         handle = cls(keys, lambda: rows)
         handle._rows = rows
         return handle
 
-    def result(self) -> np.ndarray:
-        """The rows, float32[N, dim]. Raises the pull's RpcError / RemoteError."""
+    def result(self) -> Rows:
+        """The rows, float32[N, dim]: an array (a tensor from pass mode's cache).
+        Raises the pull's RpcError / RemoteError."""
         if self._rows is None:
             self._rows = self._collect()
         return self._rows

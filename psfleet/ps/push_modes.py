@@ -1,5 +1,6 @@
 """How a table server applies a push, one method per mode (``PushMode``): APPLY (async:
-the table's rule), DELTA (GEO: values added) and SYNC (a round of every worker's
+the table's rule), DELTA (GEO: values added), ROW_DELTA (pass mode: values and rule
+state added; sparse tables) and SYNC (a round of every worker's
 gradients, averaged; ``psfleet.ps.sync_rounds``). Every write holds the push gate
 (``psfleet.ps.coordination.PushGate``), so a save's snapshot sees no push half applied.
 """
@@ -44,7 +45,8 @@ class PushModes:
             SyncRounds(barrier_timeout_s, wait_budget)
         self.dense_rounds: SyncRounds[np.ndarray] = SyncRounds(barrier_timeout_s, wait_budget)
         self.sparse: dict[PushMode, Callable[..., None]] = {
-            PushMode.APPLY: self.sparse_apply, PushMode.DELTA: self.sparse_delta}
+            PushMode.APPLY: self.sparse_apply, PushMode.DELTA: self.sparse_delta,
+            PushMode.ROW_DELTA: self.sparse_row_delta}
         self.dense: dict[PushMode, Callable[..., None]] = {
             PushMode.APPLY: self.dense_apply, PushMode.DELTA: self.dense_delta}
 
@@ -60,6 +62,13 @@ class PushModes:
                       deltas: np.ndarray, counts: ShowClicks = None) -> None:
         with self._gate.write():
             table.add(keys, deltas)
+            if counts is not None:
+                table.update_stats(keys, *counts)
+
+    def sparse_row_delta(self, push: PushMeta, table: SparseTable, keys: np.ndarray,
+                         deltas: np.ndarray, counts: ShowClicks = None) -> None:
+        with self._gate.write():
+            table.add(keys, deltas, with_state=True)
             if counts is not None:
                 table.update_stats(keys, *counts)
 

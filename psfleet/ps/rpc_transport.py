@@ -48,9 +48,10 @@ class RpcTransport:
         return self.client.start(method, request)
 
     def start_pull_sparse(self, table_id: int, keys: np.ndarray, create: bool,
-                          dim: int) -> _Decoded:
+                          dim: int, with_state: bool = False) -> _Decoded:
         call = self.client.start("PullSparse", msg.PullSparseRequest(
-            table_id=table_id, keys=codec.keys_to_bytes(keys), create=create))
+            table_id=table_id, keys=codec.keys_to_bytes(keys), create=create,
+            with_state=with_state))
         return _Decoded(call, lambda reply: codec.floats_from_bytes(reply.values, dim))
 
     def start_push_sparse(self, push: PushMeta, keys: np.ndarray, values: np.ndarray,

@@ -9,6 +9,11 @@ Per-row step counts (sparse Adam) follow Paddle's SparseAdamSGDRule, which keeps
 bias-correction powers per row: a rare feature's first update is bias-corrected as a
 first step, not as step 10^6 of the job. DESIGN.md explains why that is the right
 default for sparse tables. The step count is a float32 column, exact to 2^24 updates.
+
+Each formula is written once and runs on numpy arrays (the servers' tables) and on
+torch tensors on any device (pass mode's worker cache, ``psfleet.ps.pass_cache``):
+the arithmetic is in float32 either way, so a row updated in the cache equals the
+row the server would have computed.
 """
 
 from __future__ import annotations
@@ -17,11 +22,26 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import numpy as np
+import torch
 
 from psfleet.errors import ConfigError
 from psfleet.ps.types import RuleConfig
 
-__all__ = ["Rule", "SgdRule", "AdagradRule", "AdamRule", "make_rule", "RULES"]
+__all__ = ["Rule", "SgdRule", "AdagradRule", "AdamRule", "make_rule", "RULES", "Rows"]
+
+#: What a rule updates: numpy arrays (servers) or torch tensors (any device).
+Rows = np.ndarray | torch.Tensor
+
+
+def _sqrt(x: Rows) -> Rows:
+    return x.sqrt() if isinstance(x, torch.Tensor) else np.sqrt(x)
+
+
+def _as(x: Rows, dtype: type[np.floating]) -> Rows:
+    """``x`` as float32 or float64, numpy or torch alike."""
+    if isinstance(x, torch.Tensor):
+        return x.to(torch.float64 if dtype is np.float64 else torch.float32)
+    return x.astype(dtype)
 
 
 class Rule(ABC):
@@ -45,8 +65,9 @@ class Rule(ABC):
         return np.zeros((n, self.state_width(dim)), dtype=np.float32)
 
     @abstractmethod
-    def update(self, w: np.ndarray, state: np.ndarray, g: np.ndarray) -> None:
-        """Apply one step in place to ``w`` [N, D] and ``state`` [N, S] given ``g`` [N, D]."""
+    def update(self, w: Rows, state: Rows, g: Rows) -> None:
+        """Apply one step in place to ``w`` [N, D] and ``state`` [N, S] given ``g`` [N, D],
+        float32, all numpy arrays or all torch tensors on one device."""
 
 
 class SgdRule(Rule):
@@ -54,8 +75,8 @@ class SgdRule(Rule):
 
     name = "sgd"
 
-    def update(self, w: np.ndarray, state: np.ndarray, g: np.ndarray) -> None:
-        w -= np.float32(self.config.learning_rate) * g
+    def update(self, w: Rows, state: Rows, g: Rows) -> None:
+        w -= float(np.float32(self.config.learning_rate)) * g
 
 
 class AdagradRule(Rule):
@@ -70,10 +91,11 @@ class AdagradRule(Rule):
     def init_state(self, n: int, dim: int) -> np.ndarray:
         return np.full((n, dim), self.config.initial_accumulator, dtype=np.float32)
 
-    def update(self, w: np.ndarray, state: np.ndarray, g: np.ndarray) -> None:
+    def update(self, w: Rows, state: Rows, g: Rows) -> None:
         state += g * g
-        w -= np.float32(self.config.learning_rate) * g / (np.sqrt(state) + np.float32(
-            self.config.epsilon))
+        lr, eps = (float(np.float32(x)) for x in (self.config.learning_rate,
+                                                  self.config.epsilon))
+        w -= lr * g / (_sqrt(state) + eps)
 
 
 class AdamRule(Rule):
@@ -88,20 +110,22 @@ class AdamRule(Rule):
     element_states = 2
     scalar_states = 1
 
-    def update(self, w: np.ndarray, state: np.ndarray, g: np.ndarray) -> None:
+    def update(self, w: Rows, state: Rows, g: Rows) -> None:
         c = self.config
         d = w.shape[1]
         m, v, t = state[:, :d], state[:, d:2 * d], state[:, 2 * d:]
-        b1, b2 = np.float32(c.beta1), np.float32(c.beta2)
+        # float32 constants as Python floats: numpy (NEP 50) and torch both compute
+        # float32 x float32 with them, so both back ends round alike.
+        b1, b2, eps = (float(np.float32(x)) for x in (c.beta1, c.beta2, c.epsilon))
         m *= b1
-        m += (1 - b1) * g
+        m += float(1 - np.float32(c.beta1)) * g
         v *= b2
-        v += (1 - b2) * g * g
+        v += float(1 - np.float32(c.beta2)) * g * g
         t += 1
-        steps = t.astype(np.float64)  # [N, 1]
-        step_size = (c.learning_rate / (1.0 - c.beta1 ** steps)).astype(np.float32)
-        inv_sqrt_bc2 = (1.0 / np.sqrt(1.0 - c.beta2 ** steps)).astype(np.float32)
-        w -= step_size * m / (np.sqrt(v) * inv_sqrt_bc2 + np.float32(c.epsilon))
+        steps = _as(t, np.float64)  # [N, 1]
+        step_size = _as(c.learning_rate / (1.0 - c.beta1 ** steps), np.float32)
+        inv_sqrt_bc2 = _as(1.0 / _sqrt(1.0 - c.beta2 ** steps), np.float32)
+        w -= step_size * m / (_sqrt(v) * inv_sqrt_bc2 + eps)
 
 
 RULES: dict[str, type[Rule]] = {cls.name: cls for cls in (SgdRule, AdagradRule, AdamRule)}

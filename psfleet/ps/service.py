@@ -198,8 +198,10 @@ class TableService:
 
     # -- the hot path: typed methods (the in-process transport calls these directly;
     # the rpc methods below decode a message and call them) ----------------------------
-    def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool) -> np.ndarray:
-        """Rows of ``keys`` (uint64[N]) of sparse table ``table_id``: float32[N, dim].
+    def pull_sparse(self, table_id: int, keys: np.ndarray, create: bool,
+                    with_state: bool = False) -> np.ndarray:
+        """Rows of ``keys`` (uint64[N]) of sparse table ``table_id``: float32[N, dim]
+        (``with_state``: float32[N, dim + state width], values and rule state).
 
         Raises:
             RemoteError: no such sparse table.
@@ -208,9 +210,10 @@ class TableService:
             ResourceExhaustedError: out of memory (names the table).
         """
         table = self._table(table_id, SparseTable)
-        check_pull_size(table_id, keys.size, table.dim, self.limits)
+        check_pull_size(table_id, keys.size,
+                        table.dim + (table.state_width if with_state else 0), self.limits)
         with self._memory_guard("pull", table_id):
-            rows = table.pull(keys, create=create)
+            rows = table.pull(keys, create=create, with_state=with_state)
         self.counters.count_pull(table_id, keys.size)
         return rows
 
@@ -295,6 +298,9 @@ class TableService:
         ``push.table_id`` as ``push.mode`` says, once per ``push.push_id``. Returns
         and raises as :meth:`push_sparse`."""
         table = self._table(push.table_id, DenseTable)
+        if push.mode == PushMode.ROW_DELTA:
+            raise InvalidRequestError(f"push to dense table {push.table_id}: ROW_DELTA "
+                                      "pushes rows of sparse tables only")
         self._check_push(push, values)
         with self._memory_guard("push", push.table_id):
             if push.mode == PushMode.SYNC:  # a round, idempotent by push id (SyncRounds)
@@ -308,7 +314,7 @@ class TableService:
 
     def PullSparse(self, request: msg.PullSparseRequest) -> msg.PullSparseResponse:  # noqa: N802
         values = self.pull_sparse(request.table_id, codec.keys_from_bytes(request.keys),
-                                  request.create)
+                                  request.create, request.with_state)
         return msg.PullSparseResponse(values=codec.floats_to_bytes(values),
                                       dim=values.shape[1])
 
@@ -319,9 +325,11 @@ class TableService:
         table = self._table(request.table_id, SparseTable)
         shows = decode_counts(request.table_id, "shows", request.shows)
         clicks = decode_counts(request.table_id, "clicks", request.clicks)
+        push = _push_meta(request)
+        width = table.dim + (table.state_width if push.mode == PushMode.ROW_DELTA else 0)
         return msg.PushResponse(done=self.push_sparse(
-            _push_meta(request), codec.keys_from_bytes(request.keys),
-            codec.floats_from_bytes(request.grads, table.dim), request.incarnation,
+            push, codec.keys_from_bytes(request.keys),
+            codec.floats_from_bytes(request.grads, width), request.incarnation,
             shows, clicks))
 
     def PullDense(self, request: msg.PullDenseRequest) -> msg.PullDenseResponse:  # noqa: N802

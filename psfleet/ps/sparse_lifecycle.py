@@ -17,6 +17,7 @@ from psfleet.errors import RemoteError
 from psfleet.ps.disk_tier import DiskRows, DiskTier
 from psfleet.ps.lifecycle import Lifecycle, LifecycleCounts
 from psfleet.ps.merge import distinct_summed
+from psfleet.ps.rules import Rule
 from psfleet.ps.table_shard import STAT_COLUMNS, Shard
 from psfleet.ps.types import SparseTableConfig
 
@@ -29,6 +30,7 @@ class LifecycleOps:
 
     config: SparseTableConfig
     dim: int
+    rule: Rule
     _label: str
     _shards: list[Shard]
     _life: Lifecycle | None
@@ -55,16 +57,21 @@ class LifecycleOps:
         if self._disk is not None:
             self._disk.close()
 
-    def _absent(self, shard: Shard, keys: np.ndarray, create: bool) -> np.ndarray:
-        """float32[N, dim]: the values of ``keys`` that have no row in memory: their
-        rows on the disk tier (when not ``create``: creating promoted them already),
-        else their initial values."""
+    def _absent(self, shard: Shard, keys: np.ndarray, create: bool,
+                width: int | None = None) -> np.ndarray:
+        """float32[N, width]: the first ``width`` floats (None: ``dim``, the values;
+        more: and the rule state) of the rows of ``keys`` that have none in memory:
+        their rows on the disk tier (when not ``create``: creating promoted them
+        already), else their initial rows."""
+        width = self.dim if width is None else width
         out = self._initial(keys)
+        if width > self.dim:
+            out = np.hstack([out, self.rule.init_state(keys.size, self.dim)])
         if self._disk is not None and not create:
             uniq, inverse = np.unique(keys, return_inverse=True)
             found, rows = self._disk.read(shard.number, uniq, take=False)
             hit = found[inverse]
-            out[hit] = rows.data[np.cumsum(found)[inverse[hit]] - 1, : self.dim]
+            out[hit] = rows.data[np.cumsum(found)[inverse[hit]] - 1, :width]
         return out
 
     def _promote(self, shard: Shard, keys: np.ndarray, hashes: np.ndarray,

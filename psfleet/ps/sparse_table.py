@@ -109,8 +109,9 @@ class SparseTable(LifecycleOps):
         parts = [order[bounds[i]:bounds[i + 1]] for i in range(len(self._shards))]
         return [(self._shards[i], pos, hashes[pos]) for i, pos in enumerate(parts) if pos.size]
 
-    def pull(self, keys: np.ndarray, create: bool = True) -> np.ndarray:
-        """Values of the rows of ``keys``.
+    def pull(self, keys: np.ndarray, create: bool = True,
+             with_state: bool = False) -> np.ndarray:
+        """Values of the rows of ``keys`` (``with_state``: and their rule state).
 
         Args:
             keys (uint64[N]): keys; duplicates allowed.
@@ -119,14 +120,17 @@ class SparseTable(LifecycleOps):
                 With a lifecycle, only keys the admission policy admits are inserted
                 (the others read as their initial values), a full shard evicts first,
                 and every row read is stamped for LRU.
+            with_state: also return each row's rule state (pass mode's worker cache
+                applies the rule itself).
 
         Returns:
-            float32[N, dim]: a new array.
+            float32[N, dim] (``with_state``: float32[N, dim + state_width]): a new array.
 
         Raises:
             RemoteError: a key equals the reserved 2^64-1.
         """
-        out = np.empty((keys.size, self.dim), dtype=np.float32)
+        width = self.dim + self.state_width if with_state else self.dim
+        out = np.empty((keys.size, width), dtype=np.float32)
         life = self._life
         clock = 0 if life is None else life.tick()
         for shard, pos, hashes in self._split(keys):
@@ -135,9 +139,9 @@ class SparseTable(LifecycleOps):
                 rows = self._rows(shard, k, hashes, create, clock)
                 missing = rows < 0
                 if missing.any():  # not creating, or not admitted
-                    out[pos[missing]] = self._absent(shard, k[missing], create)
+                    out[pos[missing]] = self._absent(shard, k[missing], create, width)
                     pos, rows = pos[~missing], rows[~missing]
-                out[pos] = np.take(shard.data, rows, axis=0)[:, : self.dim]
+                out[pos] = np.take(shard.data, rows, axis=0)[:, :width]
                 if life is not None:
                     life.touch(shard, rows, clock)
         return out
@@ -173,11 +177,13 @@ class SparseTable(LifecycleOps):
                 counts[:, col] = given
         return counts
 
-    def _check_shape(self, keys: np.ndarray, values: np.ndarray, what: str) -> None:
-        if values.shape != (keys.size, self.dim):
+    def _check_shape(self, keys: np.ndarray, values: np.ndarray, what: str,
+                     width: int | None = None) -> None:
+        width = self.dim if width is None else width
+        if values.shape != (keys.size, width):
             raise InvalidRequestError(
                 f"table {self._label}: push of {keys.size} keys with {what} of "
-                f"shape {tuple(values.shape)}, expected ({keys.size}, {self.dim})"
+                f"shape {tuple(values.shape)}, expected ({keys.size}, {width})"
             )
 
     def _update(self, keys: np.ndarray, values: np.ndarray,
@@ -257,19 +263,24 @@ class SparseTable(LifecycleOps):
                      self.rule.update, counts=merged[:, self.dim: self.dim + 2],
                      scores=np.ascontiguousarray(merged[:, self.dim + 2]))
 
-    def add(self, keys: np.ndarray, deltas: np.ndarray) -> None:
+    def add(self, keys: np.ndarray, deltas: np.ndarray, with_state: bool = False) -> None:
         """Add ``deltas`` (float32[N, dim]) to the values of ``keys``; no rule.
 
-        GEO mode: a worker's change of its local rows since the last sync. Missing
-        rows are created (initial values) first; a key given twice gets both deltas.
+        GEO mode: a worker's change of its local rows since the last sync. Pass mode
+        (``with_state``): deltas are float32[N, dim + state_width], a worker's change
+        of the values and the rule state over a pass. Missing rows are created
+        (initial values) first; a key given twice gets both deltas.
 
         Raises:
             InvalidRequestError: a shape mismatch or the reserved key.
         """
-        self._check_shape(keys, deltas, "deltas")
+        width = self.dim + self.state_width if with_state else self.dim
+        self._check_shape(keys, deltas, "deltas", width)
 
         def add_values(w: np.ndarray, state: np.ndarray, d: np.ndarray) -> None:
-            w += d
+            w += d[:, : self.dim]
+            if with_state:
+                state += d[:, self.dim:]
 
         self._update(*distinct_summed(keys, deltas), add_values)
 

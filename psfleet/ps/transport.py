@@ -41,8 +41,9 @@ class Transport(Protocol):
         reply is the response message."""
 
     def start_pull_sparse(self, table_id: int, keys: np.ndarray, create: bool,
-                          dim: int) -> Pending:
-        """Pull rows of ``keys`` (uint64[N]); the reply is float32[N, dim]."""
+                          dim: int, with_state: bool = False) -> Pending:
+        """Pull rows of ``keys`` (uint64[N]); the reply is float32[N, dim], ``dim``
+        the row width asked for (``with_state``: values and rule state)."""
 
     def start_push_sparse(self, push: PushMeta, keys: np.ndarray, values: np.ndarray,
                           shows: np.ndarray | None = None,
@@ -99,8 +100,8 @@ class InProcessTransport:
         return _call(getattr(self.service, method), request)
 
     def start_pull_sparse(self, table_id: int, keys: np.ndarray, create: bool,
-                          dim: int) -> _Done:
-        return _call(self.service.pull_sparse, table_id, keys, create)
+                          dim: int, with_state: bool = False) -> _Done:
+        return _call(self.service.pull_sparse, table_id, keys, create, with_state)
 
     def start_push_sparse(self, push: PushMeta, keys: np.ndarray, values: np.ndarray,
                           shows: np.ndarray | None = None,

@@ -82,12 +82,15 @@ class PushMode(enum.IntEnum):
 
     APPLY: the rule steps with the gradient now (async). SYNC: the servers wait for
     every worker's push of the step and apply their mean once. DELTA: the values are
-    added, no rule (a GEO worker's parameter delta).
+    added, no rule (a GEO worker's parameter delta). ROW_DELTA: the values and the
+    rule state are added, no rule (a pass-mode worker's row delta over a pass;
+    sparse tables only).
     """
 
     APPLY = 0
     SYNC = 1
     DELTA = 2
+    ROW_DELTA = 3
 
 
 @dataclass(frozen=True)

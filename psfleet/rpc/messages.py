@@ -3,6 +3,7 @@
 from psfleet.rpc.psfleet_pb2 import (
     APPLY,
     DELTA,
+    ROW_DELTA,
     SYNC,
     AgeOneDayRequest,
     BarrierRequest,
@@ -35,6 +36,7 @@ __all__ = [
     "APPLY",
     "AgeOneDayRequest",
     "DELTA",
+    "ROW_DELTA",
     "SYNC",
     "BarrierRequest",
     "BarrierResponse",

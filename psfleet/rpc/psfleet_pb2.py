@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19psfleet/rpc/psfleet.proto\x12\x07psfleet\"\x07\n\x05\x45mpty\"\x8f\x01\n\x12\x43reateTableRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x13\n\x0binit_values\x18\x03 \x01(\x0c\x12\x14\n\x0cserver_index\x18\x04 \x01(\r\x12\x12\n\nserver_num\x18\x05 \x01(\r\x12\x13\n\x0b\x64\x65nse_index\x18\x06 \x01(\x0c\"&\n\x13\x43reateTableResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\"C\n\x11PullSparseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\x12\x0e\n\x06\x63reate\x18\x03 \x01(\x08\"1\n\x12PullSparseResponse\x12\x0e\n\x06values\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\"(\n\x06PushId\x12\x11\n\tclient_id\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"\xff\x01\n\x11PushSparseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\x12\r\n\x05grads\x18\x03 \x01(\x0c\x12\x14\n\x0cworker_index\x18\x04 \x01(\r\x12\x0c\n\x04step\x18\x05 \x01(\x04\x12\x1f\n\x04mode\x18\x06 \x01(\x0e\x32\x11.psfleet.PushMode\x12\x12\n\nworker_num\x18\x07 \x01(\r\x12 \n\x07push_id\x18\x08 \x01(\x0b\x32\x0f.psfleet.PushId\x12\x0c\n\x04poll\x18\t \x01(\x08\x12\x13\n\x0bincarnation\x18\n \x01(\r\x12\r\n\x05shows\x18\x0b \x01(\x0c\x12\x0e\n\x06\x63licks\x18\x0c \x01(\x0c\"\x1c\n\x0cPushResponse\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\":\n\x10PullDenseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x14\n\x0cworker_index\x18\x02 \x01(\r\"#\n\x11PullDenseResponse\x12\x0e\n\x06values\x18\x01 \x01(\x0c\"\xd1\x01\n\x10PushDenseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\r\n\x05grads\x18\x02 \x01(\x0c\x12\x14\n\x0cworker_index\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x1f\n\x04mode\x18\x05 \x01(\x0e\x32\x11.psfleet.PushMode\x12\x12\n\nworker_num\x18\x06 \x01(\r\x12 \n\x07push_id\x18\x07 \x01(\x0b\x32\x0f.psfleet.PushId\x12\x0c\n\x04poll\x18\x08 \x01(\x08\x12\x13\n\x0bincarnation\x18\t \x01(\r\"j\n\x0e\x42\x61rrierRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0cworker_index\x18\x02 \x01(\r\x12\x12\n\nworker_num\x18\x03 \x01(\r\x12\x13\n\x0bincarnation\x18\x04 \x01(\r\x12\x0b\n\x03seq\x18\x05 \x01(\x04\"\x1f\n\x0f\x42\x61rrierResponse\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\"#\n\x0bStopRequest\x12\x14\n\x0cworker_index\x18\x01 \x01(\r\"\x8b\x01\n\x0bSaveRequest\x12\x0f\n\x07\x64irname\x18\x01 \x01(\t\x12\x14\n\x0cserver_index\x18\x02 \x01(\r\x12\"\n\x05\x64\x65nse\x18\x03 \x03(\x0b\x32\x13.psfleet.DenseIndex\x12\x0c\n\x04mode\x18\x04 \x01(\t\x12#\n\nrequest_id\x18\x05 \x01(\x0b\x32\x0f.psfleet.PushId\"-\n\nDenseIndex\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\r\n\x05index\x18\x02 \x01(\x0c\"8\n\nFileDigest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"2\n\x0cSaveResponse\x12\"\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x13.psfleet.FileDigest\"l\n\x0bLoadRequest\x12\x0f\n\x07\x64irname\x18\x01 \x01(\t\x12\x14\n\x0cserver_index\x18\x02 \x01(\r\x12\x12\n\nserver_num\x18\x03 \x01(\r\x12\"\n\x05\x64\x65nse\x18\x04 \x03(\x0b\x32\x13.psfleet.DenseIndex\"\x0e\n\x0cStatsRequest\"\xc6\x02\n\nTableStats\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x04\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x1b\n\x13rejected_non_finite\x18\x05 \x01(\x04\x12\r\n\x05pulls\x18\x06 \x01(\x04\x12\x13\n\x0bpulled_rows\x18\x07 \x01(\x04\x12\x0e\n\x06pushes\x18\x08 \x01(\x04\x12\x13\n\x0bpushed_rows\x18\t \x01(\x04\x12\x10\n\x08\x61\x64mitted\x18\n \x01(\x04\x12\x10\n\x08rejected\x18\x0b \x01(\x04\x12\x0f\n\x07\x65victed\x18\x0c \x01(\x04\x12\x0f\n\x07\x64\x65leted\x18\r \x01(\x04\x12\x0f\n\x07spilled\x18\x0e \x01(\x04\x12\x10\n\x08promoted\x18\x0f \x01(\x04\x12\x11\n\tdisk_rows\x18\x10 \x01(\x04\x12\x12\n\ndisk_bytes\x18\x11 \x01(\x04\"F\n\rStatsResponse\x12#\n\x06tables\x18\x01 \x03(\x0b\x32\x13.psfleet.TableStats\x12\x10\n\x08uptime_s\x18\x02 \x01(\x01\"Z\n\rShrinkRequest\x12\x12\n\nall_tables\x18\x01 \x01(\x08\x12\x10\n\x08table_id\x18\x02 \x01(\r\x12#\n\nrequest_id\x18\x03 \x01(\x0b\x32\x0f.psfleet.PushId\"!\n\x0eShrinkResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x04\"]\n\x10\x41geOneDayRequest\x12\x12\n\nall_tables\x18\x01 \x01(\x08\x12\x10\n\x08table_id\x18\x02 \x01(\r\x12#\n\nrequest_id\x18\x03 \x01(\x0b\x32\x0f.psfleet.PushId**\n\x08PushMode\x12\t\n\x05\x41PPLY\x10\x00\x12\x08\n\x04SYNC\x10\x01\x12\t\n\x05\x44\x45LTA\x10\x02\x32\xe0\x05\n\x0fParameterServer\x12H\n\x0b\x43reateTable\x12\x1b.psfleet.CreateTableRequest\x1a\x1c.psfleet.CreateTableResponse\x12\x45\n\nPullSparse\x12\x1a.psfleet.PullSparseRequest\x1a\x1b.psfleet.PullSparseResponse\x12?\n\nPushSparse\x12\x1a.psfleet.PushSparseRequest\x1a\x15.psfleet.PushResponse\x12\x42\n\tPullDense\x12\x19.psfleet.PullDenseRequest\x1a\x1a.psfleet.PullDenseResponse\x12=\n\tPushDense\x12\x19.psfleet.PushDenseRequest\x1a\x15.psfleet.PushResponse\x12<\n\x07\x42\x61rrier\x12\x17.psfleet.BarrierRequest\x1a\x18.psfleet.BarrierResponse\x12\x33\n\x04Save\x12\x14.psfleet.SaveRequest\x1a\x15.psfleet.SaveResponse\x12,\n\x04Load\x12\x14.psfleet.LoadRequest\x1a\x0e.psfleet.Empty\x12\x36\n\x05Stats\x12\x15.psfleet.StatsRequest\x1a\x16.psfleet.StatsResponse\x12,\n\x04Stop\x12\x14.psfleet.StopRequest\x1a\x0e.psfleet.Empty\x12\x39\n\x06Shrink\x12\x16.psfleet.ShrinkRequest\x1a\x17.psfleet.ShrinkResponse\x12\x36\n\tAgeOneDay\x12\x19.psfleet.AgeOneDayRequest\x1a\x0e.psfleet.Emptyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19psfleet/rpc/psfleet.proto\x12\x07psfleet\"\x07\n\x05\x45mpty\"\x8f\x01\n\x12\x43reateTableRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x13\n\x0binit_values\x18\x03 \x01(\x0c\x12\x14\n\x0cserver_index\x18\x04 \x01(\r\x12\x12\n\nserver_num\x18\x05 \x01(\r\x12\x13\n\x0b\x64\x65nse_index\x18\x06 \x01(\x0c\"&\n\x13\x43reateTableResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\"W\n\x11PullSparseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\x12\x0e\n\x06\x63reate\x18\x03 \x01(\x08\x12\x12\n\nwith_state\x18\x04 \x01(\x08\"1\n\x12PullSparseResponse\x12\x0e\n\x06values\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\"(\n\x06PushId\x12\x11\n\tclient_id\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"\xff\x01\n\x11PushSparseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\x12\r\n\x05grads\x18\x03 \x01(\x0c\x12\x14\n\x0cworker_index\x18\x04 \x01(\r\x12\x0c\n\x04step\x18\x05 \x01(\x04\x12\x1f\n\x04mode\x18\x06 \x01(\x0e\x32\x11.psfleet.PushMode\x12\x12\n\nworker_num\x18\x07 \x01(\r\x12 \n\x07push_id\x18\x08 \x01(\x0b\x32\x0f.psfleet.PushId\x12\x0c\n\x04poll\x18\t \x01(\x08\x12\x13\n\x0bincarnation\x18\n \x01(\r\x12\r\n\x05shows\x18\x0b \x01(\x0c\x12\x0e\n\x06\x63licks\x18\x0c \x01(\x0c\"\x1c\n\x0cPushResponse\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\":\n\x10PullDenseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x14\n\x0cworker_index\x18\x02 \x01(\r\"#\n\x11PullDenseResponse\x12\x0e\n\x06values\x18\x01 \x01(\x0c\"\xd1\x01\n\x10PushDenseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\r\n\x05grads\x18\x02 \x01(\x0c\x12\x14\n\x0cworker_index\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x1f\n\x04mode\x18\x05 \x01(\x0e\x32\x11.psfleet.PushMode\x12\x12\n\nworker_num\x18\x06 \x01(\r\x12 \n\x07push_id\x18\x07 \x01(\x0b\x32\x0f.psfleet.PushId\x12\x0c\n\x04poll\x18\x08 \x01(\x08\x12\x13\n\x0bincarnation\x18\t \x01(\r\"j\n\x0e\x42\x61rrierRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0cworker_index\x18\x02 \x01(\r\x12\x12\n\nworker_num\x18\x03 \x01(\r\x12\x13\n\x0bincarnation\x18\x04 \x01(\r\x12\x0b\n\x03seq\x18\x05 \x01(\x04\"\x1f\n\x0f\x42\x61rrierResponse\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\"#\n\x0bStopRequest\x12\x14\n\x0cworker_index\x18\x01 \x01(\r\"\x8b\x01\n\x0bSaveRequest\x12\x0f\n\x07\x64irname\x18\x01 \x01(\t\x12\x14\n\x0cserver_index\x18\x02 \x01(\r\x12\"\n\x05\x64\x65nse\x18\x03 \x03(\x0b\x32\x13.psfleet.DenseIndex\x12\x0c\n\x04mode\x18\x04 \x01(\t\x12#\n\nrequest_id\x18\x05 \x01(\x0b\x32\x0f.psfleet.PushId\"-\n\nDenseIndex\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\r\n\x05index\x18\x02 \x01(\x0c\"8\n\nFileDigest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"2\n\x0cSaveResponse\x12\"\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x13.psfleet.FileDigest\"l\n\x0bLoadRequest\x12\x0f\n\x07\x64irname\x18\x01 \x01(\t\x12\x14\n\x0cserver_index\x18\x02 \x01(\r\x12\x12\n\nserver_num\x18\x03 \x01(\r\x12\"\n\x05\x64\x65nse\x18\x04 \x03(\x0b\x32\x13.psfleet.DenseIndex\"\x0e\n\x0cStatsRequest\"\xc6\x02\n\nTableStats\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x04\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x1b\n\x13rejected_non_finite\x18\x05 \x01(\x04\x12\r\n\x05pulls\x18\x06 \x01(\x04\x12\x13\n\x0bpulled_rows\x18\x07 \x01(\x04\x12\x0e\n\x06pushes\x18\x08 \x01(\x04\x12\x13\n\x0bpushed_rows\x18\t \x01(\x04\x12\x10\n\x08\x61\x64mitted\x18\n \x01(\x04\x12\x10\n\x08rejected\x18\x0b \x01(\x04\x12\x0f\n\x07\x65victed\x18\x0c \x01(\x04\x12\x0f\n\x07\x64\x65leted\x18\r \x01(\x04\x12\x0f\n\x07spilled\x18\x0e \x01(\x04\x12\x10\n\x08promoted\x18\x0f \x01(\x04\x12\x11\n\tdisk_rows\x18\x10 \x01(\x04\x12\x12\n\ndisk_bytes\x18\x11 \x01(\x04\"F\n\rStatsResponse\x12#\n\x06tables\x18\x01 \x03(\x0b\x32\x13.psfleet.TableStats\x12\x10\n\x08uptime_s\x18\x02 \x01(\x01\"Z\n\rShrinkRequest\x12\x12\n\nall_tables\x18\x01 \x01(\x08\x12\x10\n\x08table_id\x18\x02 \x01(\r\x12#\n\nrequest_id\x18\x03 \x01(\x0b\x32\x0f.psfleet.PushId\"!\n\x0eShrinkResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x04\"]\n\x10\x41geOneDayRequest\x12\x12\n\nall_tables\x18\x01 \x01(\x08\x12\x10\n\x08table_id\x18\x02 \x01(\r\x12#\n\nrequest_id\x18\x03 \x01(\x0b\x32\x0f.psfleet.PushId*9\n\x08PushMode\x12\t\n\x05\x41PPLY\x10\x00\x12\x08\n\x04SYNC\x10\x01\x12\t\n\x05\x44\x45LTA\x10\x02\x12\r\n\tROW_DELTA\x10\x03\x32\xe0\x05\n\x0fParameterServer\x12H\n\x0b\x43reateTable\x12\x1b.psfleet.CreateTableRequest\x1a\x1c.psfleet.CreateTableResponse\x12\x45\n\nPullSparse\x12\x1a.psfleet.PullSparseRequest\x1a\x1b.psfleet.PullSparseResponse\x12?\n\nPushSparse\x12\x1a.psfleet.PushSparseRequest\x1a\x15.psfleet.PushResponse\x12\x42\n\tPullDense\x12\x19.psfleet.PullDenseRequest\x1a\x1a.psfleet.PullDenseResponse\x12=\n\tPushDense\x12\x19.psfleet.PushDenseRequest\x1a\x15.psfleet.PushResponse\x12<\n\x07\x42\x61rrier\x12\x17.psfleet.BarrierRequest\x1a\x18.psfleet.BarrierResponse\x12\x33\n\x04Save\x12\x14.psfleet.SaveRequest\x1a\x15.psfleet.SaveResponse\x12,\n\x04Load\x12\x14.psfleet.LoadRequest\x1a\x0e.psfleet.Empty\x12\x36\n\x05Stats\x12\x15.psfleet.StatsRequest\x1a\x16.psfleet.StatsResponse\x12,\n\x04Stop\x12\x14.psfleet.StopRequest\x1a\x0e.psfleet.Empty\x12\x39\n\x06Shrink\x12\x16.psfleet.ShrinkRequest\x1a\x17.psfleet.ShrinkResponse\x12\x36\n\tAgeOneDay\x12\x19.psfleet.AgeOneDayRequest\x1a\x0e.psfleet.Emptyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'psfleet.rpc.psfleet_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PUSHMODE']._serialized_start=2218
-  _globals['_PUSHMODE']._serialized_end=2260
+  _globals['_PUSHMODE']._serialized_start=2238
+  _globals['_PUSHMODE']._serialized_end=2295
   _globals['_EMPTY']._serialized_start=38
   _globals['_EMPTY']._serialized_end=45
   _globals['_CREATETABLEREQUEST']._serialized_start=48
@@ -40,49 +40,49 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATETABLERESPONSE']._serialized_start=193
   _globals['_CREATETABLERESPONSE']._serialized_end=231
   _globals['_PULLSPARSEREQUEST']._serialized_start=233
-  _globals['_PULLSPARSEREQUEST']._serialized_end=300
-  _globals['_PULLSPARSERESPONSE']._serialized_start=302
-  _globals['_PULLSPARSERESPONSE']._serialized_end=351
-  _globals['_PUSHID']._serialized_start=353
-  _globals['_PUSHID']._serialized_end=393
-  _globals['_PUSHSPARSEREQUEST']._serialized_start=396
-  _globals['_PUSHSPARSEREQUEST']._serialized_end=651
-  _globals['_PUSHRESPONSE']._serialized_start=653
-  _globals['_PUSHRESPONSE']._serialized_end=681
-  _globals['_PULLDENSEREQUEST']._serialized_start=683
-  _globals['_PULLDENSEREQUEST']._serialized_end=741
-  _globals['_PULLDENSERESPONSE']._serialized_start=743
-  _globals['_PULLDENSERESPONSE']._serialized_end=778
-  _globals['_PUSHDENSEREQUEST']._serialized_start=781
-  _globals['_PUSHDENSEREQUEST']._serialized_end=990
-  _globals['_BARRIERREQUEST']._serialized_start=992
-  _globals['_BARRIERREQUEST']._serialized_end=1098
-  _globals['_BARRIERRESPONSE']._serialized_start=1100
-  _globals['_BARRIERRESPONSE']._serialized_end=1131
-  _globals['_STOPREQUEST']._serialized_start=1133
-  _globals['_STOPREQUEST']._serialized_end=1168
-  _globals['_SAVEREQUEST']._serialized_start=1171
-  _globals['_SAVEREQUEST']._serialized_end=1310
-  _globals['_DENSEINDEX']._serialized_start=1312
-  _globals['_DENSEINDEX']._serialized_end=1357
-  _globals['_FILEDIGEST']._serialized_start=1359
-  _globals['_FILEDIGEST']._serialized_end=1415
-  _globals['_SAVERESPONSE']._serialized_start=1417
-  _globals['_SAVERESPONSE']._serialized_end=1467
-  _globals['_LOADREQUEST']._serialized_start=1469
-  _globals['_LOADREQUEST']._serialized_end=1577
-  _globals['_STATSREQUEST']._serialized_start=1579
-  _globals['_STATSREQUEST']._serialized_end=1593
-  _globals['_TABLESTATS']._serialized_start=1596
-  _globals['_TABLESTATS']._serialized_end=1922
-  _globals['_STATSRESPONSE']._serialized_start=1924
-  _globals['_STATSRESPONSE']._serialized_end=1994
-  _globals['_SHRINKREQUEST']._serialized_start=1996
-  _globals['_SHRINKREQUEST']._serialized_end=2086
-  _globals['_SHRINKRESPONSE']._serialized_start=2088
-  _globals['_SHRINKRESPONSE']._serialized_end=2121
-  _globals['_AGEONEDAYREQUEST']._serialized_start=2123
-  _globals['_AGEONEDAYREQUEST']._serialized_end=2216
-  _globals['_PARAMETERSERVER']._serialized_start=2263
-  _globals['_PARAMETERSERVER']._serialized_end=2999
+  _globals['_PULLSPARSEREQUEST']._serialized_end=320
+  _globals['_PULLSPARSERESPONSE']._serialized_start=322
+  _globals['_PULLSPARSERESPONSE']._serialized_end=371
+  _globals['_PUSHID']._serialized_start=373
+  _globals['_PUSHID']._serialized_end=413
+  _globals['_PUSHSPARSEREQUEST']._serialized_start=416
+  _globals['_PUSHSPARSEREQUEST']._serialized_end=671
+  _globals['_PUSHRESPONSE']._serialized_start=673
+  _globals['_PUSHRESPONSE']._serialized_end=701
+  _globals['_PULLDENSEREQUEST']._serialized_start=703
+  _globals['_PULLDENSEREQUEST']._serialized_end=761
+  _globals['_PULLDENSERESPONSE']._serialized_start=763
+  _globals['_PULLDENSERESPONSE']._serialized_end=798
+  _globals['_PUSHDENSEREQUEST']._serialized_start=801
+  _globals['_PUSHDENSEREQUEST']._serialized_end=1010
+  _globals['_BARRIERREQUEST']._serialized_start=1012
+  _globals['_BARRIERREQUEST']._serialized_end=1118
+  _globals['_BARRIERRESPONSE']._serialized_start=1120
+  _globals['_BARRIERRESPONSE']._serialized_end=1151
+  _globals['_STOPREQUEST']._serialized_start=1153
+  _globals['_STOPREQUEST']._serialized_end=1188
+  _globals['_SAVEREQUEST']._serialized_start=1191
+  _globals['_SAVEREQUEST']._serialized_end=1330
+  _globals['_DENSEINDEX']._serialized_start=1332
+  _globals['_DENSEINDEX']._serialized_end=1377
+  _globals['_FILEDIGEST']._serialized_start=1379
+  _globals['_FILEDIGEST']._serialized_end=1435
+  _globals['_SAVERESPONSE']._serialized_start=1437
+  _globals['_SAVERESPONSE']._serialized_end=1487
+  _globals['_LOADREQUEST']._serialized_start=1489
+  _globals['_LOADREQUEST']._serialized_end=1597
+  _globals['_STATSREQUEST']._serialized_start=1599
+  _globals['_STATSREQUEST']._serialized_end=1613
+  _globals['_TABLESTATS']._serialized_start=1616
+  _globals['_TABLESTATS']._serialized_end=1942
+  _globals['_STATSRESPONSE']._serialized_start=1944
+  _globals['_STATSRESPONSE']._serialized_end=2014
+  _globals['_SHRINKREQUEST']._serialized_start=2016
+  _globals['_SHRINKREQUEST']._serialized_end=2106
+  _globals['_SHRINKRESPONSE']._serialized_start=2108
+  _globals['_SHRINKRESPONSE']._serialized_end=2141
+  _globals['_AGEONEDAYREQUEST']._serialized_start=2143
+  _globals['_AGEONEDAYREQUEST']._serialized_end=2236
+  _globals['_PARAMETERSERVER']._serialized_start=2298
+  _globals['_PARAMETERSERVER']._serialized_end=3034
 # @@protoc_insertion_point(module_scope)

@@ -12,9 +12,11 @@ class PushMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     APPLY: _ClassVar[PushMode]
     SYNC: _ClassVar[PushMode]
     DELTA: _ClassVar[PushMode]
+    ROW_DELTA: _ClassVar[PushMode]
 APPLY: PushMode
 SYNC: PushMode
 DELTA: PushMode
+ROW_DELTA: PushMode
 
 class Empty(_message.Message):
     __slots__ = ()
@@ -43,14 +45,16 @@ class CreateTableResponse(_message.Message):
     def __init__(self, created: _Optional[bool] = ...) -> None: ...
 
 class PullSparseRequest(_message.Message):
-    __slots__ = ("table_id", "keys", "create")
+    __slots__ = ("table_id", "keys", "create", "with_state")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
+    WITH_STATE_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     keys: bytes
     create: bool
-    def __init__(self, table_id: _Optional[int] = ..., keys: _Optional[bytes] = ..., create: _Optional[bool] = ...) -> None: ...
+    with_state: bool
+    def __init__(self, table_id: _Optional[int] = ..., keys: _Optional[bytes] = ..., create: _Optional[bool] = ..., with_state: _Optional[bool] = ...) -> None: ...
 
 class PullSparseResponse(_message.Message):
     __slots__ = ("values", "dim")

@@ -4,9 +4,10 @@ from psfleet.ps.communicator.async_mode import AsyncCommunicator
 from psfleet.ps.communicator.collective_mode import CollectiveCommunicator
 from psfleet.ps.communicator.geo_mode import GeoCommunicator
 from psfleet.ps.communicator.local_mode import LocalCommunicator
+from psfleet.ps.communicator.pass_mode import PassCommunicator
 from psfleet.ps.communicator.registry import MODES, CommunicatorSettings, make_communicator
 from psfleet.ps.communicator.sync_mode import SyncCommunicator
-from psfleet.ps.communicator.types import AsyncConfig, Communicator
+from psfleet.ps.communicator.types import AsyncConfig, Communicator, PassConfig
 from psfleet.ps.merge import merge_sparse
 
 __all__ = [
@@ -18,6 +19,8 @@ __all__ = [
     "CommunicatorSettings",
     "GeoCommunicator",
     "LocalCommunicator",
+    "PassCommunicator",
+    "PassConfig",
     "SyncCommunicator",
     "make_communicator",
     "merge_sparse",

@@ -11,23 +11,26 @@ from psfleet.ps.communicator.async_mode import AsyncCommunicator
 from psfleet.ps.communicator.collective_mode import CollectiveCommunicator
 from psfleet.ps.communicator.geo_mode import GeoCommunicator
 from psfleet.ps.communicator.local_mode import LocalCommunicator, simulated_staleness
+from psfleet.ps.communicator.pass_mode import PassCommunicator
 from psfleet.ps.communicator.sync_mode import SyncCommunicator
-from psfleet.ps.communicator.types import AsyncConfig, Communicator
+from psfleet.ps.communicator.types import AsyncConfig, Communicator, PassConfig
 
 __all__ = ["CommunicatorSettings", "make_communicator", "MODES"]
 
 
 @dataclass(frozen=True)
 class CommunicatorSettings:
-    """What the modes' constructors need: async settings, geo_step, worker count, and
-    for collective mode the step's example count (``ExampleCounter.take``) and the
-    device of collective tensors (``cpu`` or ``cuda:N``)."""
+    """What the modes' constructors need: async settings, geo_step, worker count, pass
+    mode's settings, and for collective mode the step's example count
+    (``ExampleCounter.take``) and the device of collective tensors (``cpu`` or
+    ``cuda:N``)."""
 
     async_config: AsyncConfig = AsyncConfig()
     geo_step: int = 400
     worker_num: int = 1
     example_count: Callable[[], int] | None = None
     device: str = "cpu"
+    pass_config: PassConfig = PassConfig()
 
 
 MODES: dict[str, Callable[[TableClient, CommunicatorSettings], Communicator]] = {
@@ -38,14 +41,18 @@ MODES: dict[str, Callable[[TableClient, CommunicatorSettings], Communicator]] = 
                                                     settings.worker_num),
     "collective": lambda client, settings: CollectiveCommunicator(
         client, settings.example_count, settings.device),
+    "gpubox": lambda client, settings: PassCommunicator(
+        client, MODES[settings.pass_config.dense_mode](client, settings),
+        settings.pass_config, settings.worker_num),
 }
 
 
 
 def make_communicator(mode: str, client: TableClient,
                       settings: CommunicatorSettings) -> Communicator:
-    """Build the communicator of ``mode``: ``async``, ``sync``, ``geo``, ``local``
-    (one worker on in-process tables) or ``collective`` (every rank holds the tables).
+    """Build the communicator of ``mode``: ``async``, ``sync``, ``geo``, ``gpubox``
+    (pass mode, ``psfleet.ps.communicator.pass_mode``), ``local`` (one worker on
+    in-process tables) or ``collective`` (every rank holds the tables).
 
     Raises:
         ConfigError: unknown mode (lists the known ones).

@@ -10,16 +10,23 @@ mode beside this file, chosen by name through :func:`make_communicator`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from psfleet.ps.client import PullHandle, TableClient
 from psfleet.ps.routing import RoutedKeys
 from psfleet.ps.types import RuleConfig, SparseTableConfig
 
-__all__ = ["AsyncConfig", "Communicator"]
+__all__ = ["AsyncConfig", "Communicator", "PassConfig"]
 
 
 _AT_LEAST_ONE = ("k_steps", "send_queue_size", "max_merge_var_num", "thread_pool_size")
@@ -83,6 +90,38 @@ class AsyncConfig(BaseModel):
         return value
 
 
+class PassConfig(BaseModel):
+    """Settings of pass mode (``mode: gpubox``): the worker cache and the dense path.
+
+    Declared once: ``DistributedStrategy.pass_configs`` is this model. Frozen; unknown
+    keys are errors.
+
+    Attributes:
+        dense_mode: how dense parameters train between passes' boundaries: ``async``
+            (pushed every step, applied as they arrive) or ``sync`` (every worker's
+            step averaged, as sync mode).
+        cache_budget_bytes: bytes of rows (values and rule state, all tables) one
+            worker's cache may hold; a pass whose rows need more is split into
+            sub-passes that each fit (>= 1 MiB; default 1 GiB).
+        device: where the cache lives: ``cpu``, or ``cuda``/``cuda:N`` (a GPU must
+            be present).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    dense_mode: Literal["async", "sync"] = "async"
+    cache_budget_bytes: int = Field(1 << 30, ge=1 << 20)
+    device: str = "cpu"
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        kind, _, index = value.partition(":")
+        if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+            raise ValueError(f"device: {value!r} is not cpu, cuda or cuda:N")
+        return value
+
+
 class Communicator(ABC):
     """Sends a worker's gradients and brings back fresh parameters.
 
@@ -133,6 +172,10 @@ class Communicator(ABC):
     #: Whether pushes carry the ``ctr`` tables' show and click counts to the tables
     #: (every mode with servers; not collective, whose ranks hold no servers' tables).
     takes_counts = True
+
+    #: Whether :meth:`push_sparse` takes gradients as torch tensors, repeated keys
+    #: allowed (pass mode's device cache), rather than merged float32 arrays.
+    takes_tensors = False
 
     @abstractmethod
     def push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
