@@ -379,5 +379,6 @@ def test_unknown_mode_is_rejected_listing_the_allowed_ones() -> None:
         DistributedStrategy(mode="asyc")  # type: ignore[arg-type]
     assert all(f"'{mode}'" in str(caught.value) for mode in ("sync", "async", "geo"))
     with worker_free_client() as client, pytest.raises(
-            ConfigError, match=r"mode: 'asyc' is not one of async, collective, geo, local, sync"):
+            ConfigError,
+            match=r"mode: 'asyc' is not one of async, collective, geo, gpubox, local, sync"):
         make_communicator("asyc", client, CommunicatorSettings())

@@ -30,11 +30,12 @@ from psfleet.fleet.role_maker import RoleInfo
 from psfleet.fleet.runtime import ParameterServerHooks, RuntimeConfig, WorkerRuntime
 from psfleet.nn import SparseEmbedding
 from psfleet.ps import TableService, start_server
+from psfleet.ps.pass_cache import split_pass
 from psfleet.ps.rules import make_rule
-from psfleet.rpc.server import RunningServer
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.types import RuleConfig
 from psfleet.rpc import RpcConfig
+from psfleet.rpc.server import RunningServer
 
 pytestmark = pytest.mark.service
 
@@ -265,5 +266,21 @@ def test_a_pass_above_the_cache_budget_is_refused_before_any_pull(
         assert len(service.tables[model.deep.table_id]) == 0  # nothing was pulled
     finally:
         f.stop_worker()
-    with pytest.raises(ValueError, match="device: 'tpu' is not cpu, cuda or cuda:N"):
+    with pytest.raises(ValueError, match=r"(?s)device.*must be cpu, cuda or cuda:N"):
         DistributedStrategy(mode="gpubox", pass_configs={"device": "tpu"})
+
+
+def test_split_pass_cuts_where_the_distinct_rows_reach_the_budget() -> None:
+    def keys(*values: int) -> np.ndarray:
+        return np.array(values, dtype=np.uint64)
+
+    batches = [{0: keys(1, 2, 2), 1: keys(7)},  # 2 rows of table 0, 1 of table 1
+               {0: keys(2, 3)},                 # 1 new row
+               {0: keys(4, 5, 6)},              # 3 new rows
+               {1: keys(7, 8)}]                 # 1 new row
+    row_bytes = {0: 10, 1: 100}
+    # sub-pass 1: 20 + 100 + 10 = 130 bytes, +30 would be 160 > 150
+    assert split_pass(batches, row_bytes, 150) == [range(0, 2), range(2, 4)]
+    assert split_pass(batches, row_bytes, 10_000) == [range(0, 4)]
+    with pytest.raises(ConfigError, match="batch 0 alone needs 120 bytes"):
+        split_pass(batches, row_bytes, 100)

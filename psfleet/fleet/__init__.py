@@ -46,6 +46,7 @@ is_collective = _fleet.is_collective
 flush = _fleet.flush
 begin_pass = _fleet.begin_pass
 end_pass = _fleet.end_pass
+sub_passes = _fleet.sub_passes
 save_persistables = _fleet.save_persistables
 load_model = _fleet.load_model
 save_checkpoint = _fleet.save_checkpoint
@@ -77,6 +78,7 @@ __all__ = [
     "barrier_worker",
     "begin_pass",
     "end_pass",
+    "sub_passes",
     "server_stats",
     "distributed_model",
     "distributed_optimizer",

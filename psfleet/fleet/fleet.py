@@ -393,6 +393,12 @@ class Fleet:
         """
         return self._require_runtime().begin_pass(ids)
 
+    def sub_passes(self, batch_ids: Sequence[Mapping[str, Any]]) -> list[range]:
+        """Pass mode: a pass's batches (per batch, per table name, its ids) cut into
+        sub-passes whose rows fit ``pass_configs.cache_budget_bytes``; begin and end a
+        pass around each (``WorkerRuntime.sub_passes``)."""
+        return self._require_runtime().sub_passes(batch_ids)
+
     def end_pass(self) -> int:
         """Pass mode: push the pass's row changes to the servers, empty the cache;
         returns the rows pushed (``WorkerRuntime.end_pass``)."""

@@ -263,6 +263,16 @@ class WorkerRuntime:
                               f"its tables are {sorted(by_name)}")
         return passes.begin_pass({by_name[name]: _keys(value) for name, value in ids.items()})
 
+    def sub_passes(self, batch_ids: Sequence[Mapping[str, Any]]) -> list[range]:
+        """A pass's batches cut into sub-passes whose rows fit the cache budget (pass
+        mode): ``batch_ids`` per batch, per table name, its keys (as
+        :meth:`begin_pass` takes them). Raises ConfigError (not pass mode, an unknown
+        table, or one batch above the budget)."""
+        passes = self._passes("sub_passes")
+        by_name = self.tables.sparse_ids()
+        return passes.sub_passes([{by_name[name]: _keys(v) for name, v in ids.items()}
+                                  for ids in batch_ids])
+
     def end_pass(self) -> int:
         """Send the pass's row changes to the servers and empty the cache (pass mode);
         returns the rows pushed. Raises ConfigError (not pass mode), FatalError (no

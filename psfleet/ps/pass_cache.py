@@ -16,13 +16,15 @@ stay on the host (the delta's base), as do the per-row counts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 import torch
 
-from psfleet.errors import FatalError
+from psfleet.errors import ConfigError, FatalError
 from psfleet.ps.rules import Rule
 
-__all__ = ["PassRows"]
+__all__ = ["PassRows", "split_pass"]
 
 
 class PassRows:
@@ -122,3 +124,46 @@ class PassRows:
         now = self.data.index_select(0, index).cpu().numpy()
         return (self.keys[touched], now - self.base[touched], self.shows[touched],
                 self.clicks[touched])
+
+
+def split_pass(batch_keys: Sequence[Mapping[int, np.ndarray]], row_bytes: Mapping[int, int],
+               budget_bytes: int) -> list[range]:
+    """Cut a pass's batches into sub-passes whose distinct rows fit ``budget_bytes``.
+
+    Greedy, in batch order: each sub-pass takes batches while the rows of their
+    distinct keys (a key counted once per sub-pass) fit. Vectorised: per table one
+    ``np.unique`` over the remaining batches' keys finds the batch where each key
+    first appears, so the bytes a sub-pass needs after each batch are one cumulative
+    sum.
+
+    Args:
+        batch_keys: per batch, per table id, its keys (uint64[N], repeats allowed).
+        row_bytes: bytes one cached row of each table takes.
+        budget_bytes: ``PassConfig.cache_budget_bytes``.
+
+    Returns:
+        The sub-passes as ranges of batch indexes, in order, covering every batch.
+
+    Raises:
+        ConfigError: one batch alone needs more than the budget (names its bytes).
+    """
+    out: list[range] = []
+    start = 0
+    while start < len(batch_keys):
+        need = np.zeros(len(batch_keys) - start, dtype=np.int64)  # new bytes per batch
+        for table_id, width in row_bytes.items():
+            parts = [b.get(table_id, np.zeros(0, np.uint64)) for b in batch_keys[start:]]
+            if not any(p.size for p in parts):
+                continue
+            owner = np.repeat(np.arange(len(parts)), [p.size for p in parts])
+            _, first = np.unique(np.concatenate(parts), return_index=True)
+            need += np.bincount(owner[first], minlength=len(parts)) * width
+        total = np.cumsum(need)
+        fits = int(np.searchsorted(total, budget_bytes, side="right"))
+        if fits == 0:
+            raise ConfigError(f"pass mode: batch {start} alone needs {int(total[0])} bytes of "
+                              f"rows, above pass_configs.cache_budget_bytes ({budget_bytes}); "
+                              "raise the budget or lower the batch size")
+        out.append(range(start, start + fits))
+        start += fits
+    return out

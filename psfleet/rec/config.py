@@ -38,7 +38,7 @@ from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
 from psfleet.nn.features import check_table_features
 from psfleet.nn.types import Pooling
-from psfleet.ps.communicator.types import AsyncConfig
+from psfleet.ps.communicator.types import AsyncConfig, PassConfig
 from psfleet.ps.types import AccessorConfig, Initializer, OptimizerClass
 from psfleet.rec.online_config import AfterPassConfig, check_online_keys, table_accessors
 from psfleet.types import Mode
@@ -93,7 +93,8 @@ class RunnerConfig(_Section):
         epochs: passes over the training data (with ``train_passes``: over each pass).
         batch_size: examples per worker per step (global batch = batch_size x
             worker_num).
-        sync_mode: the parameter-server mode: ``sync``, ``async`` or ``geo``; or
+        sync_mode: the parameter-server mode: ``sync``, ``async``, ``geo`` or
+            ``gpubox`` (pass mode: each pass's rows cached on the worker); or
             ``collective``: no servers, ``cluster.worker_num`` ranks all-reduce
             gradients (torch.distributed); ``cluster.server_num`` must be 0.
         use_gpu: collective mode: train each rank on a GPU (nccl); an error when
@@ -101,6 +102,10 @@ class RunnerConfig(_Section):
         geo_step: steps between GEO syncs (PaddleRec's default 400).
         a_sync_configs: the async communicator's settings, as Paddle's
             ``strategy.a_sync_configs`` (``psfleet.ps.communicator.AsyncConfig``).
+        pass_configs: pass mode's settings (``sync_mode: gpubox``;
+            ``psfleet.ps.communicator.PassConfig``: ``dense_mode``,
+            ``cache_budget_bytes``, ``device``). Each epoch of a worker is a pass,
+            cut into sub-passes whose rows fit the budget.
         thread_num: CPU threads of each worker's torch ops.
         print_interval: steps between progress-bar refreshes.
         model_save_path: the folder of the run folders: each run writes
@@ -161,6 +166,7 @@ class RunnerConfig(_Section):
     sync_mode: Mode = "async"
     geo_step: int = Field(400, ge=1)
     a_sync_configs: AsyncConfig = AsyncConfig()
+    pass_configs: PassConfig = PassConfig()
     use_gpu: bool = False
     thread_num: int = Field(1, ge=1)
     print_interval: int = Field(10, ge=1)
@@ -230,8 +236,9 @@ class RunnerConfig(_Section):
     def needs_equal_steps(self) -> bool:
         """Whether every worker must run the same number of steps per epoch: in sync
         mode, and with checkpoints inside epochs (every worker takes part in each)."""
-        return self.sync_mode == "sync" or bool(self.checkpoint is not None
-                                                and self.checkpoint.step_interval)
+        sync_dense = self.sync_mode == "gpubox" and self.pass_configs.dense_mode == "sync"
+        return self.sync_mode == "sync" or sync_dense or bool(
+            self.checkpoint is not None and self.checkpoint.step_interval)
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> RunnerConfig:
@@ -255,6 +262,15 @@ class RunnerConfig(_Section):
         if self.early_stopping is not None and self.valid_data_dir is None:
             raise ConfigError("runner.early_stopping: needs runner.valid_data_dir (the "
                               "validation data whose metric it watches)")
+        if self.sync_mode == "gpubox" and self.reader_type != "InMemoryDataset":
+            raise ConfigError(f"runner.reader_type: sync_mode gpubox (pass mode) loads each "
+                              f"pass into memory to collect its ids; set reader_type: "
+                              f"InMemoryDataset (got {self.reader_type})")
+        if (self.sync_mode == "gpubox" and self.checkpoint is not None
+                and self.checkpoint.step_interval):
+            raise ConfigError("runner.checkpoint.step_interval: sync_mode gpubox checkpoints "
+                              "at pass boundaries only (a pass's rows are on the workers "
+                              "until it ends); use runner.checkpoint.epoch_interval")
         if self.global_shuffle and self.reader_type != "InMemoryDataset":
             raise ConfigError(f"runner.global_shuffle: needs runner.reader_type: "
                               f"InMemoryDataset (got {self.reader_type})")

@@ -43,6 +43,7 @@ from psfleet.rec.config import TrainConfig
 from psfleet.rec.curves import TENSORBOARD_DIR, RunRecorder
 from psfleet.rec.early_stopping import EarlyStopping
 from psfleet.rec.features import build_runner_model, model_inputs, prefetchers
+from psfleet.rec.pass_loop import pass_batches
 from psfleet.rec.passes import (
     PassBook,
     PassPlan,
@@ -121,7 +122,9 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Read
                desc=desc or f"epoch {epoch + 1}/{config.runner.epochs}",
                disable=not show, mininterval=0.5, unit="batch", dynamic_ncols=True)
     modules = list(prefetchers(model))
-    for step, (batch, prefetched) in enumerate(_with_prefetch(reader, modules)):
+    batches = (((batch, []) for batch in pass_batches(reader, model))
+               if config.runner.sync_mode == "gpubox" else _with_prefetch(reader, modules))
+    for step, (batch, prefetched) in enumerate(batches):
         with use_prefetched(prefetched):
             logits = model(*model_inputs(batch))
         loss = loss_fn(logits, batch.labels)
@@ -168,11 +171,13 @@ def _recorder(config: TrainConfig, first: bool) -> RunRecorder:
 
 def strategy_of(config: TrainConfig) -> DistributedStrategy:
     """The fleet strategy a runner config describes: ``runner.sync_mode``,
-    ``geo_step``, ``a_sync_configs`` and ``cluster.server_wait_timeout_s`` (None: the
-    environment's); collective mode on the CPU (gloo)."""
+    ``geo_step``, ``a_sync_configs``, ``pass_configs`` and
+    ``cluster.server_wait_timeout_s`` (None: the environment's); collective mode on
+    the CPU (gloo)."""
     runner = config.runner
     return DistributedStrategy(
         mode=runner.sync_mode, geo_step=runner.geo_step, a_sync_configs=runner.a_sync_configs,
+        pass_configs=runner.pass_configs,
         server_wait_timeout_s=config.cluster.server_wait_timeout_s,
         collective_backend="gloo" if runner.sync_mode == "collective" else "auto")
 

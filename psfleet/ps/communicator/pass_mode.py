@@ -24,7 +24,7 @@ look rows up and update them there, ``end_pass`` writes them back (Paddle's
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ import torch
 from psfleet.errors import ConfigError, FatalError
 from psfleet.ps.client import PullHandle, PushHandle, TableClient
 from psfleet.ps.communicator.types import Communicator, PassConfig
-from psfleet.ps.pass_cache import PassRows
+from psfleet.ps.pass_cache import PassRows, split_pass
 from psfleet.ps.routing import RoutedKeys, keys_of
 from psfleet.ps.rules import make_rule
 from psfleet.ps.types import PushMode, SparseTableConfig
@@ -128,6 +128,12 @@ class PassCommunicator(Communicator):
         """Bytes one cached row of sparse table ``table_id`` takes (values and state)."""
         return 4 * self.client.row_width(table_id)
 
+    def sub_passes(self, batch_keys: Sequence[Mapping[int, np.ndarray]]) -> list[range]:
+        """The batches of a pass (per batch, per table id, its keys uint64[N]) cut into
+        sub-passes whose rows fit ``cache_budget_bytes`` (:func:`split_pass`)."""
+        return split_pass(batch_keys, {t: self.row_bytes(t) for t in self._tables},
+                          self.config.cache_budget_bytes)
+
     def begin_pass(self, keys: Mapping[int, np.ndarray]) -> int:
         """Pull the rows of a pass into the cache. Blocks.
 
@@ -142,7 +148,7 @@ class PassCommunicator(Communicator):
             FatalError: a pass is already open (call end_pass first), or a table id
                 is not one of this worker's tables.
             ConfigError: the rows need more than ``cache_budget_bytes`` (split the
-                pass: ``psfleet.fleet.passes.sub_passes``).
+                pass: :meth:`sub_passes`).
             RpcError, RemoteError: a pull failed.
         """
         if self._cache:

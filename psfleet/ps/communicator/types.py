@@ -118,7 +118,7 @@ class PassConfig(BaseModel):
     def _known_device(cls, value: str) -> str:
         kind, _, index = value.partition(":")
         if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
-            raise ValueError(f"device: {value!r} is not cpu, cuda or cuda:N")
+            raise ValueError("must be cpu, cuda or cuda:N")
         return value
 
 
