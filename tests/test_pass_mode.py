@@ -278,9 +278,10 @@ def test_split_pass_cuts_where_the_distinct_rows_reach_the_budget() -> None:
                {0: keys(2, 3)},                 # 1 new row
                {0: keys(4, 5, 6)},              # 3 new rows
                {1: keys(7, 8)}]                 # 1 new row
-    row_bytes = {0: 10, 1: 100}
-    # sub-pass 1: 20 + 100 + 10 = 130 bytes, +30 would be 160 > 150
-    assert split_pass(batches, row_bytes, 150) == [range(0, 2), range(2, 4)]
+    row_bytes = {0: 10, 1: 50}
+    # [0, 1]: 20 + 50 + 10 = 80 bytes (batch 2's 30 more: 110); [2]: 30 (batch 3 would
+    # bring keys 7 and 8 anew, 100 more: 130); [3]: 100
+    assert split_pass(batches, row_bytes, 100) == [range(0, 2), range(2, 3), range(3, 4)]
     assert split_pass(batches, row_bytes, 10_000) == [range(0, 4)]
-    with pytest.raises(ConfigError, match="batch 0 alone needs 120 bytes"):
-        split_pass(batches, row_bytes, 100)
+    with pytest.raises(ConfigError, match="batch 0 alone needs 70 bytes"):
+        split_pass(batches, row_bytes, 60)
