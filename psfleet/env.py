@@ -51,6 +51,13 @@ VARIABLES: tuple[EnvVar, ...] = (
         "seeds broadcast the NCCL ID through it); if PADDLE_PORT is also set, both must be "
         "equal. MASTER_ADDR:MASTER_PORT and PADDLE_TRAINER_ENDPOINTS take precedence.",
     ),
+    EnvVar(
+        "PADDLE_PSERVER_PORT_ARRAY",
+        None,
+        "The seeds' GPUBox name of PADDLE_PSERVER_PORT: the servers' ports, comma or space "
+        "separated, optionally in parentheses as the seeds' scripts write a bash array "
+        "(\"(29011 29012)\"). If both are set they must be equal.",
+    ),
     EnvVar("PADDLE_TRAINERS_NUM", None, "Number of workers (worker_num)."),
     EnvVar(
         "PADDLE_TRAINERS",
@@ -210,6 +217,12 @@ VARIABLES: tuple[EnvVar, ...] = (
         None,
         "GPUs a process may use; fleetrun --mode collective hands them out one per rank "
         "(--devices indexes into it).",
+    ),
+    EnvVar(
+        "FLAGS_selected_gpus",
+        None,
+        "The seeds' GPUBox list of GPUs (comma separated indexes) a worker may use: pass "
+        "mode's cache with pass_configs.device cuda lives on the first of them.",
     ),
     EnvVar(
         "PSFLEET_COLLECTIVE_BACKEND",

@@ -199,6 +199,18 @@ def test_server_list_from_pserver_ips_and_aligned_ports() -> None:
     assert info.server_index == 1
 
 
+def test_the_gpubox_port_array_stands_for_pserver_port() -> None:
+    info = role_of({"TRAINING_ROLE": "PSERVER", "PADDLE_PSERVER_IPS": "127.0.0.1,127.0.0.1",
+                    "PADDLE_PSERVER_PORT_ARRAY": "(6170 6171)", "POD_IP": "127.0.0.1",
+                    "PADDLE_PORT": "6171"})
+    assert info.server_endpoints == ("127.0.0.1:6170", "127.0.0.1:6171")
+    assert info.server_index == 1
+    with pytest.raises(ConfigError, match="PADDLE_PSERVER_PORT '6170' and "
+                                          "PADDLE_PSERVER_PORT_ARRAY '.6171.' disagree"):
+        role_of({"PADDLE_PSERVER_IPS": "127.0.0.1", "PADDLE_PSERVER_PORT": "6170",
+                 "PADDLE_PSERVER_PORT_ARRAY": "(6171)"})
+
+
 def test_both_server_lists_given_and_agreeing() -> None:
     info = role_of({"PADDLE_PSERVERS_IP_PORT_LIST": "10.0.0.1:6170,10.0.0.2:6171",
                     "PADDLE_PSERVER_IPS": "10.0.0.1,10.0.0.2",

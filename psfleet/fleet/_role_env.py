@@ -50,7 +50,7 @@ def server_endpoints(environ: Mapping[str, str]) -> tuple[tuple[str, ...], str]:
     """
     listed = list_var(environ, "PADDLE_PSERVERS_IP_PORT_LIST")
     ips = _hosts(environ, "PADDLE_PSERVER_IPS")
-    ports_raw = env.read("PADDLE_PSERVER_PORT", environ)
+    ports_raw = _server_ports(environ)
     composed: tuple[str, ...] | None = None
     if ips is not None and ports_raw is None:
         raise ConfigError(f"PADDLE_PSERVER_IPS is {','.join(ips)!r} but PADDLE_PSERVER_PORT "
@@ -83,6 +83,22 @@ def server_endpoints(environ: Mapping[str, str]) -> tuple[tuple[str, ...], str]:
     if composed is not None:
         return composed, "PADDLE_PSERVER_IPS + PADDLE_PSERVER_PORT"
     return (), "PADDLE_PSERVERS_IP_PORT_LIST"
+
+
+def _server_ports(environ: Mapping[str, str]) -> str | None:
+    """PADDLE_PSERVER_PORT, or the seeds' GPUBox spelling PADDLE_PSERVER_PORT_ARRAY
+    ("(29011 29012)", spaces or commas) as a comma list; both set must agree."""
+    port = env.read("PADDLE_PSERVER_PORT", environ)
+    array = env.read("PADDLE_PSERVER_PORT_ARRAY", environ)
+    if array is None:
+        return port
+    ports = ",".join(array.strip().strip("()").replace(",", " ").split())
+    if port is not None and port.replace(" ", "") != ports:
+        raise ConfigError(f"PADDLE_PSERVER_PORT {port!r} and PADDLE_PSERVER_PORT_ARRAY "
+                          f"{array!r} disagree: set only one of them")
+    if not ports:
+        raise ConfigError(f"PADDLE_PSERVER_PORT_ARRAY: {array!r} lists no port")
+    return ports
 
 
 def _trainers(environ: Mapping[str, str]) -> tuple[int | None, tuple[str, ...] | None]:

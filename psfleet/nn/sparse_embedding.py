@@ -249,8 +249,9 @@ class SparseEmbedding(nn.Module):
         else:
             uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
             pull = access.start_pull(self._table_id, uniq.numpy().view(np.uint64), training)
-        result = pull.result()  # pass mode's cache: a tensor on its device
-        rows = result if isinstance(result, torch.Tensor) else torch.from_numpy(result)
+        result = pull.result()  # pass mode's cache: a tensor on the cache's device
+        rows = (result.to(ids.device) if isinstance(result, torch.Tensor)
+                else torch.from_numpy(result))  # [U, dim], where the ids are
         inverse = inverse.reshape(-1)
         if training:
             rows.requires_grad_(True)

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from psfleet import env
 from psfleet.errors import ConfigError, FatalError
 from psfleet.ps.client import PullHandle, PushHandle, TableClient
 from psfleet.ps.communicator.types import Communicator, PassConfig
@@ -46,15 +47,23 @@ logger = logging.getLogger(__name__)
 CALL_BYTES = 16 << 20
 
 
-def pass_device(device: str) -> torch.device:
-    """The torch device of ``PassConfig.device``.
+def pass_device(device: str, environ: Mapping[str, str] | None = None) -> torch.device:
+    """The torch device of ``PassConfig.device``: ``cuda`` without an index is the first
+    GPU of the seeds' ``FLAGS_selected_gpus`` when set (else GPU 0).
 
     Raises:
-        ConfigError: ``cuda`` is asked for and this process sees no GPU.
+        ConfigError: ``cuda`` is asked for and this process sees no GPU, or
+            FLAGS_selected_gpus is not a list of GPU indexes.
     """
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"pass_configs.device: {device!r} but this process sees no GPU "
                           "(torch.cuda.is_available() is False); use device: cpu")
+    selected = env.list_var(environ, "FLAGS_selected_gpus")
+    if device == "cuda" and selected:
+        if not selected[0].isdigit():
+            raise ConfigError(f"FLAGS_selected_gpus: {','.join(selected)!r} is not a comma "
+                              "list of GPU indexes")
+        return torch.device(f"cuda:{selected[0]}")
     return torch.device(device)
 
 
