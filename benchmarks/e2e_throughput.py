@@ -3,7 +3,8 @@
 Runs ``psfleet train -m examples/criteo_dnn/config.yaml`` on the synthetic Criteo data
 (one epoch, batch 512) in each configuration: the single-process reference
 (``cluster.server_num=0``), parameter-server jobs (async 1x1, 1x2, 2x2; sync 1x2;
-geo 1x2 with geo_step 400) and collective jobs (``runner.sync_mode=collective``, 1 and
+geo 1x2 with geo_step 400; pass mode ``gpubox`` 1x2, whose reader must be
+``InMemoryDataset``) and collective jobs (``runner.sync_mode=collective``, 1 and
 2 ranks, gloo all-reduce, no servers). Repeats are interleaved (every configuration once, then
 again), so slow drift of the machine's load spreads over all configurations.
 
@@ -54,6 +55,7 @@ CASES: list[tuple[str, int, int, str]] = [
     ("PS async 2x2", 2, 2, "async"),
     ("PS sync 1x2", 1, 2, "sync"),
     ("PS geo 1x2", 1, 2, "geo"),
+    ("PS gpubox 1x2", 1, 2, "gpubox"),
     ("collective 1 rank", 0, 1, "collective"),
     ("collective 2 ranks", 0, 2, "collective"),
 ]
@@ -70,6 +72,8 @@ def train_command(train: Path, test: Path, server_num: int, worker_num: int, mod
         "runner.sync_mode": mode, "runner.geo_step": str(GEO_STEP),
         "runner.model_save_path": str(out),
     }
+    if mode == "gpubox":  # pass mode collects each pass's ids from memory
+        overrides["runner.reader_type"] = "InMemoryDataset"
     command = [str(Path(sys.executable).with_name("psfleet")), "train", "-m", str(CONFIG)]
     for key, value in overrides.items():
         command += ["-o", f"{key}={value}"]

@@ -89,6 +89,13 @@ def test_run_overrides_set_cluster_mode_and_run_folder(tmp_path: Path) -> None:
         "runner.sync_mode=geo", "cluster.server_num=0", "cluster.worker_num=1"]
     # a collective config's reference trains in process on tables: a PS mode
     assert parity.run_overrides(reference, runs, "collective")[0] == "runner.sync_mode=async"
+    # pass mode reads from memory (its passes' ids); its reference is plain async
+    gpubox = parity.RunSpec("gpubox 1x2", "gpubox", 1, 2, 1)
+    assert parity.run_overrides(gpubox, runs, "async")[-1] == "runner.reader_type=InMemoryDataset"
+    assert parity.run_overrides(reference, runs, "gpubox") == [
+        "runner.sync_mode=async", "cluster.server_num=0", "cluster.worker_num=1",
+        f"runner.model_save_path={runs}", "runner.run_name=single-r1",
+        "runner.export_model=false"]
 
 
 # -- the summary ------------------------------------------------------------------------

@@ -137,13 +137,16 @@ def plan_runs(modes: Sequence[str], servers: Sequence[int], workers: Sequence[in
 
 def run_overrides(spec: RunSpec, runs_dir: Path, configured_mode: str) -> list[str]:
     """The ``-o`` assignments parity adds to the user's for ``spec`` (after them, so
-    they win): cluster, mode, run folder, no export. The reference keeps
-    ``configured_mode`` unless that is ``collective`` (one process trains on tables in
-    process, a parameter-server mode: ``async``)."""
-    mode = spec.mode or ("async" if configured_mode == "collective" else configured_mode)
+    they win): cluster, mode, run folder, no export; pass mode (``gpubox``) also its
+    reader, ``InMemoryDataset`` (the same examples as the other readers). The
+    reference keeps ``configured_mode`` unless that is ``collective`` or ``gpubox``
+    (one process trains on tables in process, a parameter-server mode: ``async``)."""
+    mode = spec.mode or ("async" if configured_mode in ("collective", "gpubox")
+                         else configured_mode)
+    reader = ["runner.reader_type=InMemoryDataset"] if mode == "gpubox" else []
     return [f"runner.sync_mode={mode}", f"cluster.server_num={spec.server_num}",
             f"cluster.worker_num={spec.worker_num}", f"runner.model_save_path={runs_dir}",
-            f"runner.run_name={spec.run_name}", "runner.export_model=false"]
+            f"runner.run_name={spec.run_name}", "runner.export_model=false", *reader]
 
 
 def train_command(config: Path, overrides: Sequence[str]) -> list[str]:
