@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from psfleet.data.criteo import parse_lines
-from psfleet.errors import ConfigError, FatalError
+from psfleet.errors import ConfigError, FatalError, RpcError
 from psfleet.fleet import (
     DistributedOptimizer,
     DistributedStrategy,
@@ -29,11 +29,12 @@ from psfleet.fleet import (
 from psfleet.fleet.role_maker import RoleInfo
 from psfleet.fleet.runtime import ParameterServerHooks, RuntimeConfig, WorkerRuntime
 from psfleet.nn import SparseEmbedding
-from psfleet.ps import TableService, start_server
+from psfleet.ps import LocalClient, TableService, start_server
+from psfleet.ps.communicator import LocalCommunicator, PassCommunicator, PassConfig
 from psfleet.ps.pass_cache import split_pass
 from psfleet.ps.rules import make_rule
 from psfleet.ps.sparse_table import SparseTable
-from psfleet.ps.types import RuleConfig
+from psfleet.ps.types import RuleConfig, SparseTableConfig
 from psfleet.rpc import RpcConfig
 from psfleet.rpc.server import RunningServer
 
@@ -285,3 +286,35 @@ def test_split_pass_cuts_where_the_distinct_rows_reach_the_budget() -> None:
     assert split_pass(batches, row_bytes, 10_000) == [range(0, 4)]
     with pytest.raises(ConfigError, match="batch 0 alone needs 70 bytes"):
         split_pass(batches, row_bytes, 60)
+
+
+def test_a_failed_end_pass_resends_only_what_the_servers_did_not_apply(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    client = LocalClient()
+    configs = {t: SparseTableConfig(name=f"pass_retry_{t}", dim=2,
+                                    rule=RuleConfig(name="sgd", learning_rate=0.5))
+               for t in (0, 1)}
+    comm = PassCommunicator(client, LocalCommunicator(client), PassConfig())
+    for table_id, config in configs.items():
+        client.create_sparse_table(table_id, config)
+        comm.on_sparse_table(table_id, config)
+    keys = np.arange(1, 6, dtype=np.uint64)
+    before = {t: client.pull_sparse(t, keys) for t in configs}
+    comm.begin_pass({t: keys for t in configs})
+    for table_id in configs:
+        comm.push_sparse(table_id, keys, torch.ones(5, 2))
+    real, failed = client.start_push_sparse, []
+
+    def flaky(table_id: int, *args: object, **kwargs: object) -> object:
+        if table_id == 1 and not failed:
+            failed.append(table_id)
+            raise RpcError("server unavailable (injected)")
+        return real(table_id, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(client, "start_push_sparse", flaky)
+    with pytest.raises(RpcError, match="injected"):
+        comm.end_pass()
+    assert comm.in_pass and comm.end_pass() == 5  # table 1's rows only
+    for table_id in configs:  # each row stepped once: w - 0.5 * 1
+        np.testing.assert_allclose(client.pull_sparse(table_id, keys, create=False),
+                                   before[table_id] - 0.5, rtol=0, atol=1e-6)

@@ -116,9 +116,15 @@ class PassRows:
         self.rule.update(block[:, : self.dim], block[:, self.dim:], summed)
         self.data.index_copy_(0, rows, block)
 
+    def sent(self, keys: np.ndarray) -> None:
+        """The changes of ``keys`` (uint64[N], in the pass) were applied by the servers:
+        :meth:`deltas` leaves them out from now on."""
+        self.touched[self.positions(keys)] = False
+
     def deltas(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """What the pass changed: (keys uint64[T], deltas float32[T, W], shows
-        float32[T], clicks float32[T]) of the T rows pushed to in the pass."""
+        float32[T], clicks float32[T]) of the T rows pushed to in the pass and not
+        yet :meth:`sent`."""
         touched = np.flatnonzero(self.touched)
         index = torch.from_numpy(touched).to(self.device)
         now = self.data.index_select(0, index).cpu().numpy()

@@ -36,7 +36,7 @@ from psfleet.ps.communicator.types import Communicator, PassConfig
 from psfleet.ps.pass_cache import PassRows, split_pass
 from psfleet.ps.routing import RoutedKeys, keys_of
 from psfleet.ps.rules import make_rule
-from psfleet.ps.types import PushMode, SparseTableConfig
+from psfleet.ps.types import PushMode, RuleConfig, SparseTableConfig
 
 __all__ = ["PassCommunicator", "pass_device"]
 
@@ -102,8 +102,8 @@ class PassCommunicator(Communicator):
     def on_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:
         self._tables[table_id] = config
 
-    def on_dense_table(self, table_id: int, rule: object, values: np.ndarray) -> None:
-        self.dense.on_dense_table(table_id, rule, values)  # type: ignore[arg-type]
+    def on_dense_table(self, table_id: int, rule: RuleConfig, values: np.ndarray) -> None:
+        self.dense.on_dense_table(table_id, rule, values)
 
     def push_dense(self, table_id: int, grads: np.ndarray) -> None:
         self.dense.push_dense(table_id, grads)
@@ -210,7 +210,8 @@ class PassCommunicator(Communicator):
 
         Raises:
             FatalError: no pass is open.
-            RpcError, RemoteError: a push failed (the cache is kept: end_pass again).
+            RpcError, RemoteError: a push failed; the rows not yet applied stay
+                cached (call end_pass again: what was applied is not sent twice).
         """
         if not self._cache:
             raise FatalError("end_pass: no pass is open; call begin_pass() first")
@@ -220,22 +221,29 @@ class PassCommunicator(Communicator):
             deltas *= self._scale
             counts = self._tables[table_id].accessor.name == "ctr"
             step = max(1, CALL_BYTES // self.row_bytes(table_id)) * len(self.client.endpoints)
-            handles: list[PushHandle] = []
+            handles: list[tuple[np.ndarray, PushHandle]] = []
             for start in range(0, keys.size, step):
                 part = slice(start, start + step)
-                handles.append(self.client.start_push_sparse(
+                handles.append((keys[part], self.client.start_push_sparse(
                     table_id, keys[part], deltas[part], PushMode.ROW_DELTA,
                     shows=shows[part] if counts else None,
-                    clicks=clicks[part] if counts else None))
+                    clicks=clicks[part] if counts else None)))
                 if len(handles) == 2:
-                    handles.pop(0).result()
-            for handle in handles:
-                handle.result()
+                    self._confirm(cache, *handles.pop(0))
+            for sent, handle in handles:
+                self._confirm(cache, sent, handle)
             pushed += int(keys.size)
-        self._cache.clear()
+            del self._cache[table_id]  # all of it applied: a retry skips this table
         self.dense.flush()
         logger.info("pass %d ended: %d rows pushed", self.passes, pushed)
         return pushed
+
+    @staticmethod
+    def _confirm(cache: PassRows, keys: np.ndarray, handle: PushHandle) -> None:
+        """Wait for one push of ``keys``' row deltas; once applied they are not sent
+        again by a retried end_pass."""
+        handle.result()
+        cache.sent(keys)
 
     # -- the step's sparse pulls and pushes ---------------------------------------------
     def _rows(self, table_id: int) -> PassRows:
