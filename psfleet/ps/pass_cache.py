@@ -9,9 +9,10 @@ hash table the same way (Paddle's ``PSGPUWrapper::BuildGPUTask`` / ``EndPass``).
 
 The rows live in one tensor ``float32[P, dim + state]`` on ``device`` (the CPU, or
 ``cuda:N``): every operation is a torch call on that tensor, so the code is the same
-for any device. Keys stay on the host, sorted: a batch's keys find their rows with
-one ``np.searchsorted`` (no Python loop per key). The values the pass started from
-stay on the host (the delta's base), as do the per-row counts.
+for any device. Keys stay on the host, in the servers' vectorised hash index
+(``psfleet.ps.hash_index``: 0.6 ms for a batch of 13k keys among 1M, where a
+``np.searchsorted`` over the sorted keys takes 3 ms). The values the pass started
+from stay on the host (the delta's base), as do the per-row counts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from psfleet.errors import ConfigError, FatalError
+from psfleet.ps.hash_index import HashIndex
 from psfleet.ps.rules import Rule
 
 __all__ = ["PassRows", "split_pass"]
@@ -48,6 +50,8 @@ class PassRows:
     def __init__(self, keys: np.ndarray, rows: np.ndarray, dim: int, rule: Rule,
                  device: torch.device, label: str) -> None:
         self.keys = keys
+        self._index = HashIndex(keys.size)
+        self._index.insert_new(keys)  # row i holds keys[i]
         self.dim = dim
         self.rule = rule
         self.label = label
@@ -69,9 +73,8 @@ class PassRows:
             FatalError: a key is not in this pass (names the table and the key): the
                 ids given to ``begin_pass`` must include every id the pass reads.
         """
-        pos = np.searchsorted(self.keys, keys)
-        pos[pos == self.keys.size] = 0
-        missing = self.keys[pos] != keys if self.keys.size else np.ones(keys.size, bool)
+        pos = self._index.lookup(keys)
+        missing = pos < 0
         if missing.any():
             first = int(keys[np.flatnonzero(missing)[0]])
             raise FatalError(
