@@ -4,7 +4,8 @@ rows beyond the memory budget spill to RocksDB and come back when read, invisibl
 - A tiered table and an all-in-memory table given the same operations (pull with and
   without create, push, add, assign, load, contains) hold equal rows, bit for bit,
   while thousands of rows move between the tiers; with the ``ctr`` accessor also the
-  statistics through pushes with counts, days, shrink and base/delta saves.
+  statistics through pushes with counts, days, shrink and base/delta saves (the
+  same ``.sparse`` bytes; ``tests/test_disk_tier_save.py`` has the rest of saves).
 - The memory tier stays at its budget (rows and bytes); ``memory_budget_bytes`` sizes
   it by the bytes a row takes; a request with more keys than a shard holds is
   refused naming the setting; the folder is created under ``disk_dir`` and removed
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 
 from psfleet.errors import InvalidRequestError
 from psfleet.ps import RemoteClient, SparseTable, SparseTableConfig, TableService, start_server
-from psfleet.ps.persist_delta import snapshot_mode
+from psfleet.ps.persist_delta import snapshot_mode, write_mode_snapshot
 from psfleet.ps.types import AccessorConfig, RuleConfig
 from psfleet.rpc import RpcConfig
 
@@ -121,12 +122,20 @@ def test_ctr_statistics_shrink_and_saves_see_both_tiers(tmp_path: Path) -> None:
         np.testing.assert_array_equal(got, want)  # unseen_days counted on disk too
     for mode in ("base", "delta"):
         day(6)
-        got = snapshot_mode({7: tiered}, mode)
-        want = snapshot_mode({7: plain}, mode)
-        for a, b in zip(got.tables[7][1:], want.tables[7][1:], strict=True):
+        folders = []
+        for name, table in (("tiered", tiered), ("plain", plain)):
+            write_mode_snapshot(snapshot_mode({7: table}, mode), tmp_path / f"{mode}-{name}",
+                                0, {})
+            folders.append(tmp_path / f"{mode}-{name}" / "server-0")
+        got, want = ((f / "table-7.sparse").read_bytes() for f in folders)
+        assert got == want and len(got) > 50_000, mode  # rows of both tiers selected
+        stats = []
+        for folder in folders:  # the tiered file lists them by (bucket, key)
+            with np.load(folder / "table-7.stats") as saved:
+                order = np.argsort(saved["keys"])
+                stats.append((saved["keys"][order], saved["stats"][order]))
+        for a, b in zip(*stats, strict=True):
             np.testing.assert_array_equal(a, b, err_msg=mode)
-        np.testing.assert_array_equal(got.stats[7][1], want.stats[7][1], err_msg=mode)
-        assert got.tables[7][1].size > 0
     deleted = plain.shrink()
     assert deleted > 0 and tiered.shrink() == deleted
     _assert_same(plain, tiered)

@@ -15,14 +15,20 @@ fixed size, which keeps the server's RSS at the memory tier's budget plus a cons
 Writes skip the write-ahead log: the tier is not durable (a restarted server reloads
 its rows from the newest checkpoint, as without a disk tier).
 
-A record is keyed by (shard, key): 1 byte then the key's 8 bytes big-endian, so each
-shard's rows are one key range. Its value is float32
+A record is keyed by (shard, bucket, key): the shard as 2 bytes, the key's virtual
+bucket (``psfleet.ps.routing.bucket_of``) as 4, then the key's 8 bytes, all big-endian,
+so each shard's rows are one key range, ordered by (bucket, key): the order of a
+``.sparse`` file (``psfleet.ps.persist``), which a save streams the rows in
+(:class:`DiskView`, ``psfleet.ps.persist_stream``). Its value is float32
 ``[width | stats (4, ctr tables) | saved | day]``: the row (values, then rule state),
 the statistics, the row's ``saved`` flag (in the base/delta chain) and the tier's day
 count when it spilled. ``age_one_day`` only counts days here; a row's unseen_days
-grow by the days it spent on disk when it is read. Every operation is vectorised over
-the request's keys: encoding, decoding and the store's batch calls run in C (no
-Python loop per key).
+grow by the days it spent on disk when it is read. The tier counts its rows per
+bucket, so a save knows its file's bucket index before it reads a row. Every
+operation of pull and push is vectorised over the request's keys: encoding, decoding
+and the store's batch calls run in C (no Python loop per key); a :class:`DiskView`
+steps a RocksDB iterator in a Python loop (rocksdict has no batch read of a range
+that keeps a fixed view), about 0.5 us a row, on the save path only.
 """
 
 from __future__ import annotations
@@ -41,11 +47,12 @@ from typing import Any, cast
 import numpy as np
 import rocksdict
 
+from psfleet.ps.routing import bucket_of
 from psfleet.ps.table_shard import UNSEEN_DAYS
 
-__all__ = ["DiskRows", "DiskTier"]
+__all__ = ["DiskRows", "DiskTier", "DiskView"]
 
-_KEY = np.dtype([("shard", "u1"), ("key", ">u8")])
+_KEY = np.dtype([("shard", ">u2"), ("bucket", ">u4"), ("key", ">u8")])
 _BLOCK_CACHE_BYTES = 32 << 20
 _WRITE_BUFFER_BYTES = 16 << 20
 
@@ -60,12 +67,15 @@ class DiskRows:
         stats: float32[F, 4] (unseen_days including the days on disk), or None for a
             table without CTR statistics.
         saved: bool[F]: the row was in the base/delta chain when it spilled.
+        buckets: int64[F]: the keys' virtual buckets (rows read by a
+            :class:`DiskView`), or None.
     """
 
     keys: np.ndarray
     data: np.ndarray
     stats: np.ndarray | None
     saved: np.ndarray
+    buckets: np.ndarray | None = None
 
 
 class DiskTier:
@@ -75,6 +85,7 @@ class DiskTier:
     Args:
         width: floats per row (dim + rule state).
         stats: rows carry CTR statistics (4 float32).
+        num_buckets: the table's virtual buckets (``SparseTableConfig.num_buckets``).
         disk_dir: the folder to create this tier's folder in (None: the system's
             temporary folder).
         label: the table's name, in the folder's name.
@@ -83,9 +94,11 @@ class DiskTier:
         OSError: the folder cannot be created (names it).
     """
 
-    def __init__(self, width: int, stats: bool, disk_dir: str | None, label: str) -> None:
+    def __init__(self, width: int, stats: bool, disk_dir: str | None, label: str,
+                 num_buckets: int = 4096) -> None:
         self.width = width
         self.has_stats = stats
+        self.num_buckets = num_buckets
         self._record = width + (4 if stats else 0) + 2  # floats per record
         parent = Path(disk_dir) if disk_dir else Path(tempfile.gettempdir())
         parent.mkdir(parents=True, exist_ok=True)
@@ -104,6 +117,7 @@ class DiskTier:
         write.disable_wal = True  # type: ignore[method-assign,assignment]  # a property
         self._db.set_write_options(write)
         self._counts: collections.Counter[int] = collections.Counter()  # rows per shard
+        self._bucket_rows = np.zeros(num_buckets, dtype=np.int64)  # rows per bucket
         self._lock = threading.Lock()  # the counts and the day
         self.day = 0
         self._closer = weakref.finalize(self, _close, self._db, self.path)
@@ -134,6 +148,23 @@ class DiskTier:
         data float32[n, width]; stats float32[n, 4] or None; saved bool[n])."""
         if not keys.size:
             return
+        buckets = self._put(shard, keys, data, stats, saved)
+        with self._lock:
+            self._counts[shard] += keys.size
+            np.add.at(self._bucket_rows, buckets, 1)
+
+    def rewrite(self, shard: int, keys: np.ndarray, data: np.ndarray,
+                stats: np.ndarray | None, saved: np.ndarray) -> None:
+        """Write rows over the records of the same ``keys`` (uint64[n], all on disk;
+        the other arguments as :meth:`spill`): a save's reset of delta_score and
+        ``saved``. The rows count as spilled today (their stats' unseen_days are
+        as of now)."""
+        if keys.size:
+            self._put(shard, keys, data, stats, saved)
+
+    def _put(self, shard: int, keys: np.ndarray, data: np.ndarray,
+             stats: np.ndarray | None, saved: np.ndarray) -> np.ndarray:
+        """Write the records of ``keys`` (see :meth:`spill`); returns their buckets."""
         record = np.empty((keys.size, self._record), dtype=np.float32)
         record[:, : self.width] = data
         if self.has_stats:
@@ -141,13 +172,13 @@ class DiskTier:
             record[:, self.width: self.width + 4] = stats
         record[:, -2] = saved
         record[:, -1] = self.day
+        encoded, buckets = self._encode(shard, keys)
         batch = rocksdict.WriteBatch(raw_mode=True)
-        collections.deque(map(batch.put, self._encode(shard, keys),
+        collections.deque(map(batch.put, encoded,
                               record.view(f"V{4 * self._record}").ravel().tolist()),
                           maxlen=0)
         self._db.write(batch)
-        with self._lock:
-            self._counts[shard] += keys.size
+        return buckets
 
     def read(self, shard: int, keys: np.ndarray, take: bool) -> tuple[np.ndarray, DiskRows]:
         """The rows of distinct ``keys`` (uint64[N]) that are on disk.
@@ -160,12 +191,12 @@ class DiskTier:
         """
         if not keys.size or not self.rows_in(shard):
             return np.zeros(keys.size, dtype=bool), self._decode(keys[:0], b"")
-        encoded = self._encode(shard, keys)
+        encoded, buckets = self._encode(shard, keys)
         values = cast(list[Any], self._db.get(cast(list[Any], encoded)))  # None: absent
         found = np.fromiter(map(bool, values), dtype=np.bool_, count=keys.size)
         rows = self._decode(keys[found], b"".join(itertools.compress(values, found)))
         if take and rows.keys.size:
-            self._delete(shard, list(itertools.compress(encoded, found)))
+            self._delete(shard, list(itertools.compress(encoded, found)), buckets[found])
         return found, rows
 
     def delete(self, shard: int, keys: np.ndarray) -> int:
@@ -178,18 +209,32 @@ class DiskTier:
         """Delete the rows of distinct ``keys`` (uint64[n]), all on disk (found by
         :meth:`read`): a promotion once the rows are in memory."""
         if keys.size:
-            self._delete(shard, self._encode(shard, keys))
+            self._delete(shard, *self._encode(shard, keys))
 
     def scan(self, shard: int) -> DiskRows:
-        """Every row of ``shard`` on disk, ascending by key."""
+        """Every row of ``shard`` on disk, ascending by (bucket, key)."""
         if not self.rows_in(shard):
             return self._decode(np.zeros(0, dtype=np.uint64), b"")
         bound = rocksdict.ReadOptions()
-        bound.set_iterate_upper_bound(bytes([shard + 1]) if shard < 255 else b"\xff" * 10)
-        items = list(self._db.items(from_key=bytes([shard]), read_opt=bound))
+        bound.set_iterate_upper_bound((shard + 1).to_bytes(2, "big"))
+        items = list(self._db.items(from_key=shard.to_bytes(2, "big"), read_opt=bound))
         keys = np.frombuffer(b"".join(map(operator.itemgetter(0), items)), dtype=_KEY)["key"]
         return self._decode(keys.astype(np.uint64),
                             b"".join(map(operator.itemgetter(1), items)))
+
+    def view(self, shard: int, num_shards: int) -> DiskView:
+        """The rows of ``shard`` as they are now, to read later while the tier changes
+        (a save's copy: call with the shard's lock held, read after releasing it).
+
+        Args:
+            shard: the shard; its buckets are ``shard, shard + num_shards, ...``
+                (``SparseTable``: bucket % num_shards).
+            num_shards: the table's shards.
+        """
+        with self._lock:
+            counts = self._bucket_rows[shard::num_shards].copy()
+            day = self.day
+        return DiskView(self, shard, num_shards, counts, day, self._db.iter())
 
     def rewrite_stats(self, shard: int, keys: np.ndarray, stats: np.ndarray) -> None:
         """Replace the statistics (float32[n, 4], unseen_days as of now) of the rows
@@ -215,27 +260,93 @@ class DiskTier:
 
     # -- encoding --------------------------------------------------------------------
 
-    @staticmethod
-    def _encode(shard: int, keys: np.ndarray) -> list[bytes]:
+    def _encode(self, shard: int, keys: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+        """(the records' keys, the keys' buckets int64[n])."""
+        buckets = bucket_of(keys, self.num_buckets)
         encoded = np.empty(keys.size, dtype=_KEY)
         encoded["shard"] = shard
+        encoded["bucket"] = buckets
         encoded["key"] = keys
-        return encoded.view("V9").tolist()  # type: ignore[no-any-return]
+        return encoded.view(f"V{_KEY.itemsize}").tolist(), buckets
 
-    def _decode(self, keys: np.ndarray, values: bytes) -> DiskRows:
+    def _decode(self, keys: np.ndarray, values: bytes, day: int | None = None) -> DiskRows:
+        """The records ``values`` of ``keys``, unseen_days as of ``day`` (None: now)."""
         record = np.frombuffer(values, dtype=np.float32).reshape(-1, self._record)
         stats = None
         if self.has_stats:
             stats = record[:, self.width: self.width + 4].copy()
-            stats[:, UNSEEN_DAYS] += self.day - record[:, -1]  # the days spent on disk
+            # the days spent on disk
+            stats[:, UNSEEN_DAYS] += (self.day if day is None else day) - record[:, -1]
         return DiskRows(keys, record[:, : self.width].copy(), stats, record[:, -2] != 0)
 
-    def _delete(self, shard: int, encoded: list[bytes]) -> None:
+    def _delete(self, shard: int, encoded: list[bytes], buckets: np.ndarray) -> None:
         batch = rocksdict.WriteBatch(raw_mode=True)
         collections.deque(map(batch.delete, encoded), maxlen=0)
         self._db.write(batch)
         with self._lock:
             self._counts[shard] -= len(encoded)
+            np.subtract.at(self._bucket_rows, buckets, 1)
+
+
+class DiskView:
+    """One shard's rows on the disk tier at one moment, read in (bucket, key) order
+    while the tier goes on changing: a RocksDB iterator sees the store as it was when
+    it was created (it pins that version's memtables and files until it is dropped,
+    so the tier's files may grow meanwhile). Made by :meth:`DiskTier.view`; not
+    thread safe (one reader). ``rocksdict``'s ``Snapshot`` is not used: its
+    iterators read the live store (rocksdict 0.3.29).
+
+    Attributes:
+        shard: the shard.
+        num_shards: the table's shards (the shard's buckets: ``shard + j * num_shards``).
+        bucket_rows: int64[ceil((num_buckets - shard) / num_shards)]: the rows of
+            bucket ``shard + j * num_shards`` at ``[j]``.
+        day: the tier's day count then (unseen_days of rows read are as of it).
+    """
+
+    def __init__(self, tier: DiskTier, shard: int, num_shards: int,
+                 bucket_rows: np.ndarray, day: int, iterator: rocksdict.RdictIter) -> None:
+        self.shard = shard
+        self.bucket_rows = bucket_rows
+        self.day = day
+        self._tier = tier
+        self.num_shards = num_shards
+        self._iter = iterator
+        self._next_bucket = 0  # the first bucket not read yet
+        self.rewind()
+
+    def rewind(self) -> None:
+        """Read from the shard's first row again."""
+        self._iter.seek(self.shard.to_bytes(2, "big"))
+        self._next_bucket = 0
+
+    def read_to(self, bucket: int) -> DiskRows:
+        """The rows of the buckets below ``bucket`` not read yet (with ``buckets``),
+        ascending by (bucket, key); unseen_days as of :attr:`day`.
+
+        Raises:
+            RuntimeError: the store holds fewer rows than counted (a bug).
+        """
+        first = -(-(self._next_bucket - self.shard) // self.num_shards)
+        last = -(-(bucket - self.shard) // self.num_shards)
+        n = int(self.bucket_rows[max(first, 0): max(last, 0)].sum())
+        self._next_bucket = max(self._next_bucket, bucket)
+        it, keys, values = self._iter, [], []
+        for _ in range(n):
+            if not it.valid():
+                raise RuntimeError(f"disk tier {self._tier.path}: shard {self.shard} holds "
+                                   f"fewer rows than its bucket counts")
+            keys.append(it.key())
+            values.append(it.value())
+            it.next()
+        record = np.frombuffer(b"".join(keys), dtype=_KEY)
+        rows = self._tier._decode(record["key"].astype(np.uint64), b"".join(values), self.day)
+        rows.buckets = record["bucket"].astype(np.int64)
+        return rows
+
+    def close(self) -> None:
+        """Drop the iterator (the store's pinned files can go)."""
+        del self._iter
 
 
 def _close(db: rocksdict.Rdict, path: Path) -> None:

@@ -23,7 +23,8 @@ owns now (``BucketRouter``: bucket ``b`` -> server ``b % server_num``) and the d
 elements of its current blocks, so a save loads into any server count.
 
 Every file is written under a temporary name and renamed when complete; each write
-returns the file's SHA-256 for the manifest.
+returns the file's SHA-256 for the manifest. A table with a disk tier writes the same
+files from a stream (``psfleet.ps.persist_stream``, :class:`StreamedTable`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import json
 import struct
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 import numpy as np
 
@@ -46,7 +47,8 @@ from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.types import TableConfig, table_config_from_json
 
 __all__ = ["save_server", "load_server", "snapshot_tables", "write_snapshot",
-           "saved_table_configs", "saved_dense_index", "Snapshot", "FORMAT_VERSION"]
+           "saved_table_configs", "saved_dense_index", "Snapshot", "StreamedTable",
+           "FORMAT_VERSION"]
 
 FORMAT_VERSION = 2
 
@@ -58,6 +60,17 @@ _MERGE_GAP_BYTES = 1 << 18
 
 #: One table's copy taken at one moment: sparse (keys, rows) or dense (values, state).
 Snapshot = dict[int, tuple[TableConfig, np.ndarray, np.ndarray]]
+
+
+class StreamedTable(Protocol):
+    """A table's copy written as a stream (a tiered table: ``psfleet.ps.persist_stream``)."""
+
+    @property
+    def config(self) -> TableConfig:
+        """The table's config (``tables.json``)."""
+
+    def write(self, storage: Storage, folder: str, table_id: int) -> list[FileDigest]:
+        """Write the table's files under ``folder``; their digests."""
 
 
 def _storage(dirname: str | Path | Storage) -> Storage:
@@ -114,7 +127,8 @@ def _sparse_bytes(config: TableConfig, keys: np.ndarray, rows: np.ndarray
 
 def write_snapshot(snapshot: Snapshot, dirname: str | Path | Storage, server_index: int,
                    dense_index: Mapping[int, np.ndarray],
-                   stats: StatsSnapshot | None = None) -> list[FileDigest]:
+                   stats: StatsSnapshot | None = None,
+                   streamed: Mapping[int, StreamedTable] | None = None) -> list[FileDigest]:
     """Write a snapshot's files under ``dirname/server-<server_index>/``.
 
     Args:
@@ -124,6 +138,7 @@ def write_snapshot(snapshot: Snapshot, dirname: str | Path | Storage, server_ind
         dirname: the save's folder (a path, an fsspec URL or a Storage).
         server_index: this server's index.
         dense_index: for each dense table, the flat indices (int64[n]) of its elements.
+        streamed: tables (not in ``snapshot``) whose files they write themselves.
 
     Returns:
         The digest (path relative to ``dirname``, bytes, SHA-256) of every file written.
@@ -139,7 +154,14 @@ def write_snapshot(snapshot: Snapshot, dirname: str | Path | Storage, server_ind
     folder = f"server-{server_index}"
     digests = []
     configs = {}
-    for table_id, (config, a, b) in sorted(snapshot.items()):
+    streamed = streamed or {}
+    for table_id in sorted({*snapshot, *streamed}):
+        if table_id in streamed:
+            stream = streamed[table_id]
+            configs[str(table_id)] = json.loads(stream.config.model_dump_json())
+            digests += stream.write(storage, folder, table_id)
+            continue
+        config, a, b = snapshot[table_id]
         configs[str(table_id)] = json.loads(config.model_dump_json())
         if config.kind == "sparse":
             rel = f"{folder}/table-{table_id}.sparse"

@@ -46,6 +46,9 @@ A base followed by its deltas, loaded in order, equals the table at the last del
 
 A delta save resets delta_score and clears the tombstones when it takes its copy; a
 write that fails afterwards loses them (take a base save next).
+
+A table with a disk tier is copied and written by ``psfleet.ps.persist_stream`` in
+every mode (its memory tier copied, its disk rows streamed into the same files).
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ from psfleet.ps.persist import (
     write_snapshot,
 )
 from psfleet.ps.persist_stats import StatsSnapshot, snapshot_stats
+from psfleet.ps.persist_stream import TieredSnapshot, snapshot_tiered
 from psfleet.ps.routing import BucketRouter, bucket_of
 from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.table_shard import DELTA_SCORE
@@ -106,12 +110,15 @@ class ModeSnapshot:
         tables: ``{table_id: (config, keys, rows)}`` (``psfleet.ps.persist.Snapshot``).
         stats: the ctr tables' statistics of the same rows.
         tombs: ctr table id -> tombstone keys uint64[t], ascending.
+        streamed: the tables with a disk tier, by id (their rows, statistics and
+            tombstones are in them instead).
     """
 
     mode: SaveMode
     tables: Snapshot
     stats: StatsSnapshot
     tombs: dict[int, np.ndarray] = field(default_factory=dict)
+    streamed: dict[int, TieredSnapshot] = field(default_factory=dict)
 
 
 def _is_ctr(table: Table) -> bool:
@@ -120,8 +127,9 @@ def _is_ctr(table: Table) -> bool:
 
 def _select_ctr(table: SparseTable, mode: SaveMode
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(keys, rows, stats, tombstones) a base/delta save of a ctr table writes, each
-    shard under its lock, and the table's save state updated (module docstring)."""
+    """(keys, rows, stats, tombstones) a base/delta save of a ctr table without a disk
+    tier writes, each shard under its lock, and the table's save state updated
+    (module docstring)."""
     accessor = CtrAccessor(table.config.accessor)
     keys, rows, stats, tombs = [], [], [], []
     for shard in table.shards:
@@ -139,20 +147,6 @@ def _select_ctr(table: SparseTable, mode: SaveMode
             rows.append(shard.data[chosen])
             stats.append(shard.stats[chosen])
             tombs.append(shard.take_tombstones(clear=True))
-            spilled = table.disk.scan(shard.number) if table.disk is not None else None
-            if spilled is not None and spilled.keys.size:  # the same, on the disk tier
-                assert table.disk is not None and spilled.stats is not None
-                pick = accessor.save_selection(spilled.stats, mode == "delta")
-                if mode == "base":
-                    spilled.stats[:, DELTA_SCORE] = 0
-                    spilled.saved[:] = False
-                else:
-                    spilled.stats[pick, DELTA_SCORE] = 0
-                spilled.saved[pick] = True
-                table.disk.replace(shard.number, spilled)
-                keys.append(spilled.keys[pick])
-                rows.append(spilled.data[pick])
-                stats.append(spilled.stats[pick])
     all_keys = np.concatenate(keys)
     order = np.argsort(all_keys)
     all_keys = all_keys[order]
@@ -160,6 +154,16 @@ def _select_ctr(table: SparseTable, mode: SaveMode
     dead = dead[~np.isin(dead, all_keys)] if mode == "delta" else dead[:0]
     return (all_keys, np.concatenate(rows)[order], np.concatenate(stats)[order],
             np.sort(dead))
+
+
+def _is_tiered(table: Table) -> bool:
+    return isinstance(table, SparseTable) and table.disk is not None
+
+
+def _stream(tables: Mapping[int, Table], mode: SaveMode) -> dict[int, TieredSnapshot]:
+    """The copies of the tables with a disk tier (``persist_stream.snapshot_tiered``)."""
+    return {tid: snapshot_tiered(t, mode) for tid, t in sorted(tables.items())
+            if isinstance(t, SparseTable) and t.disk is not None}
 
 
 def snapshot_mode(tables: Mapping[int, Table], mode: SaveMode) -> ModeSnapshot:
@@ -173,12 +177,14 @@ def snapshot_mode(tables: Mapping[int, Table], mode: SaveMode) -> ModeSnapshot:
     check_save_mode(mode)
     if mode == "full":
         tombs: dict[int, np.ndarray] = {}
-        for tid, t in tables.items():
+        in_memory = {tid: t for tid, t in tables.items() if not _is_tiered(t)}
+        for tid, t in in_memory.items():
             if _is_ctr(t):
                 assert isinstance(t, SparseTable)
                 tombs[tid] = np.unique(np.concatenate(
                     [s.take_tombstones(clear=False) for s in t.shards]))
-        return ModeSnapshot(mode, snapshot_tables(tables), snapshot_stats(tables), tombs)
+        return ModeSnapshot(mode, snapshot_tables(in_memory), snapshot_stats(in_memory),
+                            tombs, _stream(tables, mode))
     if mode == "delta":
         untracked = [f"{tid} ({t.config.name!r})" for tid, t in sorted(tables.items())
                      if isinstance(t, SparseTable) and not _is_ctr(t)
@@ -188,8 +194,10 @@ def snapshot_mode(tables: Mapping[int, Table], mode: SaveMode) -> ModeSnapshot:
                               "evict rows but have no ctr accessor (no delta_score nor "
                               "tombstones); give them accessor name 'ctr', or save with "
                               "mode 'full' or 'base'")
-    out = ModeSnapshot(mode, {}, {}, {})
+    out = ModeSnapshot(mode, {}, {}, {}, _stream(tables, mode))
     for tid, table in tables.items():
+        if _is_tiered(table):
+            continue
         if _is_ctr(table):
             assert isinstance(table, SparseTable)
             keys, rows, stats, dead = _select_ctr(table, mode)
@@ -210,8 +218,12 @@ def write_mode_snapshot(snap: ModeSnapshot, dirname: str | Path | Storage,
     ``save.json``. Returns every file's digest; raises as ``write_snapshot``."""
     storage = _storage(dirname)
     folder = f"server-{server_index}"
-    digests = write_snapshot(snap.tables, storage, server_index, dense_index, snap.stats)
-    for table_id, keys in sorted(snap.tombs.items()):
+    digests = write_snapshot(snap.tables, storage, server_index, dense_index, snap.stats,
+                             snap.streamed)
+    tombs = dict(snap.tombs)
+    tombs.update({tid: s.tombs for tid, s in snap.streamed.items() if s.tombs is not None
+                  and snap.mode != "base"})
+    for table_id, keys in sorted(tombs.items()):
         rel = f"{folder}/table-{table_id}.tomb"
         with storage.write(rel) as writer:
             writer.write(_TOMB_HEADER.pack(_TOMB_MAGIC, TOMB_VERSION, 0, keys.size))

@@ -3,11 +3,13 @@
 A sparse table with the ``ctr`` accessor keeps show, click, unseen_days and
 delta_score per row (``psfleet.ps.table_shard.STAT_COLUMNS``). A save writes them to
 ``server-<i>/table-<id>.stats`` next to ``table-<id>.sparse``: an npz with ``keys``
-uint64[n] (sorted) and ``stats`` float32[n, 4]. Loading keeps the rows whose bucket
-the loading server owns now (as the ``.sparse`` rows, so any server count works) and
-sets their statistics with ``SparseTable.load_stats`` after the rows are loaded; keys
-without a loaded row are ignored. A save without ``.stats`` files (older saves, or
-tables without the accessor) loads with statistics at zero.
+uint64[n] and ``stats`` float32[n, 4], sorted by key (a table in memory) or by
+(bucket, key) (a tiered table's, streamed: ``psfleet.ps.persist_stream``). Loading
+keeps the rows whose bucket the loading server owns now (as the ``.sparse`` rows, so
+any server count works) and sets their statistics with ``SparseTable.load_stats``
+after the rows are loaded; keys without a loaded row are ignored. A save without
+``.stats`` files (older saves, or tables without the accessor) loads with statistics
+at zero.
 """
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ class SparseTable(LifecycleOps):
         self.state_width = self.rule.state_width(config.dim)
         width = self.dim + self.state_width
         accessor = config.accessor
-        self._disk = DiskTier(width, accessor.name == "ctr", accessor.disk_dir, config.name) \
-            if accessor.tiered else None
+        self._disk = DiskTier(width, accessor.name == "ctr", accessor.disk_dir, config.name,
+                              config.num_buckets) if accessor.tiered else None
         life = Lifecycle(accessor, config.num_shards, self._disk,
                          self.memory_rows(config)) if accessor.active else None
         self._life = life
