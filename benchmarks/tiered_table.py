@@ -1,7 +1,7 @@
 """The disk tier of a sparse table (``accessor.memory_rows``): the store, the table's
 rates per tier, and a job whose table takes 4x its memory budget.
 
-Three parts, each printing JSON lines (``"kind"``):
+Four parts, each printing JSON lines (``"kind"``):
 
 - ``store``: the embedded stores the tier could use, RocksDB (``rocksdict``, chosen) and
   LMDB, given the tier's batch operations on ``--store_rows`` rows of 193 float32
@@ -12,6 +12,13 @@ Three parts, each printing JSON lines (``"kind"``):
   rows, once all in memory and once with ``memory_rows`` a quarter of them: rows/s of
   pulls and pushes of batches of 4,096 keys drawn from the rows in memory ("hot") and
   from the rows on disk ("cold": every row read is promoted, another spilled).
+- ``save``: a full save (as a checkpoint or the export at the end of a run) of an
+  in-process table of ``--table_rows`` rows (dim 64, Adam, 8 shards), all in memory and
+  with ``memory_rows`` a quarter of them: the save's seconds (the copy taken under the
+  push gate, and in all) and this process's peak RSS growth during it (sampled every
+  2 ms, and the kernel's peak, VmHWM, reset before the save where allowed), beside
+  the table's own memory. A tiered save copies its memory tier and streams its disk
+  rows (``psfleet.ps.persist_stream``).
 - ``job``: ``psfleet train`` of ``examples/criteo_dnn`` with dim 64 on the 1M-row
   benchmark data, async, 1 server x 1 worker, 1 epoch, batch 512, no export at the end,
   without a budget and with ``memory_budget_bytes`` a quarter of the first run's table
@@ -20,23 +27,27 @@ Three parts, each printing JSON lines (``"kind"``):
 
     python benchmarks/tiered_table.py                         # every part, as BENCHMARKS.md
     python benchmarks/tiered_table.py --parts store,table     # no training job
+    python benchmarks/tiered_table.py --parts save            # a save's peak memory
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
-from common import DEFAULT_CACHE_DIR, REPO_ROOT, emit, ensure_criteo, log, rss_bytes
+from common import DEFAULT_CACHE_DIR, REPO_ROOT, _status_kb, emit, ensure_criteo, log, rss_bytes
 from e2e_throughput import run_once
 
 CONFIG = REPO_ROOT / "examples" / "criteo_dnn" / "config.yaml"
@@ -200,6 +211,79 @@ def table_part(rows: int) -> list[dict[str, Any]]:
     return results
 
 
+def _peak_rss_growth(call: Callable[[], None]) -> int:
+    """Bytes this process's RSS grew at most during ``call()`` over its RSS before:
+    the larger of the RSS sampled every 2 ms and the kernel's peak (VmHWM, reset
+    first through /proc/self/clear_refs where the kernel allows it)."""
+    before = rss_bytes()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        hwm_reset = True
+    except OSError:
+        hwm_reset = False
+    peak = [before]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_bytes())
+            done.wait(0.002)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        call()
+    finally:
+        done.set()
+        sampler.join()
+    if hwm_reset:
+        peak[0] = max(peak[0], _status_kb("self", "VmHWM:") * 1024)
+    return peak[0] - before
+
+
+def save_part(rows: int) -> list[dict[str, Any]]:
+    """A full save's seconds and peak RSS growth, tiered (memory_rows = rows / 4) and not."""
+    from psfleet.ps import SparseTable, SparseTableConfig
+    from psfleet.ps.persist_delta import snapshot_mode, write_mode_snapshot
+    from psfleet.ps.types import AccessorConfig, RuleConfig
+
+    keys = _keys(np.random.default_rng(1), rows)
+    results = []
+    for tiered in (False, True):
+        accessor = AccessorConfig(memory_rows=rows // 4) if tiered else AccessorConfig()
+        table = SparseTable(SparseTableConfig(name="bench", dim=64, rule=RuleConfig(),
+                                              num_shards=8, accessor=accessor))
+        for i in range(0, rows, 4_096):
+            table.pull(keys[i:i + 4_096])
+        folder = Path(tempfile.mkdtemp(prefix="psfleet-bench-save-"))
+        seconds: dict[str, float] = {}
+
+        def save(table: SparseTable = table, folder: Path = folder,
+                 seconds: dict[str, float] = seconds) -> None:
+            start = time.perf_counter()
+            snapshot = snapshot_mode({1: table}, "full")
+            seconds["copy"] = time.perf_counter() - start
+            write_mode_snapshot(snapshot, folder, 0, {})
+            seconds["all"] = time.perf_counter() - start
+
+        gc.collect()
+        try:
+            grown = _peak_rss_growth(save)
+            file_bytes = (folder / "server-0" / "table-1.sparse").stat().st_size
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        record = {"kind": "save", "mode": "full", "tiered": tiered, "rows": rows,
+                  "memory_rows": rows // 4 if tiered else None,
+                  "disk_rows": table.disk_rows, "table_memory_mb": table.memory_bytes / 1e6,
+                  "file_mb": file_bytes / 1e6, "copy_s": seconds["copy"],
+                  "save_s": seconds["all"], "save_peak_rss_growth_mb": grown / 1e6}
+        table.close()
+        del table
+        log(f"tiered_table: save: {json.dumps(record)}")
+        results.append(record)
+    return results
+
+
 def _job_config(train: Path, test: Path, out: Path, budget: int | None) -> dict[str, Any]:
     config = yaml.safe_load(CONFIG.read_text())
     runner = config["runner"]
@@ -251,7 +335,7 @@ def job_part(train_rows: int, test_rows: int, cache_dir: Path,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="store,table,job")
+    parser.add_argument("--parts", default="store,table,save,job")
     parser.add_argument("--store_rows", type=int, default=400_000)
     parser.add_argument("--table_rows", type=int, default=1_000_000)
     parser.add_argument("--train_rows", type=int, default=1_000_000)
@@ -260,14 +344,17 @@ def main() -> None:
     parser.add_argument("--timeout_s", type=float, default=3600.0)
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    unknown = parts - {"store", "table", "job"}
+    unknown = parts - {"store", "table", "save", "job"}
     if unknown:
-        parser.error(f"--parts: {sorted(unknown)} unknown; the parts are store, table, job")
+        parser.error(f"--parts: {sorted(unknown)} unknown; the parts are store, table, "
+                     "save, job")
     records: list[dict[str, Any]] = []
     if "store" in parts:
         records += store_part(args.store_rows)
     if "table" in parts:
         records += table_part(args.table_rows)
+    if "save" in parts:
+        records += save_part(args.table_rows)
     if "job" in parts:
         records += job_part(args.train_rows, args.test_rows, args.cache_dir, args.timeout_s)
     for record in records:

@@ -34,3 +34,12 @@ def test_store_and_table_parts_and_their_section() -> None:
     (row,) = report_tiered.tiered_targets(stores + [plain, tiered])
     assert row[2:] == ["not measured", "not measured"]
     assert report_tiered.tiered_section([]) == "Not run."
+
+
+def test_save_part_reports_each_saves_peak_memory() -> None:
+    plain, tiered = tiered_table.save_part(40_000)
+    assert (plain["tiered"], tiered["tiered"]) == (False, True)
+    assert tiered["disk_rows"] >= 40_000 // 2 and plain["file_mb"] == tiered["file_mb"] > 0
+    for record in (plain, tiered):
+        assert record["save_s"] >= record["copy_s"] > 0
+        assert record["save_peak_rss_growth_mb"] >= 0
