@@ -47,6 +47,7 @@ def tiered_section(records: list[Record]) -> str:
     stores = [r for r in records if r.get("kind") == "store"]
     tables = [r for r in records if r.get("kind") == "table"]
     jobs = [r for r in records if r.get("kind") == "job"]
+    saves = [r for r in records if r.get("kind") == "save"]
     parts = []
     if stores:
         rows = [[r["store"], _num(r["put_rows_per_s"], 0), _num(r["get_rows_per_s"], 0),
@@ -73,6 +74,17 @@ def tiered_section(records: list[Record]) -> str:
             "spills another row), in memory in the other.\n\n"
             + _table(["table", "pull hot rows/s", "push hot rows/s", "pull cold rows/s",
                       "push cold rows/s", "memory MB", "disk MB"], rows))
+    if saves:
+        rows = [["memory_rows " + f"{r['memory_rows']:,}" if r["tiered"] else "all in memory",
+                 _num(r["save_peak_rss_growth_mb"], 0), _num(r["copy_s"], 2),
+                 _num(r["save_s"], 1), _num(r["file_mb"], 0)] for r in saves]
+        parts.append(
+            f"**A save.** A full save of the same table ({saves[0]['rows']:,} rows) to "
+            "local files, as a checkpoint or the export does it: the server's RSS growth, "
+            "the time pushes wait (the copy under the push gate) and the whole save. A "
+            "tiered save copies its memory tier and streams its disk rows in chunks.\n\n"
+            + _table(["table", "peak RSS growth MB", "pushes held s", "save s", "file MB"],
+                     rows))
     if jobs:
         rows = [[r["case"], _num(r["test_auc"], 4), _num(r["examples_per_s"], 0),
                  _num(r.get("server_peak_rss_mb"), 0), f"{r['rows']:,}",
@@ -86,10 +98,9 @@ def tiered_section(records: list[Record]) -> str:
         parts.append(
             f"**A job.** `examples/criteo_dnn` with `sparse_feature_dim: 64` on "
             f"{jobs[0]['train_rows']:,} rows, async, 1 server x 1 worker, 1 epoch, batch "
-            "512, `export_model: false` (a save still copies a tiered table's every row "
-            "into memory); the second run with `sparse_accessor.memory_budget_bytes` a "
-            "quarter of the first run's table bytes. Table figures at the end of training "
-            "(Stats)."
+            "512, with the export at the end (its save streams the disk rows); the "
+            "second run with `sparse_accessor.memory_budget_bytes` a quarter of the first "
+            "run's table bytes. Table figures at the end of training (Stats)."
             + check + "\n\n"
             + _table(["case", "test AUC", "examples/s", "server peak RSS MB", "rows",
                       "rows on disk", "table memory MB", "disk MB"], rows))

@@ -43,3 +43,6 @@ def test_save_part_reports_each_saves_peak_memory() -> None:
     for record in (plain, tiered):
         assert record["save_s"] >= record["copy_s"] > 0
         assert record["save_peak_rss_growth_mb"] >= 0
+    section = report_tiered.tiered_section([plain, tiered])
+    assert "**A save.**" in section and "| memory_rows 10,000 |" in section
+    assert "| all in memory |" in section
