@@ -77,7 +77,6 @@ from psfleet.ps.persist_stats import StatsSnapshot, snapshot_stats
 from psfleet.ps.persist_stream import TieredSnapshot, snapshot_tiered
 from psfleet.ps.routing import BucketRouter, bucket_of
 from psfleet.ps.sparse_table import SparseTable
-from psfleet.ps.table_shard import DELTA_SCORE
 from psfleet.ps.types import SAVE_MODES, SaveMode, SparseTableConfig
 
 __all__ = ["ModeSnapshot", "check_save_mode", "snapshot_mode", "write_mode_snapshot",
@@ -137,12 +136,7 @@ def _select_ctr(table: SparseTable, mode: SaveMode
             assert shard.stats is not None and shard.saved is not None
             live = shard.live_rows()
             chosen = live[accessor.save_selection(shard.stats[live], mode == "delta")]
-            if mode == "base":
-                shard.stats[live, DELTA_SCORE] = 0
-                shard.saved[live] = False
-            else:
-                shard.stats[chosen, DELTA_SCORE] = 0
-            shard.saved[chosen] = True
+            shard.mark_saved(live, chosen, base=mode == "base")
             keys.append(shard.row_keys[chosen])
             rows.append(shard.data[chosen])
             stats.append(shard.stats[chosen])

@@ -269,12 +269,7 @@ def snapshot_tiered(table: SparseTable, mode: SaveMode) -> TieredSnapshot:
             if select is not None:
                 assert shard.stats is not None and shard.saved is not None
                 chosen = live[select.save_selection(shard.stats[live], delta)]
-                if mode == "base":
-                    shard.stats[live, DELTA_SCORE] = 0
-                    shard.saved[live] = False
-                else:
-                    shard.stats[chosen, DELTA_SCORE] = 0
-                shard.saved[chosen] = True
+                shard.mark_saved(live, chosen, base=mode == "base")
                 live = chosen
             keys = shard.row_keys[live]
             buckets = bucket_of(keys, config.num_buckets)

@@ -134,6 +134,19 @@ class Shard:
             self.saved[rows] = False
         self.index.remove_rows(rows)
 
+    def mark_saved(self, live: np.ndarray, chosen: np.ndarray, base: bool) -> None:
+        """A base or delta save's bookkeeping (caller holds the lock; a shard with
+        statistics): ``chosen`` (int64[C], the rows the save writes, among ``live``
+        int64[L]) join the base/delta chain with delta_score 0; a ``base`` save first
+        takes every live row out of the chain and zeroes its delta_score."""
+        assert self.stats is not None and self.saved is not None  # a ctr table's shard
+        if base:
+            self.stats[live, DELTA_SCORE] = 0
+            self.saved[live] = False
+        else:
+            self.stats[chosen, DELTA_SCORE] = 0
+        self.saved[chosen] = True
+
     def add_tombstones(self, keys: np.ndarray) -> None:
         """Append ``keys`` (uint64[n]) to the tombstones (the buffer doubles when full)."""
         end = self.tomb_count + keys.size
