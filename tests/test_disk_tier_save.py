@@ -27,6 +27,8 @@ from psfleet.ps.persist_delta import snapshot_mode, write_mode_snapshot
 from psfleet.ps.restore import replay
 from psfleet.ps.types import AccessorConfig, RuleConfig
 
+pytestmark = pytest.mark.unit
+
 DIM = 4
 MEMORY_ROWS = 1_000
 ROWS = 4 * MEMORY_ROWS

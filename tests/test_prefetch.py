@@ -38,9 +38,10 @@ class CountingClient(RemoteClient):
         return super().pull_sparse(table_id, keys, create)
 
     def start_pull_sparse(self, table_id: int, keys: np.ndarray,
-                          create: bool = True) -> object:
+                          create: bool = True, with_state: bool = False) -> object:
         self.pulls += 1
-        return super().start_pull_sparse(table_id, keys, create)  # type: ignore[no-any-return]
+        return super().start_pull_sparse(  # type: ignore[no-any-return]
+            table_id, keys, create, with_state)
 
 
 @pytest.fixture
