@@ -33,7 +33,9 @@ def tiered_targets(records: list[Record]) -> list[list[str]]:
     """The Targets-table row of issue 19's disk tier: the server's peak RSS of the
     1M-row dim-64 job whose table takes 4x its budget."""
     peak, bound = _rss_check([r for r in records if r.get("kind") == "job"])
-    return [["server peak RSS, table 4x its memory budget (1M rows, dim 64; section 9)",
+    return [["server peak RSS, table 4x its memory budget (1M rows, dim 64, both runs ending "
+             "with the export's save, so the base includes the in-memory save's copies; "
+             "section 9)",
              f"<= budget + server base + {FIXED_BASE_MB:.0f} MB",
              "not measured" if peak is None else f"{peak:,.0f} MB (bound {bound:,.0f} MB)",
              "not measured" if peak is None or bound is None
