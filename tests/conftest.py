@@ -27,9 +27,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = (REPO_ROOT / ".." / "shared" / "data").resolve()
@@ -330,3 +334,22 @@ def assert_no_processes_mentioning(text: str, timeout_s: float = 10.0) -> None:
         described = [_describe(p) for p in left]
         kill_processes(left)
         pytest.fail(f"processes left behind: {described}", pytrace=False)
+
+
+def criteo_id_batches(criteo_dir: Path, batch: int, steps: int
+                      ) -> list[tuple[Tensor, Tensor]]:
+    """The first ``batch * steps`` lines of the shared Criteo sample as ``steps`` batches
+    of (ids Tensor[batch, 26] int64 with their slot prefixes, labels Tensor[batch]
+    float32): for tests that train SparseEmbeddings on real ids."""
+    import numpy as np
+    import torch
+
+    from psfleet.data.criteo import parse_lines
+
+    with (criteo_dir / "train.csv").open(encoding="utf-8") as f:
+        lines = [next(f) for _ in range(batch * steps)]
+    chunk = parse_lines(lines, "train.csv")
+    assert chunk.sparse.shape == (batch * steps, 26)
+    ids = torch.from_numpy(chunk.sparse.view(np.int64).copy())
+    labels = torch.from_numpy(chunk.labels.copy())
+    return [(ids[i:i + batch], labels[i:i + batch]) for i in range(0, batch * steps, batch)]

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import criteo_id_batches
 
-from psfleet.data.criteo import parse_lines
 from psfleet.errors import ConfigError, FatalError, RpcError
 from psfleet.fleet import (
     DistributedOptimizer,
@@ -51,12 +51,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
 
 def _batches(criteo_dir: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """STEPS batches of real Criteo rows: (ids Tensor[BATCH, 26] int64, labels [BATCH])."""
-    with (criteo_dir / "train.csv").open(encoding="utf-8") as f:
-        lines = [next(f) for _ in range(BATCH * STEPS)]
-    chunk = parse_lines(lines, "train.csv")
-    ids = torch.from_numpy(chunk.sparse.view(np.int64).copy())
-    labels = torch.from_numpy(chunk.labels.copy())
-    return [(ids[i:i + BATCH], labels[i:i + BATCH]) for i in range(0, BATCH * STEPS, BATCH)]
+    return criteo_id_batches(criteo_dir, BATCH, STEPS)
 
 
 class Model(torch.nn.Module):

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import criteo_id_batches
 
-from psfleet.data.criteo import parse_lines
 from psfleet.errors import ConfigError
 from psfleet.fleet import (
     DistributedOptimizer,
@@ -45,14 +45,8 @@ SLOTS = 26
 
 
 def _batches(criteo_dir: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """STEPS batches of (ids Tensor[BATCH, 26] int64, labels Tensor[BATCH] float32)."""
-    with (criteo_dir / "train.csv").open(encoding="utf-8") as f:
-        lines = [next(f) for _ in range(BATCH * STEPS)]
-    chunk = parse_lines(lines, "train.csv")
-    assert chunk.sparse.shape == (BATCH * STEPS, SLOTS)
-    ids = torch.from_numpy(chunk.sparse.view(np.int64).copy())
-    labels = torch.from_numpy(chunk.labels.copy())
-    return [(ids[i:i + BATCH], labels[i:i + BATCH]) for i in range(0, BATCH * STEPS, BATCH)]
+    """STEPS batches of real Criteo rows: (ids Tensor[BATCH, 26] int64, labels [BATCH])."""
+    return criteo_id_batches(criteo_dir, BATCH, STEPS)
 
 
 def _reference(batches: list[tuple[torch.Tensor, torch.Tensor]]
