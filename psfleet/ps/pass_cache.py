@@ -140,7 +140,9 @@ def split_pass(batch_keys: Sequence[Mapping[int, np.ndarray]], row_bytes: Mappin
     """Cut a pass's batches into sub-passes whose distinct rows fit ``budget_bytes``.
 
     Greedy, in batch order: each sub-pass takes batches while the rows of their
-    distinct keys (a key counted once per sub-pass) fit. Vectorised: per table one
+    distinct keys (a key counted once per sub-pass) fit. When every key counted as
+    often as it is given fits, the pass is one sub-pass, without the ``np.unique``
+    (``begin_pass`` dedups the keys anyway). Vectorised: per table one
     ``np.unique`` over the remaining batches' keys finds the batch where each key
     first appears, so the bytes a sub-pass needs after each batch are one cumulative
     sum.
@@ -156,6 +158,9 @@ def split_pass(batch_keys: Sequence[Mapping[int, np.ndarray]], row_bytes: Mappin
     Raises:
         ConfigError: one batch alone needs more than the budget (names its bytes).
     """
+    bound = sum(keys.size * row_bytes.get(t, 0) for b in batch_keys for t, keys in b.items())
+    if bound <= budget_bytes:  # even with no key repeated it fits: one sub-pass
+        return [range(len(batch_keys))] if batch_keys else []
     out: list[range] = []
     start = 0
     while start < len(batch_keys):
