@@ -31,6 +31,7 @@ from psfleet.fleet.runtime import ParameterServerHooks, RuntimeConfig, WorkerRun
 from psfleet.nn import SparseEmbedding
 from psfleet.ps import LocalClient, TableService, start_server
 from psfleet.ps.communicator import LocalCommunicator, PassCommunicator, PassConfig
+from psfleet.ps.communicator.pass_mode import selected_gpu
 from psfleet.ps.pass_cache import split_pass
 from psfleet.ps.rules import make_rule
 from psfleet.ps.sparse_table import SparseTable
@@ -313,3 +314,13 @@ def test_a_failed_end_pass_resends_only_what_the_servers_did_not_apply(
     for table_id in configs:  # each row stepped once: w - 0.5 * 1
         np.testing.assert_allclose(client.pull_sparse(table_id, keys, create=False),
                                    before[table_id] - 0.5, rtol=0, atol=1e-6)
+
+
+def test_selected_gpu_is_counted_among_the_visible_ones() -> None:
+    assert selected_gpu({}) is None
+    assert selected_gpu({"FLAGS_selected_gpus": "2,3"}) == 2
+    # fleetrun sets both to the rank's GPU: torch numbers the visible GPUs from 0
+    assert selected_gpu({"FLAGS_selected_gpus": "3", "CUDA_VISIBLE_DEVICES": "3"}) == 0
+    assert selected_gpu({"FLAGS_selected_gpus": "5", "CUDA_VISIBLE_DEVICES": "4,5"}) == 1
+    with pytest.raises(ConfigError, match="FLAGS_selected_gpus: 'gpu0'"):
+        selected_gpu({"FLAGS_selected_gpus": "gpu0"})

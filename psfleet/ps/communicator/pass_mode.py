@@ -38,7 +38,7 @@ from psfleet.ps.routing import RoutedKeys, keys_of
 from psfleet.ps.rules import make_rule
 from psfleet.ps.types import PushMode, RuleConfig, SparseTableConfig
 
-__all__ = ["PassCommunicator", "pass_device"]
+__all__ = ["PassCommunicator", "pass_device", "selected_gpu"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ CALL_BYTES = 16 << 20
 
 def pass_device(device: str, environ: Mapping[str, str] | None = None) -> torch.device:
     """The torch device of ``PassConfig.device``: ``cuda`` without an index is the first
-    GPU of the seeds' ``FLAGS_selected_gpus`` when set (else GPU 0).
+    GPU of the seeds' ``FLAGS_selected_gpus`` when set (:func:`selected_gpu`), else
+    GPU 0.
 
     Raises:
         ConfigError: ``cuda`` is asked for and this process sees no GPU, or
@@ -58,13 +59,28 @@ def pass_device(device: str, environ: Mapping[str, str] | None = None) -> torch.
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"pass_configs.device: {device!r} but this process sees no GPU "
                           "(torch.cuda.is_available() is False); use device: cpu")
+    index = selected_gpu(environ) if device == "cuda" else None
+    return torch.device(device if index is None else f"cuda:{index}")
+
+
+def selected_gpu(environ: Mapping[str, str] | None = None) -> int | None:
+    """This process's index of the first GPU in FLAGS_selected_gpus (None: unset).
+
+    The seeds name physical GPUs there; with CUDA_VISIBLE_DEVICES set (fleetrun sets
+    both to the rank's GPU) torch numbers the visible ones from 0, so a selected GPU
+    that is visible is its position in CUDA_VISIBLE_DEVICES.
+
+    Raises:
+        ConfigError: FLAGS_selected_gpus is not a comma list of GPU indexes.
+    """
     selected = env.list_var(environ, "FLAGS_selected_gpus")
-    if device == "cuda" and selected:
-        if not selected[0].isdigit():
-            raise ConfigError(f"FLAGS_selected_gpus: {','.join(selected)!r} is not a comma "
-                              "list of GPU indexes")
-        return torch.device(f"cuda:{selected[0]}")
-    return torch.device(device)
+    if not selected:
+        return None
+    if not all(gpu.isdigit() for gpu in selected):
+        raise ConfigError(f"FLAGS_selected_gpus: {','.join(selected)!r} is not a comma "
+                          "list of GPU indexes")
+    visible = env.list_var(environ, "CUDA_VISIBLE_DEVICES") or ()
+    return visible.index(selected[0]) if selected[0] in visible else int(selected[0])
 
 
 class PassCommunicator(Communicator):
