@@ -40,6 +40,7 @@ from psfleet.nn.features import check_table_features
 from psfleet.nn.types import Pooling
 from psfleet.ps.communicator.types import AsyncConfig, PassConfig
 from psfleet.ps.types import AccessorConfig, Initializer, OptimizerClass
+from psfleet.rec.cluster_config import ClusterConfig
 from psfleet.rec.online_config import AfterPassConfig, check_online_keys, table_accessors
 from psfleet.types import Mode
 
@@ -377,26 +378,6 @@ class HyperParameters(_Section):
         if not sizes or any(s < 1 for s in sizes):
             raise ValueError("must be a non-empty list of positive layer widths")
         return sizes
-
-
-class ClusterConfig(_Section):
-    """``cluster``: ``server_num`` 0 trains in one process; >= 1 starts a local job.
-
-    ``server_wait_timeout_s``: how long workers (and the launcher) wait for the servers
-    to be ready, seconds; unset: ``PSFLEET_SERVER_WAIT_TIMEOUT_S`` (default 300), as
-    resolved by :func:`psfleet.fleet.server_wait.server_wait_timeout_s`.
-    ``max_restarts``: restarts allowed per server and per worker that fails
-    (``fleetrun --max_restarts``); useful with ``runner.checkpoint``.
-    ``tls``: ``self-signed`` makes every channel of a local job TLS, with a certificate
-    made for the job in its log folder (``fleetrun --tls self-signed``); unset: the
-    ``PSFLEET_TLS_*`` variables decide (docs/security.md). Not used in one process.
-    """
-
-    server_num: int = Field(0, ge=0, le=64)
-    worker_num: int = Field(1, ge=1, le=64)
-    server_wait_timeout_s: float | None = Field(None, gt=0)
-    max_restarts: int = Field(0, ge=0)
-    tls: Literal["self-signed"] | None = None
 
 
 class TrainConfig(_Section):

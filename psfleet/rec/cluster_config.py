@@ -1,0 +1,88 @@
+"""The runner's ``cluster`` section: how many servers and workers, and what each needs.
+
+``resources`` is read by the cluster routes (``psfleet k8s render``, ``psfleet slurm
+render``, :mod:`psfleet.cluster`); a local job ignores it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["PodResources", "ClusterResources", "ClusterConfig"]
+
+#: A Kubernetes CPU quantity: cores (``2``, ``0.5``) or millicores (``500m``).
+_CPU = re.compile(r"^(\d+(\.\d+)?|\d+m)$")
+#: A Kubernetes memory quantity: bytes with an optional binary or decimal suffix.
+_MEMORY = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PodResources(_Section):
+    """What one server or one worker process needs.
+
+    Attributes:
+        cpu: cores, as Kubernetes writes them (``"4"``, ``"0.5"``, ``"500m"``); the
+            request and the limit. Slurm gets ``--cpus-per-task`` (rounded up).
+        memory: bytes with a suffix (``"8Gi"``, ``"512Mi"``); the request and the
+            limit. Slurm gets ``--mem`` per node.
+        gpu: GPUs (``nvidia.com/gpu`` on Kubernetes, ``--gpus-per-task`` on Slurm).
+    """
+
+    cpu: str | None = None
+    memory: str | None = None
+    gpu: int = Field(0, ge=0)
+
+    @field_validator("cpu", mode="before")
+    @classmethod
+    def _cpu(cls, value: object) -> object:
+        text = str(value) if isinstance(value, (int, float)) and not isinstance(
+            value, bool) else value
+        if isinstance(text, str) and not _CPU.match(text):
+            raise ValueError(f"{text!r} is not a CPU quantity: cores (2, 0.5) or millicores "
+                             "(500m)")
+        return text
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, value: object) -> object:
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        if isinstance(text, str) and not _MEMORY.match(text):
+            raise ValueError(f"{text!r} is not a memory quantity: bytes with a suffix, e.g. "
+                             "8Gi, 512Mi")
+        return text
+
+
+class ClusterResources(_Section):
+    """``cluster.resources``: ``server`` and ``worker``, each a :class:`PodResources`."""
+
+    server: PodResources = PodResources()
+    worker: PodResources = PodResources()
+
+
+class ClusterConfig(_Section):
+    """``cluster``: ``server_num`` 0 trains in one process; >= 1 starts a local job.
+
+    ``server_wait_timeout_s``: how long workers (and the launcher) wait for the servers
+    to be ready, seconds; unset: ``PSFLEET_SERVER_WAIT_TIMEOUT_S`` (default 300), as
+    resolved by :func:`psfleet.fleet.server_wait.server_wait_timeout_s`.
+    ``max_restarts``: restarts allowed per server and per worker that fails
+    (``fleetrun --max_restarts``); useful with ``runner.checkpoint``.
+    ``tls``: ``self-signed`` makes every channel of a local job TLS, with a certificate
+    made for the job in its log folder (``fleetrun --tls self-signed``); unset: the
+    ``PSFLEET_TLS_*`` variables decide (docs/security.md). Not used in one process.
+    ``resources``: CPU, memory and GPUs per server and per worker, for the cluster
+    routes (docs/cluster.md).
+    """
+
+    server_num: int = Field(0, ge=0, le=64)
+    worker_num: int = Field(1, ge=1, le=64)
+    server_wait_timeout_s: float | None = Field(None, gt=0)
+    max_restarts: int = Field(0, ge=0)
+    tls: Literal["self-signed"] | None = None
+    resources: ClusterResources = ClusterResources()
