@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from psfleet import env, logs
-from psfleet.cli import parity, starter
+from psfleet.cli import k8s, parity, starter
 from psfleet.cli import status as status_cli
 from psfleet.cli.console import (
     close_progress_bars,
@@ -266,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=status_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     starter.register(commands)
     parity.register(commands)
+    k8s.register(commands)
     return parser
 
 
@@ -287,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _predict(args)
         if args.command == "status":
             return status_cli.run(args)
-        if hasattr(args, "handler"):  # init, example (psfleet.cli.starter)
+        if hasattr(args, "handler"):  # init, example, k8s (psfleet.cli.starter, .k8s)
             return int(args.handler(args))
     except (ConfigError, DataError) as exc:
         print(f"psfleet: error: {exc}", file=sys.stderr)
