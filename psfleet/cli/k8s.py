@@ -27,6 +27,7 @@ from typing import Any
 
 from psfleet.cli.cluster_args import add_job_arguments, job_from_args
 from psfleet.cluster.k8s import (
+    IMAGE_WORKDIR,
     K8sOptions,
     check_storage,
     manifests_yaml,
@@ -88,7 +89,7 @@ def register(commands: Any) -> None:
             ("render", "write the job's manifests", _render),
             ("submit", "render the manifests and kubectl apply them", _submit)):
         parser = actions.add_parser(action, help=text, description=__doc__.split("\n\n")[1])
-        add_job_arguments(parser, workdir="/workspace")
+        add_job_arguments(parser, workdir=IMAGE_WORKDIR)
         parser.add_argument("--image", required=True,
                             help="the container image with psfleet (see the Dockerfile)")
         parser.add_argument("--namespace", help="the objects' namespace (default: "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from psfleet.errors import ConfigError
@@ -50,8 +50,8 @@ class ClusterJob:
     name: str
     config: TrainConfig
     config_text: str
-    overrides: tuple[str, ...] = field(default=())
-    workdir: str = "/workspace"
+    overrides: tuple[str, ...]
+    workdir: str
     port: int = DEFAULT_PORT
 
     @property
@@ -105,7 +105,7 @@ def _default_name(config_file: Path) -> str:
 
 
 def load_cluster_job(config_file: Path, overrides: Sequence[str] = (), *,
-                     name: str | None = None, workdir: str = "/workspace",
+                     name: str | None = None, workdir: str,
                      port: int = DEFAULT_PORT, launcher: str = "this route") -> ClusterJob:
     """Read and check a config for a cluster job.
 

@@ -52,6 +52,8 @@ from psfleet.types import Role
 
 __all__ = ["K8sOptions", "Volume", "parse_volume", "render_manifests", "manifests_yaml"]
 
+#: The image's working directory (the Dockerfile's WORKDIR): ``--workdir``'s default.
+IMAGE_WORKDIR = "/workspace"
 #: Where a container keeps its start count (an emptyDir).
 STATE_DIR = "/var/run/psfleet"
 #: The pod-index label of StatefulSet pods (Kubernetes >= 1.28).
