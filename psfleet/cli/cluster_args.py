@@ -11,11 +11,13 @@ from psfleet.cluster.job import DEFAULT_PORT, MAX_NAME_LEN, ClusterJob, load_clu
 __all__ = ["add_job_arguments", "job_from_args"]
 
 
-def add_job_arguments(parser: argparse.ArgumentParser, workdir: str | None) -> None:
+def add_job_arguments(parser: argparse.ArgumentParser, workdir: str | None,
+                      workdir_default: str) -> None:
     """Add ``-m``, ``-o``, ``--name``, ``--workdir`` and ``--port`` to ``parser``.
 
     Args:
-        workdir: ``--workdir``'s default (None: required).
+        workdir: ``--workdir``'s default value (None: the route works it out).
+        workdir_default: what the help says the default is.
     """
     parser.add_argument("-m", "--config", required=True, type=Path, help="the YAML config")
     parser.add_argument("-o", "--override", action="append", default=[],
@@ -23,14 +25,15 @@ def add_job_arguments(parser: argparse.ArgumentParser, workdir: str | None) -> N
                         "process, e.g. -o cluster.worker_num=4")
     parser.add_argument("--name", help="the job's name: lowercase letters, digits and '-', "
                         f"at most {MAX_NAME_LEN} characters (default: from the config's "
-                        "file name); also the run folder's name unless the config sets "
+                        "file name); it names the run folder unless the config sets "
                         "runner.run_name")
-    parser.add_argument("--workdir", default=workdir, required=workdir is None,
+    parser.add_argument("--workdir", default=workdir,
                         help="the processes' working directory, where config.yaml is put; "
-                        "the config's relative paths are relative to it" +
-                        (f" (default {workdir})" if workdir else ""))
+                        "the config's relative paths are relative to it (default "
+                        f"{workdir_default})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                        help=f"the port every server binds (default {DEFAULT_PORT})")
+                        help=f"the servers' port (default {DEFAULT_PORT}); where servers "
+                        "share a host (Slurm), server i takes PORT+i")
 
 
 def job_from_args(args: argparse.Namespace, launcher: str) -> ClusterJob:

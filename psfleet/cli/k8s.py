@@ -89,7 +89,7 @@ def register(commands: Any) -> None:
             ("render", "write the job's manifests", _render),
             ("submit", "render the manifests and kubectl apply them", _submit)):
         parser = actions.add_parser(action, help=text, description=__doc__.split("\n\n")[1])
-        add_job_arguments(parser, workdir=IMAGE_WORKDIR)
+        add_job_arguments(parser, IMAGE_WORKDIR, IMAGE_WORKDIR)
         parser.add_argument("--image", required=True,
                             help="the container image with psfleet (see the Dockerfile)")
         parser.add_argument("--namespace", help="the objects' namespace (default: "

@@ -10,6 +10,8 @@ Usage::
     psfleet status RUN_FOLDER | LOG_DIR | ENDPOINT[,ENDPOINT...]
     psfleet init [--model dnn|wide_deep|deepfm|dcn_v2] [--data criteo|multihot] [--force] DIR
     psfleet example NAME [--out DIR] [--force] | psfleet example --list
+    psfleet k8s render|submit -m CONFIG.yaml --image IMAGE [--volume CLAIM:PATH ...] [--out FILE]
+    psfleet slurm render -m CONFIG.yaml [--workdir DIR] [--out FILE] [--partition P] [--time T]
     psfleet --version
 
 ``train`` reads a PaddleRec-style YAML (see README.md "The YAML runner"). With
@@ -40,6 +42,9 @@ writes ``label<TAB>probability`` per example. Given a run folder (or the
 ``model_save_path`` holding ``latest``) it reads the run's ``config.yaml`` and
 ``model/``; given a model folder, ``-m`` names the config it was trained with.
 
+``k8s`` and ``slurm`` render a job for a cluster manager (:mod:`psfleet.cli.k8s`,
+:mod:`psfleet.cli.slurm`, docs/cluster.md).
+
 ``status`` prints, per server and table of a running job, rows, memory and pull/push
 rates (docs/monitoring.md).
 
@@ -69,7 +74,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from psfleet import env, logs
-from psfleet.cli import k8s, parity, starter
+from psfleet.cli import k8s, parity, slurm, starter
 from psfleet.cli import status as status_cli
 from psfleet.cli.console import (
     close_progress_bars,
@@ -267,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     starter.register(commands)
     parity.register(commands)
     k8s.register(commands)
+    slurm.register(commands)
     return parser
 
 
@@ -288,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _predict(args)
         if args.command == "status":
             return status_cli.run(args)
-        if hasattr(args, "handler"):  # init, example, k8s (psfleet.cli.starter, .k8s)
+        if hasattr(args, "handler"):  # init, example, k8s, slurm (cli.starter, .k8s, .slurm)
             return int(args.handler(args))
     except (ConfigError, DataError) as exc:
         print(f"psfleet: error: {exc}", file=sys.stderr)

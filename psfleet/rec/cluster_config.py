@@ -30,8 +30,11 @@ class PodResources(_Section):
         cpu: cores, as Kubernetes writes them (``"4"``, ``"0.5"``, ``"500m"``); the
             request and the limit. Slurm gets ``--cpus-per-task`` (rounded up).
         memory: bytes with a suffix (``"8Gi"``, ``"512Mi"``); the request and the
-            limit. Slurm gets ``--mem`` per node.
+            limit. Slurm gets ``--mem-per-cpu`` (the memory over the task's CPUs).
         gpu: GPUs (``nvidia.com/gpu`` on Kubernetes, ``--gpus-per-task`` on Slurm).
+
+    On Slurm every task gets the larger of the server's and the worker's request
+    (:mod:`psfleet.cluster.sbatch_options`).
     """
 
     cpu: str | None = None
