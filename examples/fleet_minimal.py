@@ -1,11 +1,17 @@
 """The seeds' fleet paradigm on the shared Criteo data: one script, every role.
 
     fleetrun --server_num=2 --worker_num=2 examples/fleet_minimal.py
+    mpirun -np 4 python examples/fleet_minimal.py     # 2 servers, 2 workers
     python examples/fleet_minimal.py                  # alone, in-process tables
 
 or by hand on several machines with the seeds' environment variables (README.md,
-"Running on several machines"). Worker 0 prints the test AUC and, with --save_dir,
-saves every table with fleet.save_persistables(); --load_dir starts from such a save.
+"Running on several machines"). Under mpirun (pip install 'psfleet[mpi]') ranks
+0 .. N-1 serve, N = PSFLEET_SERVER_NUM (mpirun -x PSFLEET_SERVER_NUM=1 ...), else half
+the ranks; the ranks exchange the servers' endpoints over MPI (as root, add
+--allow-run-as-root; more ranks than cores, --oversubscribe).
+
+Worker 0 prints the test AUC and, with --save_dir, saves every table with
+fleet.save_persistables(); --load_dir starts from such a save.
 """
 
 import argparse
@@ -28,7 +34,7 @@ parser.add_argument("--load_dir", type=str, default=None)
 args = parser.parse_args()
 torch.manual_seed(0)
 
-fleet.init()  # role from the environment (PaddleCloudRoleMaker)
+fleet.init()  # role from the environment (under mpirun: from the rank)
 embedding = SparseEmbedding(dim=8, name="embedding")
 model = nn.Sequential(nn.Flatten(), nn.Linear(26 * 8, 32), nn.ReLU(), nn.Linear(32, 1))
 optimizer = fleet.distributed_optimizer(torch.optim.Adam(model.parameters(), lr=1e-3),

@@ -24,7 +24,9 @@ nothing, so one script runs in both.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -40,7 +42,7 @@ from psfleet.errors import ConfigError, FatalError
 from psfleet.export import InferenceManifest
 from psfleet.fleet.optimizer import DistributedOptimizer
 from psfleet.fleet.persistence import Persistence, restart_num
-from psfleet.fleet.role_maker import PaddleCloudRoleMaker, Role, RoleInfo, RoleMaker
+from psfleet.fleet.role_maker import Role, RoleInfo, RoleMaker, default_role_maker
 from psfleet.fleet.runtime import (
     ParameterServerHooks,
     RuntimeConfig,
@@ -90,6 +92,12 @@ class Fleet:
              strategy: DistributedStrategy | None = None, is_collective: bool = False) -> None:
         """Decide this process's role (from the environment by default).
 
+        With no ``role_maker``, :func:`~psfleet.fleet.role_maker.default_role_maker`
+        chooses: MPIRoleMaker inside an ``mpirun`` job (MPI rank variables set, no
+        ``TRAINING_ROLE``), else PaddleCloudRoleMaker; the choice and why is logged
+        (INFO). An MPIRoleMaker that exchanges the server list is collective: every
+        rank must call init.
+
         Collective mode (``is_collective=True`` or ``strategy.mode == "collective"``):
         no servers; this process is a rank of a torch.distributed process group
         created from the environment (``psfleet.collective.rendezvous_from_env``);
@@ -97,7 +105,8 @@ class Fleet:
 
         Raises:
             ConfigError: called twice, or the environment is inconsistent (names the
-                variable), or is_collective=True with a parameter-server strategy.
+                variable), or is_collective=True with a parameter-server strategy, or
+                MPIRoleMaker could not exchange the server list (names the fix).
             FatalError: collective mode: the rendezvous endpoint cannot be reached
                 within PSFLEET_COLLECTIVE_CONNECT_TIMEOUT_S (names it).
         """
@@ -107,13 +116,22 @@ class Fleet:
         if is_collective or (strategy is not None and strategy.mode == "collective"):
             self._init_collective(role_maker, strategy)
             return
-        self._role = (role_maker or PaddleCloudRoleMaker()).generate_role()
+        why = "given"
+        if role_maker is None:
+            role_maker, why = default_role_maker()
+        self._role = role = role_maker.generate_role()
         self.strategy = strategy or self.strategy
         self.rpc_config = RpcConfig.from_env()
+        if role.auth_token is not None and self.rpc_config.auth_token is None:
+            # The token the MPI ranks shared: this process's calls carry it, and so do
+            # those of code that builds its config from the environment (the runner's
+            # readers) and of child processes, as fleetrun's children get theirs.
+            self.rpc_config = dataclasses.replace(self.rpc_config, auth_token=role.auth_token)
+            os.environ["PSFLEET_AUTH_TOKEN"] = role.auth_token
         logs.setup_logging()
-        role = self._role
         logs.set_role(f"server:{role.server_index}" if role.role is Role.SERVER
                       else f"worker:{role.worker_index}")
+        logger.info("fleet.init: role maker %s (%s)", type(role_maker).__name__, why)
         # The effective settings, once, in the log (a console shows them with -v).
         where = (f"server {role.server_index}, binds {role.bind_endpoint}"
                  if role.role is Role.SERVER else f"worker {role.worker_index} of "

@@ -10,8 +10,12 @@ Three ways to say it, all producing one :class:`RoleInfo`:
 - :class:`MPIRoleMaker` and :class:`SlurmRoleMaker` derive the role from the rank
   ``mpirun`` / ``srun`` gives each process: ranks ``0 .. server_num-1`` are servers
   (server index = rank), ranks ``server_num .. size-1`` are workers
-  (``worker_index = rank - server_num``, ``worker_num = size - server_num``).
+  (``worker_index = rank - server_num``, ``worker_num = size - server_num``). Under
+  ``mpirun`` the server list may be left unset: the ranks exchange it over MPI.
 - :class:`UserDefinedRoleMaker` takes the role in code.
+
+:func:`default_role_maker` is what ``fleet.init()`` uses when given none: MPIRoleMaker
+inside an ``mpirun`` job, else PaddleCloudRoleMaker.
 
 Every inconsistency is a :class:`~psfleet.errors.ConfigError` naming the variable, its
 value and what to do; two variables that say the same thing differently are an error,
@@ -23,12 +27,13 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from psfleet import env
 from psfleet.env import int_var
 from psfleet.errors import ConfigError
+from psfleet.fleet import _mpi
 from psfleet.fleet._role_env import Workers, server_endpoints, workers_of
 from psfleet.rpc import parse_endpoint
 from psfleet.types import Role
@@ -41,6 +46,7 @@ __all__ = [
     "MPIRoleMaker",
     "SlurmRoleMaker",
     "UserDefinedRoleMaker",
+    "default_role_maker",
 ]
 
 
@@ -59,6 +65,8 @@ class RoleInfo:
         endpoint_file: where a server writes its bound endpoint (fleetrun).
         worker_ips: every worker's IP in index order, when the job lists them
             (``PADDLE_TRAINER_IPS`` or ``PADDLE_TRAINERS`` as a list), else empty.
+        auth_token: the job's shared secret when the role maker made one (MPIRoleMaker's
+            exchange, with ``PSFLEET_AUTH_TOKEN`` unset), else None. Never in the repr.
     """
 
     role: Role
@@ -69,6 +77,7 @@ class RoleInfo:
     bind_endpoint: str | None = None
     endpoint_file: Path | None = None
     worker_ips: tuple[str, ...] = ()
+    auth_token: str | None = field(default=None, repr=False)
 
     @property
     def is_local(self) -> bool:
@@ -248,6 +257,13 @@ class _RankRoleMaker(RoleMaker):
                               "PSFLEET_SERVER_NUM is not set: say how many ranks are servers")
         return num, "PSFLEET_SERVER_NUM"
 
+    @staticmethod
+    def _check_size(size: int, size_var: str, server_num: int, num_var: str) -> None:
+        if size <= server_num:
+            raise ConfigError(f"{size_var} is {size} but {num_var} is {server_num}: no rank "
+                              f"is left for a worker; start more than {server_num} processes "
+                              "or lower server_num")
+
     def generate_role(self) -> RoleInfo:
         """Return the role of this rank.
 
@@ -258,38 +274,131 @@ class _RankRoleMaker(RoleMaker):
         """
         server_num, num_var = self._resolve_server_num()
         rank, size, rank_var, size_var = self._rank_and_size()
-        if size <= server_num:
-            raise ConfigError(f"{size_var} is {size} but {num_var} is {server_num}: no rank "
-                              f"is left for a worker; start more than {server_num} processes "
-                              "or lower server_num")
+        self._check_size(size, size_var, server_num, num_var)
         endpoints, source = server_endpoints(self._env)
         if len(endpoints) != server_num:
             raise ConfigError(f"{source} lists {len(endpoints)} servers {list(endpoints)} but "
                               f"{num_var} is {server_num}: list one host:port per server rank")
-        worker_num = size - server_num
-        if rank < server_num:
-            return RoleInfo(Role.SERVER, 0, worker_num, server_index=rank,
-                            server_endpoints=endpoints, bind_endpoint=endpoints[rank])
-        return RoleInfo(Role.WORKER, rank - server_num, worker_num, server_endpoints=endpoints)
+        return _rank_role(rank, size, server_num, endpoints)
+
+
+def _rank_role(rank: int, size: int, server_num: int, endpoints: tuple[str, ...],
+               auth_token: str | None = None) -> RoleInfo:
+    worker_num = size - server_num
+    if rank < server_num:
+        return RoleInfo(Role.SERVER, 0, worker_num, server_index=rank,
+                        server_endpoints=endpoints, bind_endpoint=endpoints[rank],
+                        auth_token=auth_token)
+    return RoleInfo(Role.WORKER, rank - server_num, worker_num, server_endpoints=endpoints,
+                    auth_token=auth_token)
 
 
 class MPIRoleMaker(_RankRoleMaker):
-    """The role from the MPI rank.
+    """The role from the MPI rank; the server list from the environment or over MPI.
 
     The rank and size are Open MPI's ``OMPI_COMM_WORLD_RANK`` / ``OMPI_COMM_WORLD_SIZE``,
     else MPICH's, Intel MPI's and other PMI launchers' ``PMI_RANK`` / ``PMI_SIZE``.
-    Ranks ``0 .. server_num-1`` are servers (server index = rank) and bind their entry of
-    ``PADDLE_PSERVERS_IP_PORT_LIST`` exactly as written; ranks ``server_num .. size-1``
-    are workers (``worker_index = rank - server_num``, ``worker_num = size -
-    server_num``). MPI itself is not used: only the variables ``mpirun`` sets.
+    Ranks ``0 .. server_num-1`` are servers (server index = rank), ranks
+    ``server_num .. size-1`` workers (``worker_index = rank - server_num``,
+    ``worker_num = size - server_num``). For one server and one worker per node, map
+    ranks round-robin over the nodes (``mpirun --map-by node``).
+
+    The server list:
+
+    - set (``PADDLE_PSERVERS_IP_PORT_LIST``, or ``PADDLE_PSERVER_IPS`` +
+      ``PADDLE_PSERVER_PORT``): each server binds its entry exactly as written; no MPI
+      call is made.
+    - unset: every rank takes part in one ``allgather`` over ``MPI.COMM_WORLD``
+      (mpi4py, ``pip install 'psfleet[mpi]'``; imported only then). A server offers
+      ``host:port`` and binds it: the host is ``POD_IP`` / ``PADDLE_CURRENT_IP``, else
+      this node's address that other nodes reach (the route's source address; 127.0.0.1
+      only on a node with no other); the port ``PADDLE_PORT``, else a free port the OS
+      gives (a tiny race window remains until the server binds it, as for torchrun's
+      free ``MASTER_PORT``). When ``PSFLEET_AUTH_TOKEN`` is unset, rank 0 generates the
+      job's token and the exchange shares it (``RoleInfo.auth_token``; fleet uses it):
+      a server on a non-loopback address serves only with one. MPI is initialized for
+      the exchange and finalized right after, so that a failing rank cannot hang the
+      job (``psfleet.fleet._mpi``). Every rank must see the same server count and
+      server-list variables (pass them with ``mpirun -x``).
 
     Args:
         server_num: how many ranks are servers; ``PSFLEET_SERVER_NUM`` when None.
         environ: the environment to read; ``os.environ`` when None.
+        allgather: the exchange's collective, ``allgather(value) -> every rank's value``
+            in rank order; mpi4py's ``COMM_WORLD.allgather`` when None.
     """
 
     _RANK_VARS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"))
     _LAUNCHER = "mpirun (Open MPI, MPICH or Intel MPI)"
+
+    def __init__(self, server_num: int | None = None,
+                 environ: Mapping[str, str] | None = None,
+                 allgather: _mpi.Allgather | None = None) -> None:
+        super().__init__(server_num, environ)
+        self._allgather = allgather
+
+    def generate_role(self) -> RoleInfo:
+        """Return the role of this rank (collective when the list is exchanged: blocks
+        until every rank calls it).
+
+        Raises:
+            ConfigError: as :class:`SlurmRoleMaker`; with no server list: mpi4py is not
+                installed, or the exchange failed (``psfleet.fleet._mpi.exchange``; every
+                rank raises the same message, naming the rank at fault).
+        """
+        if server_endpoints(self._env)[0]:
+            return super().generate_role()
+        # Without the rank variables this is no mpirun job: raise before any MPI call.
+        rank, size, _, size_var = self._rank_and_size()
+        allgather = self._allgather or _mpi.default_allgather()
+        # A rank whose own variables are wrong still takes part in the collective (the
+        # others would wait for it forever); the exchange raises its problem everywhere.
+        problem, server_num = None, 0
+        try:
+            server_num, num_var = self._resolve_server_num()
+            self._check_size(size, size_var, server_num, num_var)
+        except ConfigError as e:
+            problem = str(e)
+        endpoints, token = _mpi.exchange(rank, size, server_num, self._env, allgather, problem)
+        return _rank_role(rank, size, server_num, endpoints, token)
+
+
+def default_role_maker(environ: Mapping[str, str] | None = None) -> tuple[RoleMaker, str]:
+    """The role maker ``fleet.init()`` uses when given none, and why (for its log).
+
+    - ``TRAINING_ROLE`` or ``PADDLE_TRAINING_ROLE`` set: :class:`PaddleCloudRoleMaker`
+      (fleetrun's children and jobs started by hand, also inside an ``mpirun`` job).
+    - else Open MPI's (``OMPI_COMM_WORLD_*``) or PMI's (``PMI_RANK`` / ``PMI_SIZE``)
+      rank variables set: :class:`MPIRoleMaker`, ``PSFLEET_SERVER_NUM`` ranks serving.
+      When it is unset, half the ranks (rounded down; workers get the odd one) serve,
+      the count of Paddle's MPISymetricRoleMaker, which made half the ranks servers
+      (``python/paddle/fluid/incubate/fleet/base/role_maker.py``; there the even
+      ranks, here ranks ``0 .. size/2-1``); a job of one rank (``mpirun -np 1``) has
+      none and trains alone, as without ``mpirun`` (:class:`PaddleCloudRoleMaker`).
+    - else :class:`PaddleCloudRoleMaker`.
+
+    Raises:
+        ConfigError: the rank variables or PSFLEET_SERVER_NUM are malformed.
+    """
+    e = dict(os.environ if environ is None else environ)
+    named = [n for n in ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE") if env.read(n, e) is not None]
+    launched = [n for pair in MPIRoleMaker._RANK_VARS for n in pair
+                if env.read(n, e) is not None]
+    if named:
+        over = f", which wins over {launched[0]}" if launched else ""
+        return PaddleCloudRoleMaker(e), f"{named[0]} is set{over}"
+    if not launched:
+        return PaddleCloudRoleMaker(e), "no TRAINING_ROLE and no MPI rank variable is set"
+    _, size, rank_var, size_var = MPIRoleMaker(1, e)._rank_and_size()
+    mpi = f"{rank_var} is set (mpirun) and no TRAINING_ROLE"
+    server_num = int_var(e, "PSFLEET_SERVER_NUM", 1)
+    if server_num is not None:
+        return MPIRoleMaker(environ=e), f"{mpi}; PSFLEET_SERVER_NUM: {server_num} ranks serve"
+    if size == 1:
+        return PaddleCloudRoleMaker(e), (f"{mpi}; one rank ({size_var} is 1) and no "
+                                         "PSFLEET_SERVER_NUM: it trains alone")
+    return MPIRoleMaker(size // 2, e), (f"{mpi}; no PSFLEET_SERVER_NUM: half of the {size} "
+                                        f"ranks ({size // 2}) serve")
 
 
 class SlurmRoleMaker(_RankRoleMaker):
