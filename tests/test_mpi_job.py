@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -59,16 +60,17 @@ def _session(sid: int) -> list[psutil.Process]:
     return found
 
 
-def run_mpirun(ranks: int, args: list[str], timeout_s: float, cwd: Path
+def run_mpirun(ranks: int, args: list[str], timeout_s: float, cwd: Path,
+               command: list[str] | None = None
                ) -> tuple[subprocess.CompletedProcess[str], float]:
-    """``mpirun -np ranks python fleet_minimal.py args`` in a clean environment and a
-    session of its own; returns the result and the seconds it took. On timeout, or when
-    a process of the session outlives mpirun, the whole session is killed and the test
-    fails."""
+    """``mpirun -np ranks COMMAND args`` (COMMAND: ``python fleet_minimal.py``) in a
+    clean environment and a session of its own; returns the result and the seconds it
+    took. On timeout, or when a process of the session outlives mpirun, the whole
+    session is killed and the test fails."""
     assert MPIRUN is not None
     env = {k: v for k, v in clean_env().items() if not k.startswith(("OMPI_", "PMI_"))}
     argv = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks),
-            sys.executable, str(EXAMPLE), *args]
+            *(command or [sys.executable, str(EXAMPLE)]), *args]
     started = time.monotonic()
     proc = subprocess.Popen(argv, env=env, cwd=cwd, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
@@ -141,6 +143,34 @@ def test_mpirun_with_one_rank_trains_alone(tmp_path: Path) -> None:
             "TRAINING_ROLE; one rank (OMPI_COMM_WORLD_SIZE is 1) and no PSFLEET_SERVER_NUM: "
             "it trains alone)") in result.stderr
     assert "worker 0 of 1, servers none" in result.stderr
+
+
+PSFLEET = [sys.executable, "-m", "psfleet.cli.main"]
+CONFIG = EXAMPLE.parent / "criteo_dnn" / "config.yaml"
+
+
+@needs_mpi
+def test_psfleet_train_under_mpirun_runs_the_configs_job(tmp_path: Path) -> None:
+    """The YAML runner's job, unchanged, under mpirun: cluster.server_num ranks serve."""
+    args = ["train", "-m", str(CONFIG), "-o", "runner.epochs=1", "-o", "runner.run_name=mpi",
+            "-o", f"runner.model_save_path={tmp_path / 'runs'}"]
+    result, _ = run_mpirun(3, args, timeout_s=240, cwd=tmp_path, command=PSFLEET)
+    assert result.returncode == 0, result.stderr[-5000:]
+    metrics = json.loads((tmp_path / "runs" / "mpi" / "metrics.json").read_text())
+    assert (metrics["server_num"], metrics["worker_num"]) == (1, 2)
+    assert metrics["test"]["auc"] > 0.6, metrics
+    assert result.stderr.count("role maker MPIRoleMaker (OMPI_COMM_WORLD_RANK is set "
+                               "(mpirun) and no TRAINING_ROLE; server_num 1 given)") == 3
+    assert "[server:0]" in result.stderr and "[worker:1]" in result.stderr
+
+
+@needs_mpi
+def test_psfleet_train_under_mpirun_with_the_wrong_rank_count_exits_2(tmp_path: Path) -> None:
+    args = ["train", "-m", str(CONFIG), "-o", f"runner.model_save_path={tmp_path}"]
+    result, _ = run_mpirun(4, args, timeout_s=120, cwd=tmp_path, command=PSFLEET)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert ("mpirun started 4 ranks but cluster.server_num + cluster.worker_num is 1 + 2: "
+            "start that many (mpirun -np 3)") in result.stderr
 
 
 def test_free_port_is_bindable_at_once() -> None:

@@ -22,7 +22,8 @@ workers, through the same launcher as ``fleetrun``, logs in
 (``fleetrun --mode collective``; also runs under ``torchrun``, which sets WORLD_SIZE);
 with ``server_num: 0`` it trains in this process against
 in-process tables (the single-machine reference). Inside a job (the launcher set
-TRAINING_ROLE) it runs this process's role.
+TRAINING_ROLE, or ``mpirun`` started more than one rank: ranks ``0 ..
+cluster.server_num-1`` serve, the rest train) it runs this process's role.
 
 What ``train`` shows: one start line (model, mode, servers x workers, data files, log
 folder), the progress bar of worker 0, warnings and errors, and the final line (test
@@ -94,9 +95,13 @@ __all__ = ["main"]
 
 
 def _in_job() -> bool:
-    """Whether a launcher started this process as part of a job (fleetrun or torchrun)."""
+    """Whether a launcher started this process as part of a job: fleetrun (its role
+    variables), torchrun (``WORLD_SIZE``) or ``mpirun`` with more than one rank."""
+    from psfleet.fleet.role_maker import mpi_world_size
+
     return any(env.read(name) is not None
-               for name in ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE", "WORLD_SIZE"))
+               for name in ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE", "WORLD_SIZE")
+               ) or mpi_world_size() > 1
 
 
 def _train(args: argparse.Namespace) -> int:

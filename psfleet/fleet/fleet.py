@@ -116,7 +116,7 @@ class Fleet:
         if is_collective or (strategy is not None and strategy.mode == "collective"):
             self._init_collective(role_maker, strategy)
             return
-        why = "given"
+        why = None
         if role_maker is None:
             role_maker, why = default_role_maker()
         self._role = role = role_maker.generate_role()
@@ -131,7 +131,8 @@ class Fleet:
         logs.setup_logging()
         logs.set_role(f"server:{role.server_index}" if role.role is Role.SERVER
                       else f"worker:{role.worker_index}")
-        logger.info("fleet.init: role maker %s (%s)", type(role_maker).__name__, why)
+        if why is not None:
+            logger.info("fleet.init: role maker %s (%s)", type(role_maker).__name__, why)
         # The effective settings, once, in the log (a console shows them with -v).
         where = (f"server {role.server_index}, binds {role.bind_endpoint}"
                  if role.role is Role.SERVER else f"worker {role.worker_index} of "

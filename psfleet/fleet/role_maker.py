@@ -47,6 +47,7 @@ __all__ = [
     "SlurmRoleMaker",
     "UserDefinedRoleMaker",
     "default_role_maker",
+    "mpi_world_size",
 ]
 
 
@@ -363,7 +364,23 @@ class MPIRoleMaker(_RankRoleMaker):
         return _rank_role(rank, size, server_num, endpoints, token)
 
 
-def default_role_maker(environ: Mapping[str, str] | None = None) -> tuple[RoleMaker, str]:
+def mpi_world_size(environ: Mapping[str, str] | None = None) -> int:
+    """How many ranks ``mpirun`` started (``OMPI_COMM_WORLD_SIZE``, else ``PMI_SIZE``);
+    0 when this process is no MPI rank.
+
+    Raises:
+        ConfigError: the variable is not a positive integer (names it).
+    """
+    e = os.environ if environ is None else environ
+    for _, size_var in MPIRoleMaker._RANK_VARS:
+        size = int_var(e, size_var, 1)
+        if size is not None:
+            return size
+    return 0
+
+
+def default_role_maker(environ: Mapping[str, str] | None = None,
+                       server_num: int | None = None) -> tuple[RoleMaker, str]:
     """The role maker ``fleet.init()`` uses when given none, and why (for its log).
 
     - ``TRAINING_ROLE`` or ``PADDLE_TRAINING_ROLE`` set: :class:`PaddleCloudRoleMaker`
@@ -375,10 +392,13 @@ def default_role_maker(environ: Mapping[str, str] | None = None) -> tuple[RoleMa
       (``python/paddle/fluid/incubate/fleet/base/role_maker.py``; there the even
       ranks, here ranks ``0 .. size/2-1``); a job of one rank (``mpirun -np 1``) has
       none and trains alone, as without ``mpirun`` (:class:`PaddleCloudRoleMaker`).
+      ``server_num``, when given (the YAML runner's ``cluster.server_num``), is the
+      count instead, and ``PSFLEET_SERVER_NUM`` must agree with it if set.
     - else :class:`PaddleCloudRoleMaker`.
 
     Raises:
-        ConfigError: the rank variables or PSFLEET_SERVER_NUM are malformed.
+        ConfigError: the rank variables or PSFLEET_SERVER_NUM are malformed, or
+            PSFLEET_SERVER_NUM disagrees with ``server_num``.
     """
     e = dict(os.environ if environ is None else environ)
     named = [n for n in ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE") if env.read(n, e) is not None]
@@ -391,9 +411,14 @@ def default_role_maker(environ: Mapping[str, str] | None = None) -> tuple[RoleMa
         return PaddleCloudRoleMaker(e), "no TRAINING_ROLE and no MPI rank variable is set"
     _, size, rank_var, size_var = MPIRoleMaker(1, e)._rank_and_size()
     mpi = f"{rank_var} is set (mpirun) and no TRAINING_ROLE"
-    server_num = int_var(e, "PSFLEET_SERVER_NUM", 1)
+    from_env = int_var(e, "PSFLEET_SERVER_NUM", 1)
     if server_num is not None:
-        return MPIRoleMaker(environ=e), f"{mpi}; PSFLEET_SERVER_NUM: {server_num} ranks serve"
+        if from_env is not None and from_env != server_num:
+            raise ConfigError(f"PSFLEET_SERVER_NUM is {from_env} but the job's server count "
+                              f"is {server_num}: unset PSFLEET_SERVER_NUM, or make them agree")
+        return MPIRoleMaker(server_num, e), f"{mpi}; server_num {server_num} given"
+    if from_env is not None:
+        return MPIRoleMaker(environ=e), f"{mpi}; PSFLEET_SERVER_NUM: {from_env} ranks serve"
     if size == 1:
         return PaddleCloudRoleMaker(e), (f"{mpi}; one rank ({size_var} is 1) and no "
                                          "PSFLEET_SERVER_NUM: it trains alone")

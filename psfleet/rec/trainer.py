@@ -34,9 +34,15 @@ from tqdm import tqdm
 from psfleet import fleet
 from psfleet.checkpoint import Cursor
 from psfleet.data import Batch, Reader
-from psfleet.errors import DataError
+from psfleet.errors import ConfigError, DataError
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy, rule_of_class
 from psfleet.fleet.persistence import restart_num
+from psfleet.fleet.role_maker import (
+    MPIRoleMaker,
+    RoleMaker,
+    default_role_maker,
+    mpi_world_size,
+)
 from psfleet.metrics import StreamingAuc
 from psfleet.nn import FeatureEmbeddings, Prefetch, SparseEmbedding, use_prefetched
 from psfleet.rec.config import TrainConfig
@@ -182,6 +188,28 @@ def strategy_of(config: TrainConfig) -> DistributedStrategy:
         collective_backend="gloo" if runner.sync_mode == "collective" else "auto")
 
 
+def role_maker_of(config: TrainConfig) -> RoleMaker:
+    """This process's role maker: from the environment (fleetrun's or the seeds'
+    variables, :func:`~psfleet.fleet.role_maker.default_role_maker`), or under ``mpirun``
+    from the rank, ``cluster.server_num`` ranks serving.
+
+    Raises:
+        ConfigError: under ``mpirun``, the rank count is not ``cluster.server_num +
+            cluster.worker_num`` (names both keys and the count).
+    """
+    cluster = config.cluster
+    role_maker, why = default_role_maker(server_num=cluster.server_num or None)
+    logger.info("role maker %s (%s)", type(role_maker).__name__, why)
+    ranks = mpi_world_size()
+    if isinstance(role_maker, MPIRoleMaker) and ranks != cluster.server_num + cluster.worker_num:
+        raise ConfigError(
+            f"mpirun started {ranks} ranks but cluster.server_num + cluster.worker_num is "
+            f"{cluster.server_num} + {cluster.worker_num}: start that many (mpirun -np "
+            f"{cluster.server_num + cluster.worker_num}) or override them (-o "
+            "cluster.server_num=S -o cluster.worker_num=W)")
+    return role_maker
+
+
 def train(config: TrainConfig) -> dict[str, Any] | None:
     """Run this process's part of the job described by ``config``.
 
@@ -202,7 +230,7 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
     torch.set_num_threads(runner.thread_num)
     torch.manual_seed(runner.seed)
     # The config was checked before the job started (runner.use_gpu is false: CPU).
-    fleet.init(strategy=strategy_of(config))
+    fleet.init(role_maker_of(config), strategy=strategy_of(config))
     if fleet.is_server():
         # No model or optimizer: the workers create the tables (fleet.init_worker).
         # Saves and loads go to the checkpoint folder and this run's folders only.
