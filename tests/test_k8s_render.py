@@ -153,3 +153,20 @@ def test_submit_without_kubectl_exits_2(capsys: pytest.CaptureFixture[str],
                  str(tmp_path / "m.yaml"), "--kubectl", str(tmp_path / "no-kubectl")])
     assert code == 2 and "no-kubectl" in capsys.readouterr().err
     assert not (tmp_path / "m.yaml").exists()
+
+
+def test_default_name_and_notes_on_what_the_image_must_hold(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = tmp_path / "ads_ctr" / "config.yaml"  # a plain config.yaml: its folder names it
+    config.parent.mkdir()
+    config.write_text(CONFIG.read_text())
+    code = main(["k8s", "render", "-m", str(config), "--image", "x", "--volume",
+                 "data:/data", "-o", "runner.test_data_dir=/data/test.csv"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    names = {d["kind"]: d["metadata"]["name"] for d in yaml.safe_load_all(out)}
+    assert names["StatefulSet"] == "ads-ctr-server" and names["Job"] == "ads-ctr-worker"
+    # The config's relative path, from /workspace in the pod: on no volume.
+    assert ("runner.train_data_dir /shared/data/criteo_kaggle_sample/train.csv is on no "
+            "--volume: it must be in the image") in err
+    assert "runner.test_data_dir" not in err  # on the data volume

@@ -154,7 +154,7 @@ def test_workdir_defaults_to_the_config_folder(capsys: pytest.CaptureFixture[str
     code, out, err = _run(["render", "-m", str(config)], capsys)
     assert code == 0, err
     assert f"workdir={config.parent}\n" in out
-    assert "--job-name=config" in _directives(out)
+    assert "--job-name=proj" in _directives(out)  # config.yaml: named after its folder
 
 
 def test_a_relative_workdir_is_made_absolute(capsys: pytest.CaptureFixture[str],

@@ -98,8 +98,13 @@ def _check_name(name: str, flag: str) -> str:
 
 
 def _default_name(config_file: Path) -> str:
-    """A job name from the config's file name (``config_gpubox.yaml`` -> ``config-gpubox``)."""
-    slug = re.sub(r"[^a-z0-9]+", "-", config_file.stem.lower()).strip("-")
+    """A job name from the config's file name (``config_gpubox.yaml`` ->
+    ``config-gpubox``), or its folder's when the file is plain ``config.yaml``
+    (``ctr/config.yaml`` -> ``ctr``)."""
+    stem = config_file.stem
+    if stem.lower() == "config" and config_file.absolute().parent.name:
+        stem = config_file.absolute().parent.name
+    slug = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")
     slug = slug if slug[:1].isalpha() else f"psfleet-{slug}".rstrip("-")
     return slug[:MAX_NAME_LEN].rstrip("-")
 

@@ -36,6 +36,7 @@ every container that exits.
 
 from __future__ import annotations
 
+import posixpath
 import secrets
 import shlex
 from collections.abc import Sequence
@@ -136,10 +137,19 @@ def check_storage(job: ClusterJob, options: K8sOptions) -> list[str]:
             f"runner.checkpoint.checkpoint_dir: {checkpoint} (in the container) is on no "
             "shared volume, so a restarted server could not read it: mount one there "
             f"(--volume CLAIM:{checkpoint}) or use an fsspec URL (s3://...)")
-    run_dir = str(job.config.runner.model_save_path)
+    runner = job.config.runner
+    run_dir = str(runner.model_save_path)
     if "://" not in run_dir and not _on_volume(run_dir, options.volumes):
         notes.append(f"runner.model_save_path {run_dir} is on no --volume: the run folder "
                      "(metrics.json, the exported model) is lost with worker 0's pod")
+    for key in ("train_data_dir", "test_data_dir", "valid_data_dir"):
+        value = getattr(runner, key)
+        paths = [posixpath.normpath(str(p)) for p in
+                 (value if isinstance(value, list) else [value]) if p is not None]
+        local = [p for p in paths if "://" not in p and not _on_volume(p, options.volumes)]
+        if local:
+            notes.append(f"runner.{key} {', '.join(local)} is on no --volume: it must be in "
+                         "the image (build one FROM psfleet's, see the Dockerfile)")
     return notes
 
 
