@@ -39,6 +39,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -228,11 +229,28 @@ class SlurmCluster:
         while time.monotonic() < deadline:
             line = self.run(["scontrol", "show", "job", "-o", job_id]).stdout.strip()
             fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            if "launch_failed" in fields.get("Reason", ""):
+                pytest.fail(f"Slurm could not launch job {job_id}: {line}\n"
+                            f"{self.report(cwd)}", pytrace=False)
             if fields.get("JobState") in FINAL_STATES:
                 code, _, signal = fields["ExitCode"].partition(":")
                 return job_id, int(code) or (128 + int(signal) if int(signal) else 0), line
             time.sleep(0.3)
-        pytest.fail(f"job {job_id} did not end within {JOB_TIMEOUT_S} s", pytrace=False)
+        pytest.fail(f"job {job_id} did not end within {JOB_TIMEOUT_S} s\n{self.report(cwd)}",
+                    pytrace=False)
+
+    def report(self, cwd: Path) -> str:
+        """What Slurm says about its jobs and nodes, and the tails of every log: for a
+        test that failed."""
+        asked = []
+        for argv in (["scontrol", "show", "job"], ["sinfo", "-N", "-l"],
+                     ["squeue", "-s"]):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                done = self.run(argv, check=False, timeout=10)
+                asked.append(f"--- {' '.join(argv)}\n{done.stdout}{done.stderr}")
+        logs = [*sorted(self.folder.glob("*.log")), *sorted(self.folder.glob("*.out")),
+                *sorted(cwd.glob("*.out"))]
+        return "\n".join([*asked, *(f"--- {p}\n{_tail(p, 25)}" for p in logs)])
 
     def stop(self) -> None:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -251,21 +269,26 @@ class SlurmCluster:
 
 
 @contextlib.contextmanager
-def slurm_cluster(folder: Path, controller: Node, nodes: Sequence[Node]
-                  ) -> Iterator[SlurmCluster]:
+def slurm_cluster(controller: Node, nodes: Sequence[Node]) -> Iterator[SlurmCluster]:
     """A running cluster; every process it started is stopped on exit (see the module
-    doc). Skips, saying why, where the binaries are missing or a daemon cannot start."""
+    doc). Skips, saying why, where the binaries are missing or a daemon cannot start.
+
+    Its configuration, state and spool live in a short folder under /tmp, removed on
+    exit: slurmstepd's Unix sockets are made in the spool folder and a socket path may
+    not pass 108 bytes, which a pytest-xdist ``tmp_path`` with a test's name can."""
     needed = [*DAEMONS, *(("nsenter", "unshare") if controller.ns else ())]
     missing = [name for name in needed if shutil.which(name) is None]
     if missing:
         pytest.skip(f"no {', '.join(missing)} on the PATH: apt-get install slurm-wlm "
                     "(nsenter and unshare: util-linux)")
+    folder = Path(tempfile.mkdtemp(prefix="psfslurm-", dir="/tmp"))
     cluster = SlurmCluster(folder, controller, nodes)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run_job(cluster: SlurmCluster, criteo_dir: Path, tmp_path: Path,
@@ -301,7 +324,7 @@ def test_one_node_job_learns(criteo_dir: Path, tmp_path: Path) -> None:
     """1 server x 2 workers on one node: the example's job as it is."""
     node = Node("localhost", "127.0.0.1")
     port = _free_ports(1)[0]  # this machine's: 6170 may be taken
-    with slurm_cluster(tmp_path / "slurm", node, [node]) as cluster:
+    with slurm_cluster(node, [node]) as cluster:
         job_id, run_dir, batch = _run_job(cluster, criteo_dir, tmp_path,
                                           ["--port", str(port)])
     assert f"psfleet: job ctr ({job_id}): servers 127.0.0.1:{port}; tasks on localhost " \
@@ -323,19 +346,22 @@ def test_failed_task_ends_the_step_and_the_job_fails(tmp_path: Path) -> None:
         "-o", f"runner.train_data_dir={missing}", "-o", f"runner.test_data_dir={missing}",
         "--port", str(_free_ports(1)[0])]))
     node = Node("localhost", "127.0.0.1")
-    with slurm_cluster(tmp_path / "slurm", node, [node]) as cluster:
+    with slurm_cluster(node, [node]) as cluster:
         job_id, code, state = cluster.submit_and_wait(script, cwd=tmp_path)
         left = [p for p in _ours(cluster.conf) if "psfleet" in " ".join(p.cmdline())]
     batch = (tmp_path / f"ctr-{job_id}.out").read_text()
     log_dir = workdir / "output" / f"ctr-{job_id}" / "log"
     assert code in (2, 143), f"{state}\n{batch}"
     assert not left, f"job processes still running after the job ended: {left}"
-    assert re.search(r"srun: error: localhost: tasks? 1(-2)?: Exited with exit code 2",
+    # Whichever worker fails first is named (under load either may).
+    assert re.search(r"srun: error: localhost: tasks? [12](-2)?: Exited with exit code 2",
                      batch), batch
     assert f"psfleet: job ctr failed: srun exited {code} (the failed task is named above); " \
         f"logs in {log_dir}" in batch, batch
     assert str(missing) in (log_dir / "workerlog.0").read_text()
-    assert "Server listening" in (log_dir / "serverlog.0").read_text()
+    # The server was started (and stopped by Slurm: nothing of the job is left, above);
+    # under load it may be stopped before it logs that it listens.
+    assert (log_dir / "serverlog.0").is_file()
 
 
 def test_two_node_job_learns(criteo_dir: Path, tmp_path: Path) -> None:
@@ -347,7 +373,7 @@ def test_two_node_job_learns(criteo_dir: Path, tmp_path: Path) -> None:
         controller = Node("ctl", hosts[0].address, hosts[0].ns)
         nodes = [Node(f"n{i}", host.address, host.ns, cpus=2)
                  for i, host in enumerate(hosts[1:], start=1)]
-        with slurm_cluster(tmp_path / "slurm", controller, nodes) as cluster:
+        with slurm_cluster(controller, nodes) as cluster:
             job_id, run_dir, batch = _run_job(
                 cluster, criteo_dir, tmp_path,
                 ["--nodes", "2", "-o", "cluster.server_num=2", "-o", "cluster.worker_num=2"])
