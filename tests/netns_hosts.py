@@ -23,7 +23,7 @@ import psutil
 import pytest
 from conftest import kill_processes
 
-__all__ = ["Host", "bridged_hosts", "ip"]
+__all__ = ["Host", "bridged_hosts", "ip", "kill_namespace_processes", "new_subnet"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ def ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
 
 
-def _kill_namespace_processes(ns: str) -> None:
+def kill_namespace_processes(ns: str) -> None:
+    """SIGKILL every process in network namespace ``ns`` (``ip netns pids``)."""
     try:
         out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
                              timeout=30).stdout
@@ -52,15 +53,20 @@ def _kill_namespace_processes(ns: str) -> None:
     kill_processes(procs)
 
 
-@contextlib.contextmanager
-def bridged_hosts(count: int) -> Iterator[list[Host]]:
-    """``count`` hosts on one bridge, addresses ``10.232.<random>.<1..count>/24``."""
+def new_subnet() -> tuple[str, int]:
+    """A random tag for namespace names and a random third octet for addresses;
+    skips, saying why, where namespaces cannot be made (no ``ip``, not root)."""
     if shutil.which("ip") is None:
         pytest.skip("no `ip` binary (apt package iproute2): cannot create network namespaces")
     if os.geteuid() != 0:
         pytest.skip(f"creating network namespaces needs root; running as uid {os.geteuid()}")
-    tag = secrets.token_hex(3)
-    subnet = secrets.randbelow(250) + 1
+    return secrets.token_hex(3), secrets.randbelow(250) + 1
+
+
+@contextlib.contextmanager
+def bridged_hosts(count: int) -> Iterator[list[Host]]:
+    """``count`` hosts on one bridge, addresses ``10.232.<random>.<1..count>/24``."""
+    tag, subnet = new_subnet()
     switch = f"psf-sw-{tag}"
     hosts = [Host(f"psf-h{i}-{tag}", f"10.232.{subnet}.{i + 1}") for i in range(count)]
     created: list[str] = []
@@ -86,6 +92,6 @@ def bridged_hosts(count: int) -> Iterator[list[Host]]:
         yield hosts
     finally:
         for ns in reversed(created):
-            _kill_namespace_processes(ns)
+            kill_namespace_processes(ns)
             with contextlib.suppress(OSError, subprocess.CalledProcessError):
                 ip("netns", "del", ns)  # also removes its veth ends

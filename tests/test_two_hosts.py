@@ -22,7 +22,6 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,9 +30,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
-from conftest import clean_env, kill_processes
+from conftest import clean_env
+from netns_hosts import ip, kill_namespace_processes, new_subnet
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
@@ -55,57 +54,34 @@ class Hosts:
     ip_b: str
 
 
-def _ip(*args: str) -> None:
-    """Run ``ip ARGS``; raise CalledProcessError with its stderr when it fails."""
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
-
-
-def _kill_namespace_processes(ns: str) -> None:
-    try:
-        out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
-                             timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return
-    procs = []
-    for pid in out.split():
-        with contextlib.suppress(psutil.Error, ValueError):
-            procs.append(psutil.Process(int(pid)))
-    kill_processes(procs)
-
-
 @pytest.fixture
 def two_hosts() -> Iterator[Hosts]:
-    if shutil.which("ip") is None:
-        pytest.skip("no `ip` binary (apt package iproute2): cannot create network namespaces")
-    if os.geteuid() != 0:
-        pytest.skip(f"creating network namespaces needs root; running as uid {os.geteuid()}")
-    tag = secrets.token_hex(3)
-    subnet = secrets.randbelow(250) + 1
+    tag, subnet = new_subnet()
     hosts = Hosts(f"psf-a-{tag}", f"psf-b-{tag}", f"10.231.{subnet}.1", f"10.231.{subnet}.2")
     veth_a, veth_b = f"psfa{tag}", f"psfb{tag}"  # <= 15 characters
     created: list[str] = []
     try:
         try:
             for ns in (hosts.ns_a, hosts.ns_b):
-                _ip("netns", "add", ns)
+                ip("netns", "add", ns)
                 created.append(ns)
         except (OSError, subprocess.CalledProcessError) as e:
             detail = getattr(e, "stderr", None) or str(e)
             pytest.skip(f"cannot create network namespaces: {detail.strip()}")
         # Both ends are created inside the namespaces; the host's namespace is untouched.
-        _ip("-n", hosts.ns_a, "link", "add", veth_a, "type", "veth",
+        ip("-n", hosts.ns_a, "link", "add", veth_a, "type", "veth",
             "peer", "name", veth_b, "netns", hosts.ns_b)
         for ns, dev, address in ((hosts.ns_a, veth_a, hosts.ip_a),
                                  (hosts.ns_b, veth_b, hosts.ip_b)):
-            _ip("-n", ns, "addr", "add", f"{address}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", ns, "link", "set", dev, "up")
+            ip("-n", ns, "addr", "add", f"{address}/24", "dev", dev)
+            ip("-n", ns, "link", "set", "lo", "up")
+            ip("-n", ns, "link", "set", dev, "up")
         yield hosts
     finally:
         for ns in created:
-            _kill_namespace_processes(ns)
+            kill_namespace_processes(ns)
             with contextlib.suppress(OSError, subprocess.CalledProcessError):
-                _ip("netns", "del", ns)  # also removes the veth pair
+                ip("netns", "del", ns)  # also removes the veth pair
 
 
 JOB_TOKEN = secrets.token_urlsafe(32)
