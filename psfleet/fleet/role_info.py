@@ -1,0 +1,55 @@
+"""What a role maker decides: :class:`RoleInfo`, and the :class:`RoleMaker` interface
+(the role makers are in :mod:`psfleet.fleet.role_maker`)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from psfleet.types import Role
+
+__all__ = ["RoleInfo", "RoleMaker"]
+
+
+@dataclass(frozen=True)
+class RoleInfo:
+    """This process's place in the job.
+
+    Attributes:
+        role: server or worker.
+        worker_index: this worker's index (0 for servers).
+        worker_num: number of workers in the job.
+        server_index: this server's index (-1 for workers).
+        server_endpoints: every server's ``host:port`` in index order (may be empty
+            on a server started with port 0 by fleetrun, which reports its port).
+        bind_endpoint: ``host:port`` a server binds (None for workers).
+        endpoint_file: where a server writes its bound endpoint (fleetrun).
+        worker_ips: every worker's IP in index order, when the job lists them
+            (``PADDLE_TRAINER_IPS`` or ``PADDLE_TRAINERS`` as a list), else empty.
+        auth_token: the job's shared secret when the role maker made one (MPIRoleMaker's
+            exchange, with ``PSFLEET_AUTH_TOKEN`` unset), else None. Never in the repr.
+    """
+
+    role: Role
+    worker_index: int
+    worker_num: int
+    server_index: int = -1
+    server_endpoints: tuple[str, ...] = ()
+    bind_endpoint: str | None = None
+    endpoint_file: Path | None = None
+    worker_ips: tuple[str, ...] = ()
+    auth_token: str | None = field(default=None, repr=False)
+
+    @property
+    def is_local(self) -> bool:
+        """A single worker with no servers: tables live in this process."""
+        return self.role is Role.WORKER and not self.server_endpoints
+
+
+class RoleMaker(ABC):
+    """Decides this process's :class:`RoleInfo`."""
+
+    @abstractmethod
+    def generate_role(self) -> RoleInfo:
+        """Return the role. Raises ConfigError naming what is missing or wrong."""
