@@ -188,20 +188,24 @@ def strategy_of(config: TrainConfig) -> DistributedStrategy:
         collective_backend="gloo" if runner.sync_mode == "collective" else "auto")
 
 
-def role_maker_of(config: TrainConfig) -> RoleMaker:
-    """This process's role maker: from the environment (fleetrun's or the seeds'
-    variables, :func:`~psfleet.fleet.role_maker.default_role_maker`), or under ``mpirun``
-    from the rank, ``cluster.server_num`` ranks serving.
+def role_maker_of(config: TrainConfig) -> RoleMaker | None:
+    """This process's role maker under ``mpirun`` (from the rank, ``cluster.server_num``
+    ranks serving); None otherwise: ``fleet.init`` then reads the role from the
+    environment (fleetrun's or the seeds' variables, torchrun's in collective mode).
 
     Raises:
         ConfigError: under ``mpirun``, the rank count is not ``cluster.server_num +
             cluster.worker_num`` (names both keys and the count).
     """
     cluster = config.cluster
+    if config.runner.sync_mode == "collective":
+        return None
     role_maker, why = default_role_maker(server_num=cluster.server_num or None)
+    if not isinstance(role_maker, MPIRoleMaker):
+        return None
     logger.info("role maker %s (%s)", type(role_maker).__name__, why)
     ranks = mpi_world_size()
-    if isinstance(role_maker, MPIRoleMaker) and ranks != cluster.server_num + cluster.worker_num:
+    if ranks != cluster.server_num + cluster.worker_num:
         raise ConfigError(
             f"mpirun started {ranks} ranks but cluster.server_num + cluster.worker_num is "
             f"{cluster.server_num} + {cluster.worker_num}: start that many (mpirun -np "
