@@ -29,12 +29,15 @@ from typing import Any
 import pytest
 import yaml
 
+from psfleet.errors import ConfigError
 from psfleet.rec.config import EarlyStoppingConfig
 from psfleet.rec.config_load import load_config
 from psfleet.rec.early_stopping import EarlyStopping
-from psfleet.rec.run_folder import LATEST, find_run_folder
+from psfleet.rec.run_folder import LATEST, check_run_folder, find_run_folder
 
 pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -193,3 +196,19 @@ def test_early_stopping_needs_validation_data(tmp_path: Path,
     config = _config(tmp_path, data_slice, early_stopping={"patience": 1})
     with pytest.raises(ConfigError, match="runner.early_stopping: needs runner.valid_data_dir"):
         load_config(config)
+
+
+def test_an_unnamed_finished_run_of_a_hand_or_mpirun_job_asks_for_a_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Processes started without psfleet train's launcher (by hand, mpirun) write the
+    folder ``run`` when unnamed; a finished one there is refused, asking for a name."""
+    monkeypatch.delenv("PSFLEET_RESTART_NUM", raising=False)
+    config = load_config(REPO / "examples" / "criteo_dnn" / "config.yaml",
+                         [f"runner.model_save_path={tmp_path}"])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.json").write_text(json.dumps({"interrupted": None}))
+    with pytest.raises(ConfigError) as refused:
+        check_run_folder(config)
+    assert str(refused.value).startswith(
+        f"runner.run_name is not set, so this job writes {tmp_path / 'run'}, which holds a "
+        "finished run (its metrics.json): name this run (-o runner.run_name=NAME")

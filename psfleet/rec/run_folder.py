@@ -94,6 +94,12 @@ def check_run_folder(config: TrainConfig) -> None:
     """
     folder = config.runner.run_dir
     if restart_num() == 0 and _finished(folder / "metrics.json"):
+        if config.runner.run_name is None:  # processes started by hand or by mpirun
+            raise ConfigError(
+                f"runner.run_name is not set, so this job writes {folder}, which holds a "
+                "finished run (its metrics.json): name this run (-o runner.run_name=NAME; "
+                "only psfleet train's own launcher names runs by their start time) or "
+                "delete that folder")
         raise ConfigError(
             f"runner.run_name: {config.runner.run_name!r}: {folder} holds a finished run "
             "(its metrics.json); choose another run_name, leave it unset for a new "
