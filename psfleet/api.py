@@ -160,7 +160,8 @@ def job_launcher(config: TrainConfig, tee_stream: BinaryIO | None = None
         # sync mode cannot take back one replaced worker mid-round: restart them all
         restart_policy="gang" if config.runner.sync_mode == "sync" else "process",
         checkpoint_dir=(str(config.runner.checkpoint.checkpoint_dir)
-                        if config.runner.checkpoint else None)), \
+                        if config.runner.checkpoint else None),
+        replication=cluster.replication), \
         f"{plural(cluster.server_num, 'server')} x {plural(cluster.worker_num, 'worker')}"
 
 

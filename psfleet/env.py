@@ -293,6 +293,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         "--restart_policy, or the job fails naming it. A number of seconds, > 0 and <= 30.",
     ),
     EnvVar(
+        "PSFLEET_REPLICATION",
+        "1",
+        "Servers holding each share of the tables (YAML cluster.replication, fleetrun "
+        "--replication). 2: every write is applied on two servers before it is "
+        "acknowledged, and when one dies the other serves its share without a restart "
+        "(docs/fault-tolerance.md). At most the server count.",
+    ),
+    EnvVar(
         "PSFLEET_CHECKPOINT_DIR",
         None,
         "Checkpoint folder (path or fsspec URL) a restarted server recovers its tables from "

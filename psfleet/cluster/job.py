@@ -125,7 +125,8 @@ def load_cluster_job(config_file: Path, overrides: Sequence[str] = (), *,
     Raises:
         ConfigError: the config is invalid (as ``psfleet train`` says), its mode has no
             servers (collective, or ``cluster.server_num`` 0), ``cluster.tls:
-            self-signed`` is set (a local job's certificate), or the name, workdir or
+            self-signed`` is set (a local job's certificate), ``cluster.replication``
+            above 1 (not on these routes yet), or the name, workdir or
             port is malformed; each message names the flag or key.
     """
     raw, _ = read_yaml(config_file)

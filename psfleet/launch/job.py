@@ -28,6 +28,7 @@ from psfleet.launch.process import ChildProcess, read_tail
 from psfleet.launch.restarts import Action, RestartPolicy, cause_of
 from psfleet.launch.specs import server_spec, worker_spec
 from psfleet.launch.types import LaunchConfig, ProcessSpec, Role
+from psfleet.replication import lost_shares
 
 __all__ = ["Job", "EXIT_FAILURE"]
 
@@ -338,7 +339,12 @@ class Job:
     def _on_failure(self, child: ChildProcess, cause: str | None,
                     workers_done: bool) -> int | None:
         """Restart after ``child``'s failure (reaped) per the policy; None when the job
-        goes on, else its exit code (the failure reported)."""
+        goes on, else its exit code (the failure reported).
+
+        With replication (``LaunchConfig.replication`` > 1) a server is not restarted:
+        the job goes on while every share has a live copy, and fails otherwise."""
+        if child.spec.role is Role.SERVER and (self.config.replication or 1) > 1:
+            return self._on_replicated_server_failure(child, cause)
         action = self._restarts.decide(
             child.spec, workers_done=workers_done,
             a_worker_done=any(w.returncode == 0 for w in self.workers))
@@ -348,6 +354,25 @@ class Job:
         if action is Action.RESTART_JOB:
             return self._restart_job(child, cause)
         return self._report_failure(child, "", cause)
+
+    def _on_replicated_server_failure(self, child: ChildProcess,
+                                      cause: str | None) -> int | None:
+        """A server of a replicated job failed: None (the job goes on) while every
+        share has a live copy, else the failure reported."""
+        replication = self.config.replication or 1
+        dead = [s.spec.index for s in self.servers
+                if s.returncode is not None and s.returncode != 0]
+        lost = lost_shares(len(self._endpoints) or len(self.servers), replication, dead)
+        if lost:
+            return self._report_failure(
+                child, "", f"{cause_of(child, cause)}; shares {lost} have no live copy "
+                f"left (replication {replication}, dead servers {sorted(dead)})")
+        child.flush_log()
+        logger.warning("fleetrun: %s %s; not restarted (replication %d): the servers "
+                       "holding its shares' other copies serve them, and the job goes on "
+                       "(dead servers %s). Its log: %s", self._who(child), cause_of(child, cause),
+                       replication, sorted(dead), child.spec.log_path)
+        return None
 
     def _on_hang(self, found: Unresponsive) -> int | None:
         """SIGKILL the unresponsive child ``found`` names, then handle it as a failure."""

@@ -46,6 +46,7 @@ def launch_local(
     storage_roots: Sequence[str | Path] = (),
     restart_policy: str = "process",
     checkpoint_dir: str | None = None,
+    replication: int | None = None,
 ) -> int:
     """Run ``server_num`` servers and ``worker_num`` workers on this host; return the exit code.
 
@@ -80,6 +81,8 @@ def launch_local(
             newest complete checkpoint; sync jobs).
         checkpoint_dir: the job's checkpoint folder, named in the line of a ``gang``
             restart; None: ``PSFLEET_CHECKPOINT_DIR``.
+        replication: servers holding each share (``LaunchConfig.replication``); None:
+            ``PSFLEET_REPLICATION``.
 
     The job's servers need a token: ``PSFLEET_AUTH_TOKEN``, or one generated for the
     job and given to every child in its environment.
@@ -103,6 +106,7 @@ def launch_local(
         stop_grace_s=stop_grace_s,
         tee_worker_0=tee_worker_0,
         python_executable=python_executable or sys.executable,
+        replication=replication,
     )
     return run_job(config, tee_stream, max_restarts=max_restarts, tls=tls,
                    storage_roots=storage_roots, restart_policy=restart_policy,

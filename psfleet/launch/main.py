@@ -43,6 +43,10 @@ Options:
     --max_restarts N            restart a server or worker that fails, up to N times
                                 each, or the whole job up to N times (gang) (default 0:
                                 the first failure ends the job). See "Restarts" below.
+    --replication R             servers holding each share of the tables (default:
+                                PSFLEET_REPLICATION, else 1). With 2, a server that dies
+                                is not restarted: the other copy of each of its shares
+                                serves it and the job goes on (docs/fault-tolerance.md).
     --restart_policy P          what a failure restarts: process (default; the failed
                                 child, for async and GEO jobs) or gang (every server and
                                 worker of the node, from the newest complete
@@ -384,6 +388,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="restart a failed server or worker up to N times each (default 0)",
     )
     parser.add_argument(
+        "--replication",
+        type=int,
+        default=None,
+        help="servers holding each share of the tables (default PSFLEET_REPLICATION, else 1)",
+    )
+    parser.add_argument(
         "--restart_policy",
         choices=list(RESTART_POLICIES),
         default=RESTART_POLICIES[0],
@@ -479,6 +489,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         workers=split_list(args.workers) if args.workers is not None else (),
         node_ips=split_list(args.node_ip) if args.node_ip is not None and not collective else (),
         start_port=None if collective else args.start_port,
+        replication=args.replication,
     )
     if not args.module and not Path(script).is_file():
         raise ConfigError(

@@ -30,11 +30,12 @@ JOB_VARIABLES: frozenset[str] = frozenset(
 
 
 def _base_env(
-    layout: JobLayout, host: str, environ: Mapping[str, str] | None
+    layout: JobLayout, host: str, environ: Mapping[str, str] | None, replication: int | None
 ) -> dict[str, str]:
     source = os.environ if environ is None else environ
     env = {k: v for k, v in source.items() if k not in JOB_VARIABLES}
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env["PSFLEET_REPLICATION"] = str(replication or 1)
     env["POD_IP"] = host
     env["PADDLE_CURRENT_IP"] = host
     env["PADDLE_TRAINERS_NUM"] = str(len(layout.workers))
@@ -63,7 +64,7 @@ def server_spec(
     """
     layout = layout if layout is not None else plan_job(config)
     slot = layout.servers[index]
-    env = _base_env(layout, slot.host, environ)
+    env = _base_env(layout, slot.host, environ, config.replication)
     env.update(
         TRAINING_ROLE=Role.SERVER.paddle_name,
         PADDLE_TRAINING_ROLE=Role.SERVER.paddle_name,
@@ -99,7 +100,7 @@ def worker_spec(
             ``config.tee_worker_0``.
     """
     layout = layout if layout is not None else plan_job(config)
-    env = _base_env(layout, layout.workers[index].host, environ)
+    env = _base_env(layout, layout.workers[index].host, environ, config.replication)
     env.update(
         TRAINING_ROLE=Role.WORKER.paddle_name,
         PADDLE_TRAINING_ROLE=Role.WORKER.paddle_name,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from psfleet.errors import ConfigError
 from psfleet.launch.hosts import normalize_host, parse_server_list, parse_worker_list, split_list
+from psfleet.replication import replication_from_env
 from psfleet.types import Role
 
 __all__ = ["LOCAL_HOST", "Role", "LaunchConfig", "ProcessSpec"]
@@ -74,6 +75,11 @@ class LaunchConfig:
         node_ips: this node's addresses (``--node_ip``); empty: detected.
         start_port: one-host job only: servers bind ``start_port + i`` instead of a free
             port reported through an endpoint file (``--start_port``).
+        replication: servers holding each share of the tables (``--replication``), from
+            1 to the server count; None: ``PSFLEET_REPLICATION`` (default 1). Every
+            child gets it as ``PSFLEET_REPLICATION``. Above 1 a server that
+            dies is not restarted: its shares are served by their other copies and the
+            job goes on while every share has one (docs/fault-tolerance.md).
 
     Raises:
         ConfigError: a value is out of range; the message names the flag and the
@@ -92,6 +98,7 @@ class LaunchConfig:
     workers: tuple[str, ...] = ()
     node_ips: tuple[str, ...] = ()
     start_port: int | None = None
+    replication: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.command, str) or not all(isinstance(a, str) for a in self.command):
@@ -110,6 +117,13 @@ class LaunchConfig:
         _check_count("--server_num", self.server_num, 0)
         _check_count("--worker_num", self.worker_num, 1)
         self._check_lists()
+        servers = len(self.servers) or self.server_num
+        if self.replication is None:
+            object.__setattr__(self, "replication", replication_from_env(servers))
+        if isinstance(self.replication, bool) or not isinstance(self.replication, int) or \
+                not 1 <= self.replication <= max(servers, 1):
+            raise ConfigError(f"--replication: got {self.replication!r}; allowed: an integer "
+                              f"from 1 to the server count ({servers})")
         _check_seconds("--server_wait_timeout_s", self.server_wait_timeout_s, allow_zero=False)
         _check_seconds("--stop_grace_s", self.stop_grace_s, allow_zero=True)
         if not isinstance(self.log_dir, (str, Path)) or str(self.log_dir) == "":

@@ -25,6 +25,7 @@ from psfleet.errors import ConfigError, FatalError
 from psfleet.ps.handles import PullHandle, PushHandle, wait_all
 from psfleet.ps.lifecycle_service import check_show_clicks
 from psfleet.ps.persist_delta import check_save_mode
+from psfleet.ps.replica.directory import ShareDirectory, ShareTransport
 from psfleet.ps.routing import BucketRouter, DenseLayout, RoutedKeys
 from psfleet.ps.rpc_transport import RpcTransport
 from psfleet.ps.rules import make_rule
@@ -40,6 +41,7 @@ from psfleet.ps.types import (
     SparseTableConfig,
 )
 from psfleet.ps.wait_budget import poll_until_done
+from psfleet.replication import replication_from_env
 from psfleet.rpc import RpcClient, RpcConfig, codec, wait_servers_ready
 from psfleet.rpc import messages as msg
 
@@ -422,25 +424,58 @@ class TableClient:
 class RemoteClient(TableClient):
     """Tables on servers reached over gRPC.
 
+    With ``replication`` R > 1 each share (server index) lives on R servers and its
+    calls follow it to the next one when the server serving it dies
+    (``psfleet.ps.replica``, docs/fault-tolerance.md).
+
     Args:
         endpoints: server endpoints ``host:port`` in server-index order.
         config: rpc settings.
         worker_index: this worker's index, sent with pushes and dense pulls.
         incarnation: this worker process's restart number (see :class:`TableClient`).
+        replication: servers per share; None: ``PSFLEET_REPLICATION`` (default 1).
+
+    Raises:
+        ConfigError: a replication below 1 or above the server count.
     """
 
     def __init__(self, endpoints: Sequence[str], config: RpcConfig,
-                 worker_index: int = 0, incarnation: int = 0) -> None:
-        self._rpc = [RpcClient(e, config) for e in endpoints]
-        super().__init__([RpcTransport(c) for c in self._rpc], worker_index, incarnation)
+                 worker_index: int = 0, incarnation: int = 0,
+                 replication: int | None = None) -> None:
+        endpoints = list(endpoints)
+        self.replication = (replication_from_env(len(endpoints)) if replication is None
+                            else replication)
+        self._directory: ShareDirectory | None = None
+        transports: list[Transport]
+        if self.replication > 1:
+            if self.replication > len(endpoints):
+                raise ConfigError(f"replication {self.replication}: more copies than the "
+                                  f"{len(endpoints)} server(s)")
+            self._directory = ShareDirectory(endpoints, config, self.replication)
+            transports = [ShareTransport(self._directory, s) for s in range(len(endpoints))]
+            self._rpc = [self._directory.client(h) for h in range(len(endpoints))]
+        else:
+            self._rpc = [RpcClient(e, config) for e in endpoints]
+            transports = [RpcTransport(c) for c in self._rpc]
+        super().__init__(transports, worker_index, incarnation)
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Block until every server is serving (see ``rpc.wait_servers_ready``).
+        """Block until every server is serving (see ``rpc.wait_servers_ready``); with
+        replication, until every server answered or is known dead, and tell them the
+        layout.
 
         Raises:
             ServerNotReadyError: some servers were not ready within ``timeout_s`` seconds.
         """
-        wait_servers_ready(self._rpc, timeout_s)
+        if self._directory is not None:
+            self._directory.connect(timeout_s)
+        else:
+            wait_servers_ready(self._rpc, timeout_s)
+
+    def close(self) -> None:
+        super().close()
+        if self._directory is not None:
+            self._directory.close()
 
 
 class LocalClient(TableClient):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from psfleet import env
 from psfleet.ps.metrics_exporter import MetricsExporter, metrics_port_from_env
+from psfleet.ps.replica.host import ReplicaHost
 from psfleet.ps.service import TableService
 from psfleet.ps.types import ServerLimits
 from psfleet.ps.wait_budget import WaitBudget
@@ -30,12 +31,15 @@ def start_server(host: str, port: int, config: RpcConfig,
                  service: TableService | None = None) -> tuple[TableService, RunningServer]:
     """Start a server in this process and return at once (tests, embedding).
 
+    The server is a :class:`~psfleet.ps.replica.host.ReplicaHost` around ``service``
+    (its own share; with replication, workers add the copies it keeps of others').
+
     Raises:
         ConfigError: the port cannot be bound.
     """
     service = service or TableService(barrier_timeout_s=config.deadline_s,
                                       wait_budget=WaitBudget.for_threads(config.server_threads))
-    return service, serve(service, host, port, config)
+    return service, serve(ReplicaHost(service, config), host, port, config)
 
 
 def run_server(host: str, port: int, config: RpcConfig,
@@ -97,7 +101,7 @@ def run_server(host: str, port: int, config: RpcConfig,
         while not service.stop_requested.wait(0.5):
             pass
     finally:
-        service.close()  # a blocked Barrier or sync push would keep the process alive
+        server.handler.close()  # a blocked Barrier or sync push would keep the process alive
         if exporter is not None:
             exporter.close()
         server.stop(grace_s=2.0)

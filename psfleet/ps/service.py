@@ -123,6 +123,11 @@ class TableService:
         self.stop_requested = threading.Event()
         self._admin = TableAdmin(self.tables, self._tables_lock, self._gate)
 
+    @property
+    def barrier_timeout_s(self) -> float:
+        """How long a Barrier call, or a sync-mode push, waits for the others, seconds."""
+        return self._barrier_timeout_s
+
     def _table(self, table_id: int, kind: type[_T]) -> _T:
         table = self.tables.get(table_id)
         if table is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["PodResources", "ClusterResources", "ClusterConfig"]
 
@@ -81,6 +81,10 @@ class ClusterConfig(_Section):
     ``PSFLEET_TLS_*`` variables decide (docs/security.md). Not used in one process.
     ``resources``: CPU, memory and GPUs per server and per worker, for the cluster
     routes (docs/cluster.md).
+    ``replication``: servers holding each share of the tables (``fleetrun
+    --replication``), at most ``server_num``; unset: ``PSFLEET_REPLICATION`` (default
+    1). With 2 a dead server's shares are served by their other copies and the job
+    goes on without a restart (docs/fault-tolerance.md).
     """
 
     server_num: int = Field(0, ge=0, le=64)
@@ -89,3 +93,12 @@ class ClusterConfig(_Section):
     max_restarts: int = Field(0, ge=0)
     tls: Literal["self-signed"] | None = None
     resources: ClusterResources = ClusterResources()
+    replication: int | None = Field(None, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _replication_fits(self) -> ClusterConfig:
+        if self.replication is not None and self.replication > max(self.server_num, 1):
+            raise ValueError(f"replication: {self.replication} copies of each share need at "
+                             f"least {self.replication} servers; server_num is "
+                             f"{self.server_num}")
+        return self

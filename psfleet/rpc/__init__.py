@@ -1,7 +1,7 @@
 """The transport: one gRPC service, raw-buffer messages, deadlines, retries, auth."""
 
 from psfleet.rpc.client import PendingCall, RpcClient, wait_servers_ready
-from psfleet.rpc.server import RunningServer, ServiceHandler, serve
+from psfleet.rpc.server import RunningServer, ServiceHandler, call_share, serve
 from psfleet.rpc.types import RpcConfig, parse_endpoint
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "RpcConfig",
     "RunningServer",
     "ServiceHandler",
+    "call_share",
     "parse_endpoint",
     "serve",
     "wait_servers_ready",

@@ -26,7 +26,7 @@ from psfleet.errors import (
     ServerNotReadyError,
 )
 from psfleet.rpc import psfleet_pb2_grpc as pb_grpc
-from psfleet.rpc.server import AUTH_METADATA_KEY
+from psfleet.rpc.server import AUTH_METADATA_KEY, SHARE_METADATA_KEY
 from psfleet.rpc.tls import diagnose_tls_mismatch
 from psfleet.rpc.types import RpcConfig
 
@@ -43,12 +43,14 @@ class RpcClient:
     Args:
         endpoint: ``host:port`` of the server.
         config: deadline, retries, message limits, auth token, TLS files.
+        share: the share (server index) every call is for, sent as metadata, when the
+            server holds it as a replica (``psfleet.ps.replica``); None: its own.
 
     Raises:
         ConfigError: a TLS file cannot be read (names the variable).
     """
 
-    def __init__(self, endpoint: str, config: RpcConfig) -> None:
+    def __init__(self, endpoint: str, config: RpcConfig, share: int | None = None) -> None:
         self.endpoint = endpoint
         self.config = config
         tls = config.tls
@@ -64,7 +66,7 @@ class RpcClient:
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._metadata: tuple[tuple[str, str], ...] = (
             ((AUTH_METADATA_KEY, config.auth_token),) if config.auth_token else ()
-        )
+        ) + (((SHARE_METADATA_KEY, str(share)),) if share is not None else ())
 
     def call(self, method: str, request: Any, deadline_s: float | None = None) -> Any:
         """Call ``method`` and block for its response.

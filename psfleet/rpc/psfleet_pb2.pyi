@@ -293,3 +293,29 @@ class AgeOneDayRequest(_message.Message):
     table_id: int
     request_id: PushId
     def __init__(self, all_tables: _Optional[bool] = ..., table_id: _Optional[int] = ..., request_id: _Optional[_Union[PushId, _Mapping]] = ...) -> None: ...
+
+class ReplicasRequest(_message.Message):
+    __slots__ = ("endpoints", "host_index", "replication", "dead")
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    HOST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    DEAD_FIELD_NUMBER: _ClassVar[int]
+    endpoints: _containers.RepeatedScalarFieldContainer[str]
+    host_index: int
+    replication: int
+    dead: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, endpoints: _Optional[_Iterable[str]] = ..., host_index: _Optional[int] = ..., replication: _Optional[int] = ..., dead: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DeadHosts(_message.Message):
+    __slots__ = ("hosts",)
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    hosts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, hosts: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class FailoverRequest(_message.Message):
+    __slots__ = ("host", "dead")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    DEAD_FIELD_NUMBER: _ClassVar[int]
+    host: int
+    dead: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, host: _Optional[int] = ..., dead: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -94,6 +94,21 @@ class ParameterServerStub:
                 request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.AgeOneDayRequest.SerializeToString,
                 response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
                 _registered_method=True)
+        self.SetReplicas = channel.unary_unary(
+                '/psfleet.ParameterServer/SetReplicas',
+                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ReplicasRequest.SerializeToString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.FromString,
+                _registered_method=True)
+        self.Failover = channel.unary_unary(
+                '/psfleet.ParameterServer/Failover',
+                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.FailoverRequest.SerializeToString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.FromString,
+                _registered_method=True)
+        self.MarkDead = channel.unary_unary(
+                '/psfleet.ParameterServer/MarkDead',
+                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.SerializeToString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -171,6 +186,27 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetReplicas(self, request, context):
+        """a worker at connect
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Failover(self, request, context):
+        """declare a host dead (if it is)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MarkDead(self, request, context):
+        """the decision, to every live host
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -232,6 +268,21 @@ def add_ParameterServerServicer_to_server(servicer, server):
             'AgeOneDay': grpc.unary_unary_rpc_method_handler(
                     servicer.AgeOneDay,
                     request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.AgeOneDayRequest.FromString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.SerializeToString,
+            ),
+            'SetReplicas': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetReplicas,
+                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ReplicasRequest.FromString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.SerializeToString,
+            ),
+            'Failover': grpc.unary_unary_rpc_method_handler(
+                    servicer.Failover,
+                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.FailoverRequest.FromString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.SerializeToString,
+            ),
+            'MarkDead': grpc.unary_unary_rpc_method_handler(
+                    servicer.MarkDead,
+                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.FromString,
                     response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.SerializeToString,
             ),
     }
@@ -558,6 +609,87 @@ class ParameterServer:
             target,
             '/psfleet.ParameterServer/AgeOneDay',
             psfleet_dot_rpc_dot_psfleet__pb2.AgeOneDayRequest.SerializeToString,
+            psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetReplicas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psfleet.ParameterServer/SetReplicas',
+            psfleet_dot_rpc_dot_psfleet__pb2.ReplicasRequest.SerializeToString,
+            psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Failover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psfleet.ParameterServer/Failover',
+            psfleet_dot_rpc_dot_psfleet__pb2.FailoverRequest.SerializeToString,
+            psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MarkDead(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psfleet.ParameterServer/MarkDead',
+            psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.SerializeToString,
             psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
             options,
             channel_credentials,

@@ -26,6 +26,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent import futures
+from contextvars import ContextVar
 from typing import Any, NoReturn, Protocol
 
 import grpc
@@ -45,11 +46,23 @@ from psfleet.rpc.access import StorageRoots, check_bind
 from psfleet.rpc.types import RpcConfig
 
 __all__ = ["ServiceHandler", "RunningServer", "serve", "status_message", "status_code_of",
-           "AUTH_METADATA_KEY", "MAX_STATUS_MESSAGE_BYTES", "STATUS_OF_ERROR"]
+           "call_share", "AUTH_METADATA_KEY", "SHARE_METADATA_KEY", "MAX_STATUS_MESSAGE_BYTES",
+           "STATUS_OF_ERROR"]
 
 logger = logging.getLogger(__name__)
 
 AUTH_METADATA_KEY = "psfleet-auth-token"
+#: Metadata naming the share (server index) a call is for, when it is not the host's own
+#: (replication, ``psfleet.ps.replica``).
+SHARE_METADATA_KEY = "psfleet-share"
+
+_CALL_SHARE: ContextVar[int | None] = ContextVar("psfleet_call_share", default=None)
+
+
+def call_share() -> int | None:
+    """The share the call being handled names (its ``psfleet-share`` metadata), or None.
+    Valid inside a handler method."""
+    return _CALL_SHARE.get()
 SERVICE_NAME = "psfleet.ParameterServer"
 
 #: The longest status message sent, in bytes on the wire (UTF-8, percent-encoded): half
@@ -202,6 +215,9 @@ def _unary(name: str, method: Callable[[Any], Any], request_type: type[Message],
         gate.check_token(name, context)
         request = _decode(name, request_type, body, context)
         gate.check_storage(name, request, context)
+        share = dict(context.invocation_metadata()).get(SHARE_METADATA_KEY)
+        token = _CALL_SHARE.set(None if not isinstance(share, str) or not share.isdigit()
+                                else int(share))
         try:
             return method(request)
         except Exception as exc:
@@ -216,6 +232,8 @@ def _unary(name: str, method: Callable[[Any], Any], request_type: type[Message],
                 _abort(context, code, f"{what}: the server ran out of memory ({exc}); give it "
                        "more memory, add servers, or send smaller requests")
             _abort(context, code, str(exc))
+        finally:
+            _CALL_SHARE.reset(token)
 
     call.__name__ = name
     return call
@@ -238,12 +256,15 @@ def _method_handlers(handler: ServiceHandler, gate: _Gate) -> dict[str, grpc.Rpc
 
 
 class RunningServer:
-    """A started gRPC server. ``port`` is the bound port (the OS's when 0 was asked)."""
+    """A started gRPC server. ``port`` is the bound port (the OS's when 0 was asked);
+    ``handler`` the object it serves."""
 
     def __init__(self, server: grpc.Server, host: str, port: int,
                  health_servicer: health.HealthServicer,
-                 executor: futures.ThreadPoolExecutor | None = None) -> None:
+                 executor: futures.ThreadPoolExecutor | None = None,
+                 handler: Any = None) -> None:
         self._server = server
+        self.handler = handler
         self._executor = executor
         self._health = health_servicer
         self.host = host
@@ -325,4 +346,4 @@ def serve(handler: ServiceHandler, host: str, port: int, config: RpcConfig) -> R
         logger.warning("no PSFLEET_AUTH_TOKEN: any process on this machine can call this "
                        "server (Stop, Save, Load, pushes); set PSFLEET_AUTH_TOKEN on every "
                        "server and worker, or start the job with fleetrun, which makes one")
-    return RunningServer(server, host, bound, health_servicer, executor)
+    return RunningServer(server, host, bound, health_servicer, executor, handler)

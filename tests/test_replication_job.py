@@ -1,0 +1,85 @@
+"""Replication with real jobs (``psfleet train``, real processes, 127.0.0.1).
+
+Sync mode with SGD (a fixed order of updates): a 3-server job with
+``cluster.replication: 2`` whose server 1 is SIGKILLed mid-epoch, and not restarted,
+ends with every key's row and the dense parameters equal to an undisturbed run's
+(issue 20's first done-when): the other copy of each share it held took over, and no
+round was lost or applied twice.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import clean_env, run_command, run_folder
+from test_checkpoint_resume import (
+    _checkpoints,
+    _final_parameters,
+    _job_process,
+    _manifest,
+    _train_argv,
+    _wait_for,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _config(tmp_path: Path, name: str, train: Path, test: Path, replication: int) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps({
+        "runner": {"train_data_dir": str(train), "test_data_dir": str(test), "epochs": 1,
+                   "batch_size": 8, "sync_mode": "sync", "seed": 11,
+                   "model_save_path": str(tmp_path / f"out-{name}"), "export_model": False,
+                   "checkpoint": {"checkpoint_dir": str(tmp_path / f"ck-{name}"),
+                                  "epoch_interval": 1, "step_interval": 10,
+                                  "max_num_checkpoints": 2}},
+        "hyper_parameters": {"fc_sizes": [32, 16],
+                             "optimizer": {"class": "SGD", "learning_rate": 0.05}},
+        "cluster": {"server_num": 3, "worker_num": 2, "replication": replication},
+    }))
+    return path
+
+
+def test_sync_job_survives_a_killed_server_with_every_row_equal(
+        tmp_path: Path, data_slice: Callable[..., Path]) -> None:
+    train, test = data_slice(1200), data_slice(200, source="dev.csv")
+    reference = _config(tmp_path, "ref", train, test, replication=1)
+    r = run_command(_train_argv(reference), timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    config = _config(tmp_path, "cut", train, test, replication=2)
+    job = subprocess.Popen(_train_argv(config), env=clean_env(), text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           start_new_session=True)
+    try:
+        _wait_for("a checkpoint in the middle of the epoch",
+                  lambda: any(_manifest(p).get("batch") == 10
+                              for p in _checkpoints(tmp_path / "ck-cut")), job)
+        run = run_folder(tmp_path / "out-cut")
+        _job_process(run / "config.yaml", "PSFLEET_SERVER_INDEX", "1").kill()
+        out, err = job.communicate(timeout=180)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, err[-3000:]
+    steps = [int(_manifest(p)["step"]) for p in _checkpoints(tmp_path / "ck-cut")]  # type: ignore[call-overload]
+    assert max(steps) == 600 // 8, "the job did not train its whole epoch"
+    assert "not restarted (replication 2)" in err
+    logs = run / "log"
+    assert "server 1 (pid" in err and "SIGKILL" in err
+    worker_log = (logs / "workerlog.0").read_text() + (logs / "workerlog.1").read_text()
+    assert "is dead" in worker_log, "no call was failed over"
+    assert "now serves share 1" in (logs / "serverlog.2").read_text()
+
+    ref_keys, ref_rows, ref_dense = _final_parameters(tmp_path / "ck-ref")
+    keys, rows, dense = _final_parameters(tmp_path / "ck-cut")
+    assert keys.size > 1000
+    assert np.array_equal(keys, ref_keys)
+    np.testing.assert_array_equal(rows, ref_rows)
+    np.testing.assert_array_equal(dense, ref_dense)
