@@ -1,15 +1,21 @@
 """Measurement (not run in CI): test AUC of the 1M-row synthetic job, undisturbed vs a
-server SIGKILLed mid-epoch vs a worker SIGKILLed mid-epoch, with --max_restarts 1.
+server SIGKILLed mid-epoch vs a worker SIGKILLed mid-epoch, with --max_restarts 1; and
+with ``cluster.replication: 2`` (3 servers x 2 workers), undisturbed vs a server
+SIGKILLed mid-epoch and not restarted, against replication 1.
 
 Usage (data from ``psfleet datagen criteo --rows 1000000 --seed 7 --out TRAIN
 --test_rows 200000 --test_out TEST``)::
 
-    python benchmarks/restart_recovery.py --train TRAIN --test TEST --work DIR
+    python benchmarks/restart_recovery.py --train TRAIN --test TEST --work DIR \
+        [--runs undisturbed,server_killed,worker_killed,rep1,rep2,rep2_server_killed]
 
-Each run: ``psfleet train``, async, 2 servers x 2 workers, 1 epoch, batch 512,
-``runner.checkpoint`` every 200 batches, ``cluster.max_restarts: 1``. The kill comes
-when the checkpoint after ``--kill_after`` batches is published. Prints one line per run
-and the AUC differences.
+Each run: ``psfleet train``, async, 1 epoch, batch 512, ``runner.checkpoint`` every 200
+batches. The first three: 2 servers x 2 workers, ``cluster.max_restarts: 1``. ``rep1``,
+``rep2`` and ``rep2_server_killed``: 3 servers x 2 workers, replication 1 / 2 / 2, no
+restarts. The kill comes when the checkpoint after ``--kill_after`` batches is
+published. Prints one line per run (test AUC, examples/s, and for a replicated kill the
+seconds from the kill to the workers' first call on the new server: the pause), then
+the AUC differences.
 """
 
 from __future__ import annotations
@@ -27,7 +33,21 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: run name -> (servers, replication, max_restarts, process to kill as (variable, value))
+RUNS: dict[str, tuple[int, int, int, tuple[str, str] | None]] = {
+    "undisturbed": (2, 1, 1, None),
+    "server_killed": (2, 1, 1, ("PSFLEET_SERVER_INDEX", "1")),
+    "worker_killed": (2, 1, 1, ("PADDLE_TRAINER_ID", "1")),
+    "rep1": (3, 1, 0, None),
+    "rep2": (3, 2, 0, None),
+    "rep2_server_killed": (3, 2, 0, ("PSFLEET_SERVER_INDEX", "1")),
+}
+BASELINES = {"server_killed": "undisturbed", "worker_killed": "undisturbed",
+             "rep2": "rep1", "rep2_server_killed": "rep2"}
+
+
 def _config(work: Path, name: str, train: Path, test: Path) -> Path:
+    servers, replication, max_restarts, _ = RUNS[name]
     path = work / f"{name}.yaml"
     path.write_text(json.dumps({
         "runner": {"train_data_dir": str(train), "test_data_dir": str(test), "epochs": 1,
@@ -35,7 +55,8 @@ def _config(work: Path, name: str, train: Path, test: Path) -> Path:
                    "model_save_path": str(work / f"out-{name}"),
                    "checkpoint": {"checkpoint_dir": str(work / f"ck-{name}"),
                                   "step_interval": 200, "max_num_checkpoints": 2}},
-        "cluster": {"server_num": 2, "worker_num": 2, "max_restarts": 1},
+        "cluster": {"server_num": servers, "worker_num": 2, "max_restarts": max_restarts,
+                    "replication": replication},
     }))
     return path
 
@@ -60,15 +81,30 @@ def _victim(config: Path, variable: str, value: str) -> psutil.Process | None:
     return None
 
 
-def run(work: Path, name: str, train: Path, test: Path, kill: tuple[str, str] | None,
-        kill_after: int) -> dict[str, object]:
+def _pause_s(run_dir: Path, killed_wall: float) -> int | None:
+    """Seconds (whole: the logs stamp HH:MM:SS) from the kill to the first worker log
+    line saying a call moved to another server; None when there is none."""
+    kill = time.localtime(killed_wall)
+    kill_s = kill.tm_hour * 3600 + kill.tm_min * 60 + kill.tm_sec
+    firsts = []
+    for log in run_dir.glob("log/workerlog.*"):
+        for line in log.read_text(errors="replace").splitlines():
+            if "is dead" in line and "calling server" in line:
+                h, m, sec = (int(x) for x in line[:8].split(":"))
+                firsts.append((h * 3600 + m * 60 + sec - kill_s) % 86400)
+                break
+    return min(firsts) if firsts else None
+
+
+def run(work: Path, name: str, train: Path, test: Path, kill_after: int) -> dict[str, object]:
+    kill = RUNS[name][3]
     config = _config(work, name, train, test)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = time.monotonic()
     job = subprocess.Popen([sys.executable, "-m", "psfleet.cli.main", "train", "-m",
                             str(config)], env=env, stdout=subprocess.DEVNULL,
                            stderr=(work / f"{name}.stderr").open("w"))
-    killed_at = None
+    killed_at = killed_wall = None
     if kill is not None:
         while job.poll() is None and kill_after not in _published_batches(work / f"ck-{name}"):
             time.sleep(0.2)
@@ -76,15 +112,18 @@ def run(work: Path, name: str, train: Path, test: Path, kill: tuple[str, str] | 
         victim = _victim(work / f"out-{name}", *kill)
         if victim is not None:
             victim.kill()
-            killed_at = time.monotonic() - started
+            killed_at, killed_wall = time.monotonic() - started, time.time()
     code = job.wait()
     # The run folder psfleet train wrote under model_save_path (psfleet.rec.run_folder).
-    metrics = json.loads((work / f"out-{name}" / "latest" / "metrics.json").read_text()) \
-        if code == 0 else {}
+    run_dir = (work / f"out-{name}" / "latest").resolve()
+    metrics = json.loads((run_dir / "metrics.json").read_text()) if code == 0 else {}
     stderr = (work / f"{name}.stderr").read_text()
     return {"run": name, "exit": code, "killed": f"{kill[0]}={kill[1]}" if kill else None,
             "killed_at_s": killed_at, "restarts": stderr.count("restarting it"),
+            "failover_pause_s": (_pause_s(run_dir, killed_wall)
+                                 if killed_wall is not None and RUNS[name][1] > 1 else None),
             "test_auc": (metrics.get("test") or {}).get("auc"),
+            "examples_per_s": round(metrics["examples_per_s"]) if metrics else None,
             "wall_s": round(time.monotonic() - started, 1)}
 
 
@@ -96,22 +135,30 @@ def main() -> int:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--kill_after", type=int, default=400)
     parser.add_argument("--runs", default="undisturbed,server_killed,worker_killed",
-                        help="comma-separated runs to do (default: all three)")
+                        help=f"comma-separated runs to do, of {', '.join(RUNS)} (default: "
+                        "the first three)")
     args = parser.parse_args()
+    unknown = set(args.runs.split(",")) - set(RUNS)
+    if unknown:
+        parser.error(f"--runs: unknown {sorted(unknown)}; choose from {', '.join(RUNS)}")
     args.work.mkdir(parents=True, exist_ok=True)
-    results = []
-    for name, kill in (("undisturbed", None), ("server_killed", ("PSFLEET_SERVER_INDEX", "1")),
-                       ("worker_killed", ("PADDLE_TRAINER_ID", "1"))):
-        if name not in args.runs.split(","):
+    results = {}
+    for name in RUNS:
+        if name in args.runs.split(","):
+            results[name] = run(args.work, name, args.train, args.test, args.kill_after)
+            print(json.dumps(results[name]), flush=True)
+    for name, base_name in BASELINES.items():
+        r, base = results.get(name), results.get(base_name)
+        if r is None or base is None:
             continue
-        result = run(args.work, name, args.train, args.test, kill, args.kill_after)
-        print(json.dumps(result), flush=True)
-        results.append(result)
-    base = results[0]["test_auc"] if results[0]["run"] == "undisturbed" else None
-    for r in results[1:]:
-        if isinstance(base, float) and isinstance(r["test_auc"], float):
-            print(f"{r['run']}: test auc {r['test_auc']:.4f} vs undisturbed {base:.4f}: "
-                  f"difference {r['test_auc'] - base:+.4f}", flush=True)
+        if isinstance(r["test_auc"], float) and isinstance(base["test_auc"], float):
+            print(f"{name}: test auc {r['test_auc']:.4f} vs {base_name} "
+                  f"{base['test_auc']:.4f}: difference {r['test_auc'] - base['test_auc']:+.4f}",
+                  flush=True)
+        if isinstance(r["examples_per_s"], int) and isinstance(base["examples_per_s"], int):
+            print(f"{name}: {r['examples_per_s']} examples/s vs {base_name} "
+                  f"{base['examples_per_s']}: {r['examples_per_s'] / base['examples_per_s']:.2f}x",
+                  flush=True)
     return 0
 
 
