@@ -20,6 +20,7 @@ __all__ = [
     "DataError",
     "RetryableError",
     "RpcError",
+    "MovedError",
     "ServerNotReadyError",
     "FatalError",
     "RemoteError",
@@ -56,6 +57,12 @@ class RetryableError(PsfleetError):
 
 class RpcError(RetryableError):
     """A remote call failed after its retries (names the endpoint and method)."""
+
+
+class MovedError(RetryableError):
+    """The server called no longer serves the share the call is for (a fail-over, or a
+    restarted server took its share back); the caller learns the share map again and
+    calls the share's primary (``psfleet.ps.replica``)."""
 
 
 class FatalError(PsfleetError):

@@ -1,39 +1,117 @@
-"""Which hosts hold a share, and the job's replication setting.
+"""Which servers hold a share, and the job's replication setting.
 
-Share ``s`` of ``S`` lives on hosts ``s, s+1, ..., s+R-1`` (mod ``S``); the first of
-them not declared dead is its primary, the other live ones its backups (chained
-placement, as in chain replication: van Renesse and Schneider, OSDI 2004). The map is
-a pure function of the dead set, and that set only grows, so every worker and server
-that knows the same dead hosts routes the same way without a map version to agree on.
+A *share* is one server index's part of every table (docs/fault-tolerance.md). Share
+``s`` of ``S`` is placed on hosts ``s, s+1, ..., s+R-1`` (mod ``S``), chained placement
+as in chain replication (van Renesse and Schneider, OSDI 2004). A host is a server
+index; a *member* is one process serving it, ``(host, incarnation)``, the incarnation
+being its restart number (``PSFLEET_RESTART_NUM``).
+
+:class:`ShareMap` is everything the job knows about its members, and only grows:
+which incarnations of each host are dead, and which restarted members were filled with
+a copy of a share (rejoined). Two maps merge by union (the highest dead incarnation
+per host, the union of the joins), so every process that has heard the same facts
+routes the same way, whoever decided them. A share's holders are its live members
+ordered by their host's rank in its placement (``s`` first), so a member that
+rejoined on its own host serves its share again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from psfleet import env
 from psfleet.errors import ConfigError
 
-__all__ = ["hosts_of", "lost_shares", "replication_from_env"]
+__all__ = ["Member", "ShareMap", "hosts_of", "lost_shares", "replication_from_env"]
+
+#: One process serving a host: (host index, incarnation).
+Member = tuple[int, int]
 
 
-def hosts_of(share: int, host_num: int, replication: int, dead: Iterable[int] = ()) -> list[int]:
-    """The live hosts holding ``share``, primary first (empty: every copy is dead).
+def hosts_of(share: int, host_num: int, replication: int) -> list[int]:
+    """The hosts ``share`` is placed on, primary first: ``share, share+1, ...`` (mod
+    ``host_num``), ``replication`` of them."""
+    return [(share + i) % host_num for i in range(replication)]
 
-    Args:
-        share: the share (server index), in ``[0, host_num)``.
+
+def lost_shares(host_num: int, replication: int, down: Iterable[int]) -> list[int]:
+    """The shares every host of which has no process up (``down``): a launcher's view,
+    which knows processes, not which copies a restarted server was filled with."""
+    gone = set(down)
+    return [s for s in range(host_num) if set(hosts_of(s, host_num, replication)) <= gone]
+
+
+@dataclass(frozen=True)
+class ShareMap:
+    """Where the shares of a job of ``host_num`` servers with ``replication`` live.
+
+    Attributes:
         host_num: servers of the job.
         replication: hosts per share, in ``[1, host_num]``.
-        dead: hosts declared dead.
+        dead: host -> its highest dead incarnation (every lower one is dead too).
+        joined: ``(share, host, incarnation)``: a restarted member holding a full copy
+            of the share (filled from the share's primary while training went on).
     """
-    gone = set(dead)
-    return [h for h in ((share + i) % host_num for i in range(replication)) if h not in gone]
 
+    host_num: int
+    replication: int
+    dead: Mapping[int, int] = field(default_factory=dict)
+    joined: frozenset[tuple[int, int, int]] = frozenset()
 
-def lost_shares(host_num: int, replication: int, dead: Iterable[int]) -> list[int]:
-    """The shares every copy of which is on a dead host (their rows are gone)."""
-    gone = set(dead)
-    return [s for s in range(host_num) if not hosts_of(s, host_num, replication, gone)]
+    def is_dead(self, member: Member) -> bool:
+        host, incarnation = member
+        return incarnation <= self.dead.get(host, -1)
+
+    def holders(self, share: int) -> list[Member]:
+        """The live members holding ``share``, primary first (empty: every copy is
+        dead). Ordered by their host's rank in the share's placement, then newest
+        incarnation first."""
+        members = [(h, 0) for h in hosts_of(share, self.host_num, self.replication)]
+        members += [(h, k) for s, h, k in self.joined if s == share]
+        live = {m for m in members if not self.is_dead(m)}
+        return sorted(live, key=lambda m: ((m[0] - share) % self.host_num, -m[1]))
+
+    def primary(self, share: int) -> Member | None:
+        """The member serving ``share`` now; None when every copy is dead."""
+        holders = self.holders(share)
+        return holders[0] if holders else None
+
+    def lost(self) -> list[int]:
+        """The shares every copy of which is dead (their rows are gone)."""
+        return [s for s in range(self.host_num) if not self.holders(s)]
+
+    def latest(self, host: int) -> Member:
+        """The newest member of ``host`` this map knows (dead or alive)."""
+        incarnations = [k for _, h, k in self.joined if h == host]
+        return host, max([0, *incarnations])
+
+    def with_dead(self, members: Iterable[Member]) -> ShareMap:
+        """This map with ``members`` (and every older incarnation of their hosts) dead."""
+        dead = dict(self.dead)
+        for host, incarnation in members:
+            dead[host] = max(dead.get(host, -1), incarnation)
+        return ShareMap(self.host_num, self.replication, dead, self.joined)
+
+    def with_joined(self, share: int, member: Member) -> ShareMap:
+        """This map with ``member`` holding a copy of ``share``."""
+        return ShareMap(self.host_num, self.replication, self.dead,
+                        self.joined | {(share, *member)})
+
+    def merged(self, other: ShareMap) -> ShareMap:
+        """The union of what both maps know."""
+        dead = self.with_dead(other.dead.items()).dead
+        return ShareMap(self.host_num, self.replication, dead, self.joined | other.joined)
+
+    def describe(self) -> str:
+        """``dead hosts [1 (incarnations <= 0)], rejoined: share 1 on host 1 incarnation 1``,
+        for logs."""
+        dead = [f"{h} (incarnations <= {k})" for h, k in sorted(self.dead.items())]
+        joined = [f"share {s} on host {h} incarnation {k}" for s, h, k in sorted(self.joined)]
+        lost = self.lost()
+        return (f"dead hosts [{', '.join(dead)}]"
+                + (f", rejoined: {', '.join(joined)}" if joined else "")
+                + (f"; shares {lost} have no copy left" if lost else ""))
 
 
 def replication_from_env(host_num: int, environ: Mapping[str, str] | None = None) -> int:

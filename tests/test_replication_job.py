@@ -83,3 +83,37 @@ def test_sync_job_survives_a_killed_server_with_every_row_equal(
     assert np.array_equal(keys, ref_keys)
     np.testing.assert_array_equal(rows, ref_rows)
     np.testing.assert_array_equal(dense, ref_dense)
+
+
+def test_async_job_with_a_killed_server_restarted_rejoins(
+        tmp_path: Path, data_slice: Callable[..., Path]) -> None:
+    """Async, replication 2, ``max_restarts: 1``: server 1 is SIGKILLed mid-epoch and
+    restarted; the restarted server is filled with copies of its shares while training
+    goes on, serves its own share again, and the job ends with a sane AUC."""
+    train, test = data_slice(3000), data_slice(400, source="dev.csv")
+    config = _config(tmp_path, "rejoin", train, test, replication=2)
+    raw = json.loads(config.read_text())
+    raw["runner"]["sync_mode"] = "async"
+    raw["cluster"]["max_restarts"] = 1
+    config.write_text(json.dumps(raw))
+    job = subprocess.Popen(_train_argv(config), env=clean_env(), text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           start_new_session=True)
+    try:
+        _wait_for("a checkpoint in the middle of the epoch",
+                  lambda: any(_manifest(p).get("batch") == 10
+                              for p in _checkpoints(tmp_path / "ck-rejoin")), job)
+        run = run_folder(tmp_path / "out-rejoin")
+        _job_process(run / "config.yaml", "PSFLEET_SERVER_INDEX", "1").kill()
+        out, err = job.communicate(timeout=240)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, err[-3000:]
+    assert "restarting it (restart 1 of --max_restarts 1)" in err
+    restarted = (run / "log" / "serverlog.1").read_text()
+    assert "rejoined: holds shares [0, 1]" in restarted, restarted[-3000:]
+    assert "now serves share 1" in restarted
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["test"]["auc"] > 0.6

@@ -53,7 +53,9 @@ from psfleet.fleet.server_wait import server_wait_timeout_s
 from psfleet.fleet.strategy import DistributedStrategy
 from psfleet.nn import SparseEmbedding, live_embeddings
 from psfleet.ps import TableClient, run_server
+from psfleet.ps.replica.host import Layout
 from psfleet.ps.types import RuleConfig, SaveMode
+from psfleet.replication import replication_from_env
 from psfleet.rpc import RpcConfig, parse_endpoint
 from psfleet.rpc import messages as msg
 
@@ -229,8 +231,16 @@ class Fleet:
         if role.bind_endpoint is None:
             raise ConfigError("run_server() called on a worker")
         host, port = parse_endpoint(role.bind_endpoint, "POD_IP:PADDLE_PORT")
-        recover = None
-        if restart_num() > 0:
+        recover = rejoin = None
+        replication = replication_from_env(len(role.server_endpoints))
+        if restart_num() > 0 and replication > 1:  # the others fill it (psfleet.ps.replica)
+            if not role.server_endpoints:
+                raise ConfigError("PADDLE_PSERVERS_IP_PORT_LIST: a server restarted in a "
+                                  "replicated job (PSFLEET_REPLICATION > 1) needs every "
+                                  "server's endpoint to rejoin")
+            rejoin = (Layout(tuple(role.server_endpoints), role.server_index, replication),
+                      restart_num())
+        elif restart_num() > 0:
             if self._checkpoint_dir is None:
                 logger.warning("restarted server without a checkpoint_dir: it starts with "
                                "no tables; workers' calls to it will fail")
@@ -239,7 +249,7 @@ class Fleet:
         # The worker count is not passed: a server's environment may not give it (the
         # seeds' variables default to 1); the first Barrier or sync push fixes it.
         run_server(host, port, self.rpc_config, role.endpoint_file, self._preload_dir,
-                   recover, server_index=role.server_index)
+                   recover, server_index=role.server_index, rejoin=rejoin)
 
     # -- worker -----------------------------------------------------------------------
     def distributed_model(self, model: nn.Module) -> nn.Module:

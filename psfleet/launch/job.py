@@ -341,10 +341,12 @@ class Job:
         """Restart after ``child``'s failure (reaped) per the policy; None when the job
         goes on, else its exit code (the failure reported).
 
-        With replication (``LaunchConfig.replication`` > 1) a server is not restarted:
-        the job goes on while every share has a live copy, and fails otherwise."""
+        With replication (``LaunchConfig.replication`` > 1) a failed server is restarted
+        when the ``process`` policy has restarts left (it rejoins: the others fill it);
+        otherwise the job goes on while every share has a server up, and fails when
+        one has none."""
         if child.spec.role is Role.SERVER and (self.config.replication or 1) > 1:
-            return self._on_replicated_server_failure(child, cause)
+            return self._on_replicated_server_failure(child, cause, workers_done)
         action = self._restarts.decide(
             child.spec, workers_done=workers_done,
             a_worker_done=any(w.returncode == 0 for w in self.workers))
@@ -355,11 +357,16 @@ class Job:
             return self._restart_job(child, cause)
         return self._report_failure(child, "", cause)
 
-    def _on_replicated_server_failure(self, child: ChildProcess,
-                                      cause: str | None) -> int | None:
-        """A server of a replicated job failed: None (the job goes on) while every
-        share has a live copy, else the failure reported."""
+    def _on_replicated_server_failure(self, child: ChildProcess, cause: str | None,
+                                      workers_done: bool) -> int | None:
+        """A server of a replicated job failed: restarted (``process`` policy, restarts
+        left) or left down while every share has a server up (None: the job goes on),
+        else the failure reported."""
         replication = self.config.replication or 1
+        if (self._restarts.policy == "process" and not workers_done
+                and self._restarts.can_restart(child.spec)):
+            self._replace(child, cause)
+            return None
         dead = [s.spec.index for s in self.servers
                 if s.returncode is not None and s.returncode != 0]
         lost = lost_shares(len(self._endpoints) or len(self.servers), replication, dead)

@@ -196,10 +196,16 @@ class RestartPolicy:
     @staticmethod
     def respec(spec: ProcessSpec, count: int, endpoints: Mapping[int, str]) -> ProcessSpec:
         """``spec`` for its ``count``-th restart: ``PSFLEET_RESTART_NUM=count``, and a
-        port-0 server binds the port it had (``endpoints``: index -> host:port)."""
+        port-0 server binds the port it had (``endpoints``: index -> host:port). A
+        server of a replicated job is also given every server's endpoint: it rejoins
+        by asking the others (``psfleet.ps.replica``)."""
         env = {**spec.env, "PSFLEET_RESTART_NUM": str(count)}
         if spec.role is Role.SERVER and env.get("PADDLE_PORT") == "0":
             endpoint = endpoints.get(spec.index)
             if endpoint is not None:
                 env["PADDLE_PORT"] = endpoint.rpartition(":")[2]
+        if spec.role is Role.SERVER and env.get("PSFLEET_REPLICATION", "1") != "1" and \
+                endpoints and "PADDLE_PSERVERS_IP_PORT_LIST" not in env:
+            env["PADDLE_PSERVERS_IP_PORT_LIST"] = ",".join(
+                endpoints[i] for i in sorted(endpoints))
         return dataclasses.replace(spec, env=env)

@@ -249,6 +249,21 @@ def saved_dense_index(dirname: str | Path | Storage, server_index: int,
                         ) from None
 
 
+def saved_dense_part(dirname: str | Path | Storage, server_index: int, table_id: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Server ``server_index``'s part of dense table ``table_id`` in a save: (flat
+    indexes int64[n], values float32[n], rule state float32[m]).
+
+    Raises:
+        DataError: the file is missing or damaged (names it).
+    """
+    storage = _storage(dirname)
+    rel = f"server-{server_index}/table-{table_id}.dense"
+    if not storage.exists(rel):
+        raise DataError(f"{storage.url}/{rel}: missing")
+    return _read_dense_part(storage, rel)
+
+
 def _read_header(handle: IO[bytes], where: str, file_bytes: int
                  ) -> tuple[int, int, int, int, np.ndarray]:
     """The header and bucket offsets of a ``.sparse`` file of ``file_bytes`` bytes.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from psfleet import env
 from psfleet.ps.metrics_exporter import MetricsExporter, metrics_port_from_env
-from psfleet.ps.replica.host import ReplicaHost
+from psfleet.ps.replica.host import Layout, ReplicaHost
 from psfleet.ps.service import TableService
 from psfleet.ps.types import ServerLimits
 from psfleet.ps.wait_budget import WaitBudget
@@ -28,25 +28,30 @@ logger = logging.getLogger(__name__)
 
 
 def start_server(host: str, port: int, config: RpcConfig,
-                 service: TableService | None = None) -> tuple[TableService, RunningServer]:
+                 service: TableService | None = None, layout: Layout | None = None,
+                 incarnation: int = 0) -> tuple[TableService, RunningServer]:
     """Start a server in this process and return at once (tests, embedding).
 
     The server is a :class:`~psfleet.ps.replica.host.ReplicaHost` around ``service``
     (its own share; with replication, workers add the copies it keeps of others').
+    ``layout`` and ``incarnation`` > 0: a restarted member of a replicated job, which
+    holds nothing until ``ReplicaHost.rejoin`` filled it.
 
     Raises:
         ConfigError: the port cannot be bound.
     """
     service = service or TableService(barrier_timeout_s=config.deadline_s,
                                       wait_budget=WaitBudget.for_threads(config.server_threads))
-    return service, serve(ReplicaHost(service, config), host, port, config)
+    return service, serve(ReplicaHost(service, config, layout=layout,
+                                      incarnation=incarnation), host, port, config)
 
 
 def run_server(host: str, port: int, config: RpcConfig,
                endpoint_file: Path | None = None, preload_dir: Path | str | None = None,
                recover: tuple[str, int] | None = None,
                job_worker_num: int | None = None,
-               server_index: int | None = None) -> None:
+               server_index: int | None = None,
+               rejoin: tuple[Layout, int] | None = None) -> None:
     """Serve until a worker sends Stop or the process gets SIGTERM/SIGINT. Blocks.
 
     Also serves the server's metrics over HTTP at ``/metrics`` (Prometheus), on the
@@ -68,6 +73,9 @@ def run_server(host: str, port: int, config: RpcConfig,
             are refused); None: fixed by the first Barrier or sync push.
         server_index: this server's index, for the metrics; None: the one in
             ``recover``, else ``PSFLEET_SERVER_INDEX``, else unknown (-1).
+        rejoin: ``(layout, incarnation)``: a server restarted in a replicated job; once
+            listening it asks the others to fill it with copies of its shares
+            (``ReplicaHost.rejoin``) instead of reading a checkpoint.
 
     The request limits are :class:`~psfleet.ps.types.ServerLimits`, raised through
     ``PSFLEET_SERVER_LIMITS``.
@@ -76,6 +84,7 @@ def run_server(host: str, port: int, config: RpcConfig,
         ConfigError: the port (or the metrics port) cannot be bound, or
             PSFLEET_SERVER_LIMITS or PSFLEET_METRICS_PORT is malformed.
         DataError: ``recover`` names a checkpoint without this server's tables.
+        FatalError: ``rejoin`` failed (no other server answered, or a sync-mode job).
     """
     limits = ServerLimits.parse(env.read("PSFLEET_SERVER_LIMITS") or "")
     metrics_port = metrics_port_from_env()
@@ -86,7 +95,8 @@ def run_server(host: str, port: int, config: RpcConfig,
                            WaitBudget.for_threads(config.server_threads))
     if recover is not None:
         service.recover(*recover)
-    service, server = start_server(host, port, config, service)
+    service, server = start_server(host, port, config, service,
+                                   *(rejoin if rejoin is not None else (None, 0)))
     exporter: MetricsExporter | None = None
     try:
         if metrics_port is not None:
@@ -98,6 +108,8 @@ def run_server(host: str, port: int, config: RpcConfig,
         if endpoint_file is not None:
             write_endpoint_file(endpoint_file, server.host, server.port,
                                 None if exporter is None else exporter.endpoint)
+        if rejoin is not None:
+            server.handler.rejoin()
         while not service.stop_requested.wait(0.5):
             pass
     finally:

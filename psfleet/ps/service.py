@@ -34,7 +34,9 @@ from psfleet.ps.lifecycle_service import (
 )
 from psfleet.ps.persist import load_server
 from psfleet.ps.persist_delta import (
+    ModeSnapshot,
     saved_mode,
+    snapshot_mode,
 )
 from psfleet.ps.push_ledger import PushLedger
 from psfleet.ps.push_modes import PushModes
@@ -106,6 +108,8 @@ class TableService:
                  job_worker_num: int | None = None,
                  wait_budget: WaitBudget | None = None) -> None:
         self.tables: dict[int, Table] = {}
+        #: dense table id -> the flat indexes (int64[n]) of the elements it holds
+        self.dense_index: dict[int, np.ndarray] = {}
         self.preload_dir = preload_dir
         self.limits = limits or ServerLimits()
         self._workers = JobWorkers(self.limits, job_worker_num)
@@ -198,6 +202,8 @@ class TableService:
                 logger.info("table %d: loaded %s from %s", request.table_id, loaded,
                             self.preload_dir)
             self.tables[request.table_id] = table
+            if isinstance(table, DenseTable):
+                self.dense_index[request.table_id] = dense_index
         logger.info("created table %d: %r", request.table_id, config)
         return msg.CreateTableResponse(created=True)
 
@@ -369,6 +375,26 @@ class TableService:
     def Load(self, request: msg.LoadRequest) -> msg.Empty:  # noqa: N802
         """Replace the tables by a save, or apply a delta (``TableAdmin.load``)."""
         return self._admin.load(request)
+
+    def copy_snapshot(self) -> tuple[ModeSnapshot, dict[int, np.ndarray]]:
+        """Every table at one moment (pushes held back), as a full save copies them,
+        with the dense tables' flat indexes: what a new copy of this server's share is
+        filled from (``psfleet.ps.replica``)."""
+        with self._tables_lock:
+            tables = dict(self.tables)
+            index = dict(self.dense_index)
+        with self._gate.closed():
+            return snapshot_mode(tables, "full"), index
+
+    def adopt(self, tables: dict[int, Table], dense_index: dict[int, np.ndarray]) -> None:
+        """Take ``tables`` (read from a copy, :meth:`copy_snapshot`) as this service's."""
+        with self._tables_lock:
+            self.tables.update(tables)
+            self.dense_index.update(dense_index)
+
+    def has_sync_rounds(self) -> bool:
+        """Whether any sync-mode round was contributed to here (a sync-mode job)."""
+        return self._modes.sparse_rounds.used or self._modes.dense_rounds.used
 
     def recover(self, checkpoint_dir: str, server_index: int) -> bool:
         """Re-create this server's tables from the newest complete checkpoint

@@ -66,6 +66,12 @@ class SyncRounds(Generic[P]):
         self._finished: OrderedDict[tuple[int, int], _Round[P]] = OrderedDict()
         self._closed = False
 
+    @property
+    def used(self) -> bool:
+        """Whether any round was contributed to."""
+        with self._cond:
+            return bool(self._rounds or self._finished)
+
     def close(self) -> None:
         """Fail every waiting contributor (the server is stopping). Idempotent."""
         with self._cond:

@@ -20,13 +20,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from psfleet.errors import (
     ConfigError,
     InvalidRequestError,
+    MovedError,
     RemoteError,
     ResourceExhaustedError,
     RpcError,
     ServerNotReadyError,
 )
 from psfleet.rpc import psfleet_pb2_grpc as pb_grpc
-from psfleet.rpc.server import AUTH_METADATA_KEY, SHARE_METADATA_KEY
+from psfleet.rpc.server import AUTH_METADATA_KEY, FROM_METADATA_KEY, SHARE_METADATA_KEY
 from psfleet.rpc.tls import diagnose_tls_mismatch
 from psfleet.rpc.types import RpcConfig
 
@@ -45,16 +46,23 @@ class RpcClient:
         config: deadline, retries, message limits, auth token, TLS files.
         share: the share (server index) every call is for, sent as metadata, when the
             server holds it as a replica (``psfleet.ps.replica``); None: its own.
+        from_host: the calling server's index when a server forwards writes to
+            another (sent as metadata); None: a worker's calls.
 
     Raises:
         ConfigError: a TLS file cannot be read (names the variable).
     """
 
-    def __init__(self, endpoint: str, config: RpcConfig, share: int | None = None) -> None:
+    def __init__(self, endpoint: str, config: RpcConfig, share: int | None = None,
+                 from_host: int | None = None) -> None:
         self.endpoint = endpoint
         self.config = config
         tls = config.tls
-        options: list[tuple[str, Any]] = list(config.channel_options())
+        # A channel of its own (not gRPC's shared pool): a client made for a restarted
+        # server must not inherit the reconnect backoff of one that called its dead
+        # predecessor at the same endpoint (psfleet.ps.replica).
+        options: list[tuple[str, Any]] = [*config.channel_options(),
+                                          ("grpc.use_local_subchannel_pool", 1)]
         if tls is not None and tls.dials_tls:
             if tls.server_name:
                 options.append(("grpc.ssl_target_name_override", tls.server_name))
@@ -66,7 +74,8 @@ class RpcClient:
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._metadata: tuple[tuple[str, str], ...] = (
             ((AUTH_METADATA_KEY, config.auth_token),) if config.auth_token else ()
-        ) + (((SHARE_METADATA_KEY, str(share)),) if share is not None else ())
+        ) + (((SHARE_METADATA_KEY, str(share)),) if share is not None else ()) + (
+            ((FROM_METADATA_KEY, str(from_host)),) if from_host is not None else ())
 
     def call(self, method: str, request: Any, deadline_s: float | None = None) -> Any:
         """Call ``method`` and block for its response.
@@ -86,6 +95,8 @@ class RpcClient:
                 the other protocol (TLS or plaintext; its certificate not accepted).
             ResourceExhaustedError: the server ran out of memory on the request, or
                 a message exceeded the size limit (RESOURCE_EXHAUSTED).
+            MovedError: the server no longer serves the share the call is for
+                (ABORTED; ``psfleet.ps.replica``).
             RemoteError: the server failed the request for another reason.
         """
         return self.start(method, request, deadline_s).result()
@@ -178,6 +189,8 @@ def _translate(exc: grpc.RpcError, endpoint: str, method: str) -> Exception:
         return RpcError(f"{where}: server unavailable after retries ({details})")
     if code == grpc.StatusCode.PERMISSION_DENIED:
         return ConfigError(f"{where} refused: {details}")
+    if code == grpc.StatusCode.ABORTED:  # a RetryableError on the server: MovedError
+        return MovedError(f"{where}: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return RpcError(f"{where}: deadline exceeded ({details}); raise PSFLEET_RPC_DEADLINE_S "
                         "if the server is slow rather than dead")

@@ -294,28 +294,72 @@ class AgeOneDayRequest(_message.Message):
     request_id: PushId
     def __init__(self, all_tables: _Optional[bool] = ..., table_id: _Optional[int] = ..., request_id: _Optional[_Union[PushId, _Mapping]] = ...) -> None: ...
 
+class ShareMapMessage(_message.Message):
+    __slots__ = ("dead_hosts", "dead_incarnations", "joined_shares", "joined_hosts", "joined_incarnations")
+    DEAD_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
+    JOINED_SHARES_FIELD_NUMBER: _ClassVar[int]
+    JOINED_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    JOINED_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
+    dead_hosts: _containers.RepeatedScalarFieldContainer[int]
+    dead_incarnations: _containers.RepeatedScalarFieldContainer[int]
+    joined_shares: _containers.RepeatedScalarFieldContainer[int]
+    joined_hosts: _containers.RepeatedScalarFieldContainer[int]
+    joined_incarnations: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dead_hosts: _Optional[_Iterable[int]] = ..., dead_incarnations: _Optional[_Iterable[int]] = ..., joined_shares: _Optional[_Iterable[int]] = ..., joined_hosts: _Optional[_Iterable[int]] = ..., joined_incarnations: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class ReplicasRequest(_message.Message):
-    __slots__ = ("endpoints", "host_index", "replication", "dead")
+    __slots__ = ("endpoints", "host_index", "replication", "map")
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     HOST_INDEX_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FIELD_NUMBER: _ClassVar[int]
-    DEAD_FIELD_NUMBER: _ClassVar[int]
+    MAP_FIELD_NUMBER: _ClassVar[int]
     endpoints: _containers.RepeatedScalarFieldContainer[str]
     host_index: int
     replication: int
-    dead: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, endpoints: _Optional[_Iterable[str]] = ..., host_index: _Optional[int] = ..., replication: _Optional[int] = ..., dead: _Optional[_Iterable[int]] = ...) -> None: ...
-
-class DeadHosts(_message.Message):
-    __slots__ = ("hosts",)
-    HOSTS_FIELD_NUMBER: _ClassVar[int]
-    hosts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, hosts: _Optional[_Iterable[int]] = ...) -> None: ...
+    map: ShareMapMessage
+    def __init__(self, endpoints: _Optional[_Iterable[str]] = ..., host_index: _Optional[int] = ..., replication: _Optional[int] = ..., map: _Optional[_Union[ShareMapMessage, _Mapping]] = ...) -> None: ...
 
 class FailoverRequest(_message.Message):
-    __slots__ = ("host", "dead")
+    __slots__ = ("host", "map")
     HOST_FIELD_NUMBER: _ClassVar[int]
-    DEAD_FIELD_NUMBER: _ClassVar[int]
+    MAP_FIELD_NUMBER: _ClassVar[int]
     host: int
-    dead: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, host: _Optional[int] = ..., dead: _Optional[_Iterable[int]] = ...) -> None: ...
+    map: ShareMapMessage
+    def __init__(self, host: _Optional[int] = ..., map: _Optional[_Union[ShareMapMessage, _Mapping]] = ...) -> None: ...
+
+class RejoinRequest(_message.Message):
+    __slots__ = ("host", "incarnation")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    host: int
+    incarnation: int
+    def __init__(self, host: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+
+class CopyShareRequest(_message.Message):
+    __slots__ = ("share", "host", "incarnation")
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    share: int
+    host: int
+    incarnation: int
+    def __init__(self, share: _Optional[int] = ..., host: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+
+class SharedFile(_message.Message):
+    __slots__ = ("path", "data")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    data: bytes
+    def __init__(self, path: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ReceiveShareRequest(_message.Message):
+    __slots__ = ("share", "incarnation", "files")
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    share: int
+    incarnation: int
+    files: _containers.RepeatedCompositeFieldContainer[SharedFile]
+    def __init__(self, share: _Optional[int] = ..., incarnation: _Optional[int] = ..., files: _Optional[_Iterable[_Union[SharedFile, _Mapping]]] = ...) -> None: ...

@@ -97,16 +97,31 @@ class ParameterServerStub:
         self.SetReplicas = channel.unary_unary(
                 '/psfleet.ParameterServer/SetReplicas',
                 request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ReplicasRequest.SerializeToString,
-                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.FromString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
                 _registered_method=True)
         self.Failover = channel.unary_unary(
                 '/psfleet.ParameterServer/Failover',
                 request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.FailoverRequest.SerializeToString,
-                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.FromString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
                 _registered_method=True)
-        self.MarkDead = channel.unary_unary(
-                '/psfleet.ParameterServer/MarkDead',
-                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.SerializeToString,
+        self.MergeMap = channel.unary_unary(
+                '/psfleet.ParameterServer/MergeMap',
+                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.SerializeToString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
+                _registered_method=True)
+        self.Rejoin = channel.unary_unary(
+                '/psfleet.ParameterServer/Rejoin',
+                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.RejoinRequest.SerializeToString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
+                _registered_method=True)
+        self.CopyShare = channel.unary_unary(
+                '/psfleet.ParameterServer/CopyShare',
+                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.CopyShareRequest.SerializeToString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
+                _registered_method=True)
+        self.ReceiveShare = channel.unary_unary(
+                '/psfleet.ParameterServer/ReceiveShare',
+                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ReceiveShareRequest.SerializeToString,
                 response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
                 _registered_method=True)
 
@@ -200,8 +215,29 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def MarkDead(self, request, context):
-        """the decision, to every live host
+    def MergeMap(self, request, context):
+        """a decision, to every live host
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rejoin(self, request, context):
+        """a restarted member, to any host
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CopyShare(self, request, context):
+        """to a share's primary
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReceiveShare(self, request, context):
+        """primary -> the new member
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -273,16 +309,31 @@ def add_ParameterServerServicer_to_server(servicer, server):
             'SetReplicas': grpc.unary_unary_rpc_method_handler(
                     servicer.SetReplicas,
                     request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ReplicasRequest.FromString,
-                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.SerializeToString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.SerializeToString,
             ),
             'Failover': grpc.unary_unary_rpc_method_handler(
                     servicer.Failover,
                     request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.FailoverRequest.FromString,
-                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.SerializeToString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.SerializeToString,
             ),
-            'MarkDead': grpc.unary_unary_rpc_method_handler(
-                    servicer.MarkDead,
-                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.FromString,
+            'MergeMap': grpc.unary_unary_rpc_method_handler(
+                    servicer.MergeMap,
+                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.SerializeToString,
+            ),
+            'Rejoin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rejoin,
+                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.RejoinRequest.FromString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.SerializeToString,
+            ),
+            'CopyShare': grpc.unary_unary_rpc_method_handler(
+                    servicer.CopyShare,
+                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.CopyShareRequest.FromString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.SerializeToString,
+            ),
+            'ReceiveShare': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReceiveShare,
+                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ReceiveShareRequest.FromString,
                     response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.SerializeToString,
             ),
     }
@@ -636,7 +687,7 @@ class ParameterServer:
             target,
             '/psfleet.ParameterServer/SetReplicas',
             psfleet_dot_rpc_dot_psfleet__pb2.ReplicasRequest.SerializeToString,
-            psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.FromString,
+            psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
             options,
             channel_credentials,
             insecure,
@@ -663,7 +714,7 @@ class ParameterServer:
             target,
             '/psfleet.ParameterServer/Failover',
             psfleet_dot_rpc_dot_psfleet__pb2.FailoverRequest.SerializeToString,
-            psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.FromString,
+            psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
             options,
             channel_credentials,
             insecure,
@@ -675,7 +726,7 @@ class ParameterServer:
             _registered_method=True)
 
     @staticmethod
-    def MarkDead(request,
+    def MergeMap(request,
             target,
             options=(),
             channel_credentials=None,
@@ -688,8 +739,89 @@ class ParameterServer:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/psfleet.ParameterServer/MarkDead',
-            psfleet_dot_rpc_dot_psfleet__pb2.DeadHosts.SerializeToString,
+            '/psfleet.ParameterServer/MergeMap',
+            psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.SerializeToString,
+            psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rejoin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psfleet.ParameterServer/Rejoin',
+            psfleet_dot_rpc_dot_psfleet__pb2.RejoinRequest.SerializeToString,
+            psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CopyShare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psfleet.ParameterServer/CopyShare',
+            psfleet_dot_rpc_dot_psfleet__pb2.CopyShareRequest.SerializeToString,
+            psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReceiveShare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psfleet.ParameterServer/ReceiveShare',
+            psfleet_dot_rpc_dot_psfleet__pb2.ReceiveShareRequest.SerializeToString,
             psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
             options,
             channel_credentials,

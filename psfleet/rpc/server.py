@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable
 from concurrent import futures
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
 import grpc
@@ -46,8 +47,8 @@ from psfleet.rpc.access import StorageRoots, check_bind
 from psfleet.rpc.types import RpcConfig
 
 __all__ = ["ServiceHandler", "RunningServer", "serve", "status_message", "status_code_of",
-           "call_share", "AUTH_METADATA_KEY", "SHARE_METADATA_KEY", "MAX_STATUS_MESSAGE_BYTES",
-           "STATUS_OF_ERROR"]
+           "call_route", "CallRoute", "AUTH_METADATA_KEY", "SHARE_METADATA_KEY",
+           "FROM_METADATA_KEY", "MAX_STATUS_MESSAGE_BYTES", "STATUS_OF_ERROR"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,14 +56,30 @@ AUTH_METADATA_KEY = "psfleet-auth-token"
 #: Metadata naming the share (server index) a call is for, when it is not the host's own
 #: (replication, ``psfleet.ps.replica``).
 SHARE_METADATA_KEY = "psfleet-share"
+#: Metadata of a write one server forwards to another: the sender's server index.
+FROM_METADATA_KEY = "psfleet-from-host"
 
-_CALL_SHARE: ContextVar[int | None] = ContextVar("psfleet_call_share", default=None)
+
+@dataclass(frozen=True)
+class CallRoute:
+    """What a call's metadata says about where it belongs (``psfleet.ps.replica``):
+    the share it is for and the server that forwarded it (None: not said)."""
+
+    share: int | None = None
+    from_host: int | None = None
 
 
-def call_share() -> int | None:
-    """The share the call being handled names (its ``psfleet-share`` metadata), or None.
-    Valid inside a handler method."""
-    return _CALL_SHARE.get()
+_CALL_ROUTE: ContextVar[CallRoute | None] = ContextVar("psfleet_call_route", default=None)
+
+
+def call_route() -> CallRoute:
+    """The route of the call being handled. Valid inside a handler method."""
+    return _CALL_ROUTE.get() or CallRoute()
+
+
+def _metadata_int(metadata: dict[str, Any], key: str) -> int | None:
+    value = metadata.get(key)
+    return int(value) if isinstance(value, str) and value.isdigit() else None
 SERVICE_NAME = "psfleet.ParameterServer"
 
 #: The longest status message sent, in bytes on the wire (UTF-8, percent-encoded): half
@@ -215,9 +232,9 @@ def _unary(name: str, method: Callable[[Any], Any], request_type: type[Message],
         gate.check_token(name, context)
         request = _decode(name, request_type, body, context)
         gate.check_storage(name, request, context)
-        share = dict(context.invocation_metadata()).get(SHARE_METADATA_KEY)
-        token = _CALL_SHARE.set(None if not isinstance(share, str) or not share.isdigit()
-                                else int(share))
+        metadata = dict(context.invocation_metadata())
+        token = _CALL_ROUTE.set(CallRoute(_metadata_int(metadata, SHARE_METADATA_KEY),
+                                          _metadata_int(metadata, FROM_METADATA_KEY)))
         try:
             return method(request)
         except Exception as exc:
@@ -233,7 +250,7 @@ def _unary(name: str, method: Callable[[Any], Any], request_type: type[Message],
                        "more memory, add servers, or send smaller requests")
             _abort(context, code, str(exc))
         finally:
-            _CALL_SHARE.reset(token)
+            _CALL_ROUTE.reset(token)
 
     call.__name__ = name
     return call

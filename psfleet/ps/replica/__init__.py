@@ -4,13 +4,16 @@ A *share* is one server index's part of every table: the buckets the bucket map 
 to that index and its dense blocks. With ``replication`` R > 1 each share lives on R
 hosts (server processes): the first live one is its primary, which serves pulls and
 forwards every write to the others before answering. When a host dies the next one
-of each of its shares becomes primary and training goes on. Hosts are a function of
-the set of dead hosts, so agreeing on that set is agreeing on the map.
+of each of its shares becomes primary and training goes on; a restarted server is
+filled with copies of its shares while training goes on, and serves its own again.
 
-- ``psfleet.replication``: which hosts hold a share; the ``PSFLEET_REPLICATION``
-  setting.
-- ``host``: :class:`~psfleet.ps.replica.host.ReplicaHost`, a server's shares behind
-  one endpoint, forwarding writes and deciding fail-overs.
-- ``directory``: the worker's side: which host serves a share, and calls that move
-  to the next host when theirs dies.
+- ``psfleet.replication``: where shares are placed, the share map (which members are
+  dead, which rejoined), the ``PSFLEET_REPLICATION`` setting.
+- ``members``: a server's layout, map and fail-over decisions.
+- ``rejoin`` and ``copy``: filling a restarted server with copies of its shares.
+- ``host``: :class:`~psfleet.ps.replica.host.ReplicaHost`, what a server serves:
+  its shares behind one endpoint, forwarding writes.
+- ``directory``: the worker's side: which host serves a share, and calls that follow
+  the share to its next host.
+- ``wire``: the share map as a message.
 """

@@ -3,13 +3,14 @@ follow a share to its next host when the one serving it dies.
 
 :class:`ShareDirectory` knows the job's hosts, the replication and the dead hosts it
 has heard of; :class:`ShareTransport` is the transport of one share
-(``psfleet.ps.transport.Transport``): each call goes to the share's primary, and a
-call that fails because the host cannot be reached (``RpcError``: unavailable
-through every retry, or its deadline passed) is reported (``Failover`` on the
-lowest-numbered other live host, which decides, ``psfleet.ps.replica.host``) and,
-when the host is declared dead, issued again, unchanged, to the share's next host. A
-write carries its push id, so one that reached the dead host and its backup is not
-applied twice.
+(``psfleet.ps.transport.Transport``): each call goes to the share's primary. A call
+that fails because the host cannot be reached (``RpcError``: unavailable through every
+retry, or its deadline passed) is reported (``Failover`` on the lowest-numbered other
+live host, which decides, ``psfleet.ps.replica.host``) and, when the host is declared
+dead, issued again, unchanged, to the share's next host; one refused because the host
+no longer serves the share (``MovedError``: a restarted server took it back) is issued
+again once the map is learned. A write carries its push id, so one that reached the
+old primary and its copies is not applied twice.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from psfleet.errors import FatalError, RpcError, ServerNotReadyError
+from psfleet.errors import FatalError, MovedError, RpcError, ServerNotReadyError
+from psfleet.ps.replica.wire import map_from_message, map_to_message
 from psfleet.ps.rpc_transport import RpcTransport
 from psfleet.ps.transport import Pending
 from psfleet.ps.types import PushMeta
-from psfleet.replication import hosts_of, lost_shares
+from psfleet.replication import Member, ShareMap
 from psfleet.rpc import RpcClient, RpcConfig
 from psfleet.rpc import messages as msg
 
@@ -36,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 
 class ShareDirectory:
-    """The job's hosts as this worker knows them. Thread safe.
+    """The job's hosts as this worker knows them (a :class:`ShareMap`). Thread safe.
 
     Args:
         endpoints: every server's ``host:port``, in server-index order (share ``i`` is
@@ -50,19 +52,22 @@ class ShareDirectory:
         self.replication = replication
         self._config = config
         self._lock = threading.Lock()
-        self._dead: set[int] = set()
-        self._clients: dict[tuple[int, int | None], RpcClient] = {}
+        self._map = ShareMap(len(endpoints), replication)
+        self._clients: dict[tuple[Member, int | None], RpcClient] = {}
 
     @property
-    def dead(self) -> set[int]:
-        """The hosts declared dead so far (a copy)."""
+    def map(self) -> ShareMap:
+        """What this worker knows of the shares' members."""
         with self._lock:
-            return set(self._dead)
+            return self._map
 
     def client(self, host: int, share: int | None = None) -> RpcClient:
-        """A connection to ``host`` for calls about ``share`` (None: its own)."""
-        key = (host, None if share == host else share)
+        """A connection to ``host`` (its newest member in the map) for calls about
+        ``share`` (None: its own). A new member of a host (a restarted server) gets a
+        new channel: the old one may still be backing off from the dead one."""
         with self._lock:
+            member = self._map.latest(host)
+            key = (member, None if share == host else share)
             found = self._clients.get(key)
             if found is None:
                 found = self._clients[key] = RpcClient(self.endpoints[host], self._config,
@@ -73,38 +78,41 @@ class ShareDirectory:
         """The host serving ``share`` now.
 
         Raises:
-            FatalError: every host of the share is dead (its rows are lost: resume
-                from the newest checkpoint).
+            FatalError: every copy of the share is dead (its rows are lost: resume from
+                the newest checkpoint).
         """
-        with self._lock:
-            live = hosts_of(share, len(self.endpoints), self.replication, self._dead)
-            dead = sorted(self._dead)
-        if not live:
+        share_map = self.map
+        primary = share_map.primary(share)
+        if primary is None:
             raise FatalError(
                 f"share {share} is lost: every server holding it ({self.replication} with "
-                f"PSFLEET_REPLICATION) is dead (dead servers {dead}); resume the job from "
+                f"PSFLEET_REPLICATION) is dead ({share_map.describe()}); resume the job from "
                 "its newest checkpoint")
-        return live[0]
+        return primary[0]
 
     def transport(self, share: int) -> tuple[int, RpcTransport]:
         """The host serving ``share`` and a transport to it."""
         host = self.primary(share)
         return host, RpcTransport(self.client(host, share))
 
-    def merge(self, hosts: Any) -> None:
-        """Add dead hosts a server told of."""
+    def merge(self, message: msg.ShareMapMessage) -> None:
+        """Merge the map a server sent."""
         with self._lock:
-            new = set(hosts) - self._dead
-            self._dead |= new
-        if new:
-            lost = lost_shares(len(self.endpoints), self.replication, self.dead)
-            logger.warning("servers %s are dead (failed over); dead so far: %s%s",
-                           sorted(new), sorted(self.dead),
-                           f"; shares {lost} have no copy left" if lost else "")
+            old = self._map
+            self._map = old.merged(map_from_message(message, len(self.endpoints),
+                                                    self.replication))
+            changed = self._map != old
+        if changed:
+            logger.warning("share map: %s", self._map.describe())
+
+    def _live_hosts(self, skip: int | None = None) -> list[int]:
+        share_map = self.map
+        return [h for h in range(len(self.endpoints))
+                if h != skip and not share_map.is_dead(share_map.latest(h))]
 
     def connect(self, timeout_s: float, retry_interval_s: float = 1.0) -> None:
-        """Tell every live server the layout (``SetReplicas``) and learn the dead ones;
-        waits until every server answers or is known dead. Blocks.
+        """Tell every live server the layout (``SetReplicas``) and learn the map; waits
+        until every server answered or is known dead. Blocks.
 
         Raises:
             ServerNotReadyError: some servers neither answered nor are known dead within
@@ -114,19 +122,17 @@ class ShareDirectory:
         deadline = time.monotonic() + timeout_s
         told: set[int] = set()
         while True:
-            for host in range(len(self.endpoints)):
-                if host in told or host in self.dead:
+            for host in self._live_hosts():
+                if host in told:
                     continue
                 client = self.client(host)
                 if not client.is_serving():
                     continue
-                reply = client.call("SetReplicas", msg.ReplicasRequest(
+                self.merge(client.call("SetReplicas", msg.ReplicasRequest(
                     endpoints=self.endpoints, host_index=host, replication=self.replication,
-                    dead=sorted(self.dead)))
-                self.merge(reply.hosts)
+                    map=map_to_message(self.map))))
                 told.add(host)
-            waiting = [self.endpoints[h] for h in range(len(self.endpoints))
-                       if h not in told and h not in self.dead]
+            waiting = [self.endpoints[h] for h in self._live_hosts() if h not in told]
             if not waiting:
                 return
             if time.monotonic() + retry_interval_s > deadline:
@@ -136,33 +142,47 @@ class ShareDirectory:
                     "PSFLEET_SERVER_WAIT_TIMEOUT_S if they start slowly")
             time.sleep(retry_interval_s)
 
+    def _ask(self, method: str, request: Any, skip: int | None = None) -> None:
+        """Send ``request`` to the lowest-numbered live server (other than ``skip``)
+        that answers, and merge the map it returns.
+
+        Raises:
+            RpcError: no server answered.
+        """
+        tried: list[int] = []
+        while True:
+            candidates = [h for h in self._live_hosts(skip) if h not in tried]
+            if not candidates:
+                raise RpcError(f"{method}: no server answered (tried "
+                               f"{[self.endpoints[h] for h in tried]})")
+            try:
+                self.merge(self.client(candidates[0]).call(method, request))
+                return
+            except RpcError:
+                tried.append(candidates[0])
+
     def report(self, host: int) -> bool:
         """Report ``host`` unreachable to the lowest-numbered other live server, which
-        decides. Blocks. Returns True when ``host`` is (now) declared dead.
+        decides. Blocks. Returns True when ``host`` is (now) dead in the map.
 
         Raises:
             RpcError: no other server could be reached.
         """
-        tried: list[int] = []
-        while True:
-            with self._lock:
-                if host in self._dead:
-                    return True
-                candidates = [h for h in range(len(self.endpoints))
-                              if h != host and h not in self._dead and h not in tried]
-            if not candidates:
-                raise RpcError(f"server {self.endpoints[host]} is unreachable and no other "
-                               "server answered to fail it over (tried "
-                               f"{[self.endpoints[h] for h in tried]})")
-            judge = candidates[0]
-            try:
-                reply = self.client(judge).call("Failover", msg.FailoverRequest(
-                    host=host, dead=sorted(self.dead)))
-            except RpcError:
-                tried.append(judge)
-                continue
-            self.merge(reply.hosts)
-            return host in reply.hosts
+        share_map = self.map
+        if share_map.is_dead(share_map.latest(host)):
+            return True
+        self._ask("Failover", msg.FailoverRequest(host=host, map=map_to_message(share_map)),
+                  skip=host)
+        share_map = self.map
+        return share_map.is_dead(share_map.latest(host))
+
+    def refresh(self) -> None:
+        """Learn the map from the lowest-numbered live server (after a ``MovedError``).
+
+        Raises:
+            RpcError: no server could be reached.
+        """
+        self._ask("MergeMap", map_to_message(self.map))
 
     def close(self) -> None:
         """Close every connection."""
@@ -173,29 +193,55 @@ class ShareDirectory:
 
 
 class _Rerouted:
-    """A call of one share that moves to the share's next host when its host dies."""
+    """A call of one share that follows the share to its next host: when its host dies
+    (``RpcError``: the call is reported and sent again to the new primary) or no longer
+    serves the share (``MovedError``: the map is learned again).
+
+    Args:
+        directory: the job's hosts.
+        share: the share the call is for.
+        issue: sends the call on a transport.
+        moves: how many ``MovedError`` in a row are followed before the last is raised
+            (a map change takes a moment to reach every server).
+    """
 
     def __init__(self, directory: ShareDirectory, share: int,
-                 issue: Callable[[RpcTransport], Pending]) -> None:
+                 issue: Callable[[RpcTransport], Pending], moves: int = 50) -> None:
         self._directory = directory
         self._share = share
         self._issue = issue
+        self._moves = moves
         self._host, transport = directory.transport(share)
         self._pending = issue(transport)
 
+    def _again(self) -> None:
+        self._host, transport = self._directory.transport(self._share)
+        self._pending = self._issue(transport)
+
     def result(self) -> Any:
+        moves = 0
         while True:
+            if self._directory.primary(self._share) != self._host:
+                self._again()  # the map changed since the call was issued
             try:
                 return self._pending.result()
             except RpcError as exc:
                 failed = self._host
                 if not self._directory.report(failed):
                     raise
-                self._host, transport = self._directory.transport(self._share)
                 logger.warning("share %d: server %s is dead (%s); calling server %s",
                                self._share, self._directory.endpoints[failed], exc,
-                               self._directory.endpoints[self._host])
-                self._pending = self._issue(transport)
+                               self._directory.endpoints[self._directory.primary(self._share)])
+                self._again()
+            except MovedError:
+                moves += 1
+                if moves > self._moves:
+                    raise
+                before = self._host
+                self._directory.refresh()
+                if self._directory.primary(self._share) == before:
+                    time.sleep(0.1)  # the servers have not all heard yet
+                self._again()
 
 
 class ShareTransport:

@@ -1,0 +1,162 @@
+"""Rejoin: a restarted server of a replicated job is filled with copies of its shares
+while training goes on, and the job is back to R copies (``psfleet.ps.replica``).
+
+A server restarted in a replicated job (``PSFLEET_RESTART_NUM`` > 0) holds nothing at
+first and asks a live host to fill it (``Rejoin``; the first that answers decides).
+For each share its host is placed on, the share's primary copies it
+(``CopyShare``): a snapshot under the share's order lock, so it is an exact cut of the
+writes; every write after it is forwarded to the new member, which queues them until
+the copy is loaded (``ReceiveShare``) and then applies them in order. The primary then
+adds the member to the map, still under the order lock, and sends the map to every
+live host. A member on its own host ranks first among a share's holders, so it serves
+its share again from then on. A sync-mode share is not copied (rounds in flight are not
+part of a copy): the restarted server fails, and the share keeps its other copies.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from psfleet.errors import FatalError, RemoteError, RpcError
+from psfleet.ps.replica.copy import share_files, tables_from_files
+from psfleet.ps.replica.members import ShareMembers
+from psfleet.ps.replica.wire import map_to_message
+from psfleet.replication import Member, hosts_of
+from psfleet.rpc import messages as msg
+
+__all__ = ["Rejoining"]
+
+logger = logging.getLogger(__name__)
+
+
+class Rejoining(ShareMembers):
+    """The rejoin protocol of one server (module docstring): as the restarted member
+    (:meth:`rejoin`, ``ReceiveShare``), as the host deciding (``Rejoin``) and as a
+    share's primary (``CopyShare``)."""
+
+    def rejoin(self) -> None:
+        """Have this restarted member filled with copies of its host's shares (asks the
+        live hosts in index order, the first that answers decides). Blocks.
+
+        Raises:
+            FatalError: no other host answered, or the copy was refused (a sync-mode
+                job; names the reason).
+        """
+        assert self._layout is not None and self._me[1] > 0
+        request = msg.RejoinRequest(host=self._me[0], incarnation=self._me[1])
+        for judge in range(len(self._layout.endpoints)):
+            if judge == self._me[0]:
+                continue
+            try:
+                reply = self._peer(judge, None).call("Rejoin", request)
+            except RpcError:
+                continue
+            except RemoteError as exc:
+                raise FatalError(f"host {self._me[0]} incarnation {self._me[1]} cannot "
+                                 f"rejoin: {exc}") from None
+            with self._lock:
+                self._merge_message(reply)
+                missing = sorted(self._pending)
+            logger.info("rejoined: holds shares %s%s", sorted(self._shares),
+                        f"; shares {missing} had no live copy to fill from" if missing else "")
+            return
+        raise FatalError(f"host {self._me[0]} incarnation {self._me[1]} cannot rejoin: no "
+                         "other server answered")
+
+    def Rejoin(self, request: msg.RejoinRequest) -> msg.ShareMapMessage:  # noqa: N802
+        """Fill the restarted member ``(host, incarnation)``: its older incarnations are
+        dead; each share its host is placed on is copied to it by the share's primary.
+        Blocks until every copy is in. Returns the map."""
+        member = (request.host, request.incarnation)
+        with self._lock:
+            if self._map is None or self._layout is None:
+                raise RemoteError("Rejoin: this server has no replicated layout yet")
+            self._merge(self._map.with_dead([(member[0], member[1] - 1)]))
+            num, replication = self._map.host_num, self._map.replication
+        self._broadcast()
+        for share in range(num):
+            if member[0] not in hosts_of(share, num, replication):
+                continue
+            with self._lock:
+                primary = self._map.primary(share)
+            if primary is None:
+                logger.error("share %d has no live copy to fill host %d from", share, member[0])
+            elif primary[0] == self._me[0]:
+                self._copy_share(share, member)
+            else:
+                reply = self._peer(primary[0], None).call("CopyShare", msg.CopyShareRequest(
+                    share=share, host=member[0], incarnation=member[1]))
+                with self._lock:
+                    self._merge_message(reply)
+        with self._lock:
+            return map_to_message(self._map)
+
+    def CopyShare(self, request: msg.CopyShareRequest) -> msg.ShareMapMessage:  # noqa: N802
+        """Copy share ``request.share`` (this host must be its primary) to the member
+        ``(host, incarnation)`` and add it to the map. Returns the map."""
+        self._copy_share(request.share, (request.host, request.incarnation))
+        with self._lock:
+            assert self._map is not None
+            return map_to_message(self._map)
+
+    def _copy_share(self, share: int, member: Member) -> None:
+        """The copy of ``share`` to ``member`` (module docstring, rejoin).
+
+        Raises:
+            MovedError: this host is not the share's primary.
+            RemoteError: a sync-mode share (rounds in flight are not in a copy).
+        """
+        with self._order[share]:
+            service = self._check_primary(share)
+            if service.has_sync_rounds():
+                raise RemoteError(
+                    f"share {share} belongs to a sync-mode job: its copy cannot be made while "
+                    "training goes on (rounds in flight are not part of a copy), so a "
+                    "restarted server does not rejoin; the share keeps its other copies")
+            snapshot, index = service.copy_snapshot()
+            self._filling.setdefault(share, []).append(member)
+        try:
+            files = share_files(snapshot, index, share)
+            self._peer(member, share).call("ReceiveShare", msg.ReceiveShareRequest(
+                share=share, incarnation=member[1], files=files))
+        except BaseException:
+            with self._order[share]:
+                if member in self._filling[share]:
+                    self._filling[share].remove(member)
+            raise
+        with self._order[share]:  # no write of the share is in flight meanwhile
+            if member not in self._filling[share]:  # its forwarding failed meanwhile
+                raise RemoteError(f"share {share}: host {member[0]} failed while it was "
+                                  "being filled")
+            self._filling[share].remove(member)
+            with self._lock:
+                assert self._map is not None
+                self._merge(self._map.with_joined(share, member))
+            self._broadcast()
+        logger.warning("copied share %d (%d bytes) to host %d incarnation %d", share,
+                       sum(len(f.data) for f in files), *member)
+
+    def ReceiveShare(self, request: msg.ReceiveShareRequest) -> msg.Empty:  # noqa: N802
+        """Load a copy of ``request.share`` into this restarted member, then apply the
+        writes forwarded since the copy was taken, in order."""
+        share = request.share
+        with self._lock:
+            if request.incarnation != self._me[1] or share not in self._pending:
+                raise RemoteError(f"ReceiveShare of share {share} for incarnation "
+                                  f"{request.incarnation}: this member (incarnation "
+                                  f"{self._me[1]}) is not waiting for it")
+            assert self._map is not None
+            host_num = self._map.host_num
+        tables, index, loaded = tables_from_files(list(request.files), share, host_num)
+        service = self._copy_service()
+        service.adopt(tables, index)
+        with self._order[share]:
+            queued = self._pending[share]
+            for name, forwarded in queued:
+                getattr(service, name)(forwarded)
+            with self._lock:
+                del self._pending[share]
+                self._shares[share] = service
+        logger.warning("filled share %d: %s rows/elements per table, then %d writes forwarded "
+                       "meanwhile", share, loaded, len(queued))
+        return msg.Empty()

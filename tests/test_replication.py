@@ -1,0 +1,225 @@
+"""Replicated shares and fail-over over real gRPC on 127.0.0.1 (issue 20).
+
+Three in-process servers with replication 2: share ``s`` lives on servers ``s`` and
+``s+1``. The copies hold the same bytes after concurrent async pushes of two workers
+(values and Adam state: one order of writes on both); a stopped server's shares are
+served by their copies with nothing lost, server 0 included (the one barriers and
+fail-over reports go to first); a share whose every copy is dead is named; a server
+refuses a second, different layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from psfleet.errors import ConfigError, FatalError, InvalidRequestError
+from psfleet.launch.types import LaunchConfig
+from psfleet.ps import RemoteClient, TableService, start_server
+from psfleet.ps.replica.host import Layout, ReplicaHost
+from psfleet.ps.types import PushMode, RuleConfig, SparseTableConfig
+from psfleet.replication import ShareMap, hosts_of, lost_shares, replication_from_env
+from psfleet.rpc import RpcClient, RpcConfig, RunningServer
+from psfleet.rpc import messages as msg
+
+pytestmark = pytest.mark.service
+
+HOST = "127.0.0.1"
+CONFIG = RpcConfig(deadline_s=20.0, max_retries=2, backoff_initial_s=0.05)
+SPARSE, DENSE = 1, 2
+SHAPES = [(12, 5), (5,)]
+DENSE_SIZE = 65
+
+
+@contextlib.contextmanager
+def servers(count: int = 3) -> Iterator[list[tuple[TableService, RunningServer]]]:
+    started = [start_server(HOST, 0, CONFIG) for _ in range(count)]
+    try:
+        yield started
+    finally:
+        for _, running in started:
+            running.handler.close()
+            running.stop(grace_s=0.1)
+
+
+def _client(started: list[tuple[TableService, RunningServer]], worker: int) -> RemoteClient:
+    client = RemoteClient([r.endpoint for _, r in started], CONFIG, worker, replication=2)
+    client.wait_ready(10.0)
+    client.create_sparse_table(SPARSE, SparseTableConfig(
+        name="emb", dim=8, rule=RuleConfig(name="adam", learning_rate=0.01)))
+    client.create_dense_table(DENSE, "dense", SHAPES, RuleConfig(name="adam",
+                                                                 learning_rate=0.01),
+                              np.zeros(DENSE_SIZE, np.float32))
+    return client
+
+
+def _train(client: RemoteClient, keys: np.ndarray, steps: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        batch = np.unique(rng.choice(keys, 300))
+        client.pull_sparse(SPARSE, batch)
+        client.push_sparse(SPARSE, batch, rng.standard_normal((batch.size, 8),
+                                                              dtype=np.float32))
+        client.push_dense(DENSE, rng.standard_normal(DENSE_SIZE, dtype=np.float32))
+
+
+def _copy(started: list[tuple[TableService, RunningServer]], share: int) -> TableService:
+    """Share ``share``'s copy on the next server."""
+    host = started[(share + 1) % len(started)][1].handler
+    assert isinstance(host, ReplicaHost)
+    return host._shares[share]
+
+
+KEYS = np.arange(1, 4001, dtype=np.uint64) * np.uint64(7919)
+
+
+def test_copies_hold_the_same_bytes_after_concurrent_async_pushes() -> None:
+    with servers() as started:
+        clients = [_client(started, w) for w in range(2)]
+        threads = [threading.Thread(target=_train, args=(c, KEYS, 25, w))
+                   for w, c in enumerate(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for share, (own, _) in enumerate(started):
+            copy = _copy(started, share)
+            keys, rows = own.tables[SPARSE].items()  # type: ignore[union-attr]
+            copy_keys, copy_rows = copy.tables[SPARSE].items()  # type: ignore[union-attr]
+            assert keys.size > 500
+            np.testing.assert_array_equal(copy_keys, keys)
+            np.testing.assert_array_equal(copy_rows, rows)  # values and Adam state
+            for a, b in zip(own.tables[DENSE].state(), copy.tables[DENSE].state(),  # type: ignore[union-attr]
+                            strict=True):
+                np.testing.assert_array_equal(a, b)
+        for c in clients:
+            c.close()
+
+
+def test_a_dead_server_0_fails_over_with_nothing_lost() -> None:
+    with servers() as started:
+        clients = [_client(started, w) for w in range(2)]
+        _train(clients[0], KEYS, 10, 0)
+        rows = clients[0].pull_sparse(SPARSE, KEYS, create=False)
+        dense = clients[0].pull_dense(DENSE)
+        started[0][1].stop(grace_s=0.1)  # barriers and fail-over reports go to it first
+
+        np.testing.assert_array_equal(clients[1].pull_sparse(SPARSE, KEYS, create=False), rows)
+        np.testing.assert_array_equal(clients[1].pull_dense(DENSE), dense)
+        assert clients[1]._directory is not None
+        assert clients[1]._directory.map.dead == {0: 0}
+        # Both workers cross a barrier of the dead server's share on its copy.
+        crossed = []
+        other = threading.Thread(target=lambda: crossed.append(
+            clients[0].barrier("after", 0, 2)))
+        other.start()
+        clients[1].barrier("after", 1, 2)
+        other.join(10.0)
+        assert crossed == [None]
+        # Writes after the fail-over land once, on the share's new primary.
+        grads = np.ones((KEYS.size, 8), np.float32)
+        clients[0].push_sparse(SPARSE, KEYS, grads, mode=PushMode.DELTA)
+        np.testing.assert_allclose(clients[1].pull_sparse(SPARSE, KEYS, create=False),
+                                   rows + 1.0, rtol=0, atol=1e-6)
+        host_1 = started[1][1].handler
+        assert isinstance(host_1, ReplicaHost) and host_1._shares[0].wait_budget.slots > 0
+        for c in clients:
+            c.close()
+
+
+def _assert_copies_equal(primary: TableService, copy: TableService) -> None:
+    keys, rows = primary.tables[SPARSE].items()  # type: ignore[union-attr]
+    copy_keys, copy_rows = copy.tables[SPARSE].items()  # type: ignore[union-attr]
+    assert keys.size > 500
+    np.testing.assert_array_equal(copy_keys, keys)
+    np.testing.assert_array_equal(copy_rows, rows)
+    for a, b in zip(primary.tables[DENSE].state(), copy.tables[DENSE].state(),  # type: ignore[union-attr]
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_restarted_server_rejoins_while_training_goes_on() -> None:
+    """Server 1 dies; a new process on its endpoint (incarnation 1) is filled with
+    copies of shares 1 and 0 while a worker keeps pushing, serves share 1 again, and
+    every copy holds the same bytes as its primary."""
+    with servers() as started:
+        endpoints = [r.endpoint for _, r in started]
+        client = _client(started, 0)
+        _train(client, KEYS, 10, 0)
+        started[1][1].stop(grace_s=0.1)
+        _train(client, KEYS, 3, 1)  # fails share 1 over to server 2
+        port = int(endpoints[1].rpartition(":")[2])
+        _, running = start_server(HOST, port, CONFIG, layout=Layout(tuple(endpoints), 1, 2),
+                                  incarnation=1)
+        try:
+            rejoined = running.handler
+            assert isinstance(rejoined, ReplicaHost)
+            training = threading.Thread(target=_train, args=(client, KEYS, 15, 2))
+            training.start()
+            rejoined.rejoin()
+            training.join()
+            _train(client, KEYS, 5, 3)  # share 1 moves back to server 1
+            host_0, host_2 = (started[i][1].handler for i in (0, 2))
+            assert isinstance(host_0, ReplicaHost) and isinstance(host_2, ReplicaHost)
+            _assert_copies_equal(rejoined._shares[1], host_2._shares[1])
+            _assert_copies_equal(host_0._shares[0], rejoined._shares[0])
+            assert rejoined._shares[1].wait_budget.slots > 0  # it serves share 1
+            assert host_2._shares[1].wait_budget.slots == 0
+            assert client._directory is not None
+            assert client._directory.primary(1) == 1
+            assert rejoined._shares[1].counters.snapshot()[SPARSE].pushes > 0
+        finally:
+            client.close()
+            running.handler.close()
+            running.stop(grace_s=0.1)
+
+
+def test_a_share_with_every_copy_dead_is_named() -> None:
+    with servers() as started:
+        client = _client(started, 0)
+        started[1][1].stop(grace_s=0.1)
+        started[2][1].stop(grace_s=0.1)
+        with pytest.raises(FatalError, match=r"share 1 is lost: every server holding it"):
+            client.pull_sparse(SPARSE, KEYS)
+        client.close()
+
+
+def test_a_second_different_layout_is_refused() -> None:
+    with servers(2) as started:
+        endpoints = [r.endpoint for _, r in started]
+        rpc = RpcClient(endpoints[0], CONFIG)
+        rpc.call("SetReplicas", msg.ReplicasRequest(endpoints=endpoints, host_index=0,
+                                                    replication=2))
+        with pytest.raises(InvalidRequestError, match="every worker must have the same"):
+            rpc.call("SetReplicas", msg.ReplicasRequest(endpoints=endpoints, host_index=0,
+                                                        replication=1))
+        with pytest.raises(InvalidRequestError, match="replication must be in"):
+            rpc.call("SetReplicas", msg.ReplicasRequest(endpoints=endpoints, host_index=0,
+                                                        replication=3))
+        rpc.close()
+
+
+def test_placement_and_settings() -> None:
+    assert [hosts_of(s, 3, 2) for s in range(3)] == [[0, 1], [1, 2], [2, 0]]
+    assert lost_shares(3, 2, {1}) == [] and lost_shares(3, 2, {1, 2}) == [1]
+    assert lost_shares(4, 2, {0, 2}) == []
+    # Host 1 dies; restarted as incarnation 1 and filled with shares 0 and 1, it ranks
+    # first for its own share again and second for share 0.
+    dead = ShareMap(3, 2).with_dead([(1, 0)])
+    assert dead.holders(1) == [(2, 0)] and dead.holders(0) == [(0, 0)] and dead.lost() == []
+    back = dead.with_joined(1, (1, 1)).with_joined(0, (1, 1))
+    assert back.holders(1) == [(1, 1), (2, 0)] and back.holders(0) == [(0, 0), (1, 1)]
+    assert back.merged(ShareMap(3, 2).with_dead([(2, 0)])).holders(1) == [(1, 1)]
+    assert dead.with_dead([(2, 0)]).lost() == [1]
+    assert replication_from_env(3, {}) == 1
+    with pytest.raises(ConfigError, match="PSFLEET_REPLICATION=4: more copies than"):
+        replication_from_env(3, {"PSFLEET_REPLICATION": "4"})
+    with pytest.raises(ConfigError, match="PSFLEET_REPLICATION: 'two'"):
+        replication_from_env(3, {"PSFLEET_REPLICATION": "two"})
+    with pytest.raises(ConfigError, match="--replication: got 3"):
+        LaunchConfig(command=("train.py",), server_num=2, replication=3)
+    assert LaunchConfig(command=("train.py",), server_num=2, replication=2).replication == 2
