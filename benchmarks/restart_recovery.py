@@ -7,15 +7,18 @@ Usage (data from ``psfleet datagen criteo --rows 1000000 --seed 7 --out TRAIN
 --test_rows 200000 --test_out TEST``)::
 
     python benchmarks/restart_recovery.py --train TRAIN --test TEST --work DIR \
-        [--runs undisturbed,server_killed,worker_killed,rep1,rep2,rep2_server_killed]
+        [--runs undisturbed,server_killed,worker_killed,rep1,rep2,rep2_server_killed,...]
 
 Each run: ``psfleet train``, async, 1 epoch, batch 512, ``runner.checkpoint`` every 200
 batches. The first three: 2 servers x 2 workers, ``cluster.max_restarts: 1``. ``rep1``,
 ``rep2`` and ``rep2_server_killed``: 3 servers x 2 workers, replication 1 / 2 / 2, no
-restarts. The kill comes when the checkpoint after ``--kill_after`` batches is
-published. Prints one line per run (test AUC, examples/s, and for a replicated kill the
-seconds from the kill to the workers' first call on the new server: the pause), then
-the AUC differences.
+restarts; ``rep2_server_restarted``: the same kill with ``max_restarts: 1`` (the server
+is restarted and rejoins: filled with copies of its shares while training goes on).
+The kill comes when the checkpoint after ``--kill_after`` batches is published. Prints
+one line per run (test AUC, examples/s; for a replicated kill, the seconds from the
+kill to the workers' first call on another server, the pause, and for a rejoin the
+seconds from the kill until the restarted server serves its share again), then the
+AUC and examples/s against the baseline.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ RUNS: dict[str, tuple[int, int, int, tuple[str, str] | None]] = {
     "rep1": (3, 1, 0, None),
     "rep2": (3, 2, 0, None),
     "rep2_server_killed": (3, 2, 0, ("PSFLEET_SERVER_INDEX", "1")),
+    "rep2_server_restarted": (3, 2, 1, ("PSFLEET_SERVER_INDEX", "1")),
 }
 BASELINES = {"server_killed": "undisturbed", "worker_killed": "undisturbed",
-             "rep2": "rep1", "rep2_server_killed": "rep2"}
+             "rep2": "rep1", "rep2_server_killed": "rep2", "rep2_server_restarted": "rep2"}
 
 
 def _config(work: Path, name: str, train: Path, test: Path) -> Path:
@@ -96,6 +100,19 @@ def _pause_s(run_dir: Path, killed_wall: float) -> int | None:
     return min(firsts) if firsts else None
 
 
+def _rejoined_s(run_dir: Path, killed_wall: float) -> int | None:
+    """Seconds (whole) from the kill until the restarted server 1 serves its own share
+    again; None when it did not."""
+    kill = time.localtime(killed_wall)
+    kill_s = kill.tm_hour * 3600 + kill.tm_min * 60 + kill.tm_sec
+    log = run_dir / "log" / "serverlog.1"
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if "now serves share 1" in line:
+            h, m, sec = (int(x) for x in line[:8].split(":"))
+            return (h * 3600 + m * 60 + sec - kill_s) % 86400
+    return None
+
+
 def run(work: Path, name: str, train: Path, test: Path, kill_after: int) -> dict[str, object]:
     kill = RUNS[name][3]
     config = _config(work, name, train, test)
@@ -122,6 +139,9 @@ def run(work: Path, name: str, train: Path, test: Path, kill_after: int) -> dict
             "killed_at_s": killed_at, "restarts": stderr.count("restarting it"),
             "failover_pause_s": (_pause_s(run_dir, killed_wall)
                                  if killed_wall is not None and RUNS[name][1] > 1 else None),
+            "rejoined_after_s": (_rejoined_s(run_dir, killed_wall)
+                                 if killed_wall is not None and RUNS[name][1] > 1
+                                 and RUNS[name][2] > 0 else None),
             "test_auc": (metrics.get("test") or {}).get("auc"),
             "examples_per_s": round(metrics["examples_per_s"]) if metrics else None,
             "wall_s": round(time.monotonic() - started, 1)}

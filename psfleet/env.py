@@ -297,8 +297,9 @@ VARIABLES: tuple[EnvVar, ...] = (
         "1",
         "Servers holding each share of the tables (YAML cluster.replication, fleetrun "
         "--replication). 2: every write is applied on two servers before it is "
-        "acknowledged, and when one dies the other serves its share without a restart "
-        "(docs/fault-tolerance.md). At most the server count.",
+        "acknowledged; when one dies the other serves its share and training goes on, "
+        "and a restarted server rejoins (docs/fault-tolerance.md). At most the server "
+        "count.",
     ),
     EnvVar(
         "PSFLEET_CHECKPOINT_DIR",

@@ -158,11 +158,23 @@ def test_a_restarted_server_rejoins_while_training_goes_on() -> None:
         try:
             rejoined = running.handler
             assert isinstance(rejoined, ReplicaHost)
+            # A push applied by share 1's primary (server 2) before the rejoin...
+            share_1 = KEYS[client.route(SPARSE, KEYS).positions[1]][:50]
+            retried = msg.PushSparseRequest(
+                table_id=SPARSE, keys=share_1.astype("<u8").tobytes(),
+                grads=np.ones((50, 8), "<f4").tobytes(), mode=msg.DELTA, worker_index=0,
+                push_id=msg.PushId(client_id=12345, seq=1))
+            RpcClient(endpoints[2], CONFIG, share=1).call("PushSparse", retried)
             training = threading.Thread(target=_train, args=(client, KEYS, 15, 2))
             training.start()
             rejoined.rejoin()
             training.join()
             _train(client, KEYS, 5, 3)  # share 1 moves back to server 1
+            # ... and retried at its new primary (server 1) is not applied again.
+            before = client.pull_sparse(SPARSE, share_1, create=False)
+            RpcClient(endpoints[1], CONFIG).call("PushSparse", retried)
+            np.testing.assert_array_equal(client.pull_sparse(SPARSE, share_1, create=False),
+                                          before)
             host_0, host_2 = (started[i][1].handler for i in (0, 2))
             assert isinstance(host_0, ReplicaHost) and isinstance(host_2, ReplicaHost)
             _assert_copies_equal(rejoined._shares[1], host_2._shares[1])

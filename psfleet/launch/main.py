@@ -45,8 +45,10 @@ Options:
                                 the first failure ends the job). See "Restarts" below.
     --replication R             servers holding each share of the tables (default:
                                 PSFLEET_REPLICATION, else 1). With 2, a server that dies
-                                is not restarted: the other copy of each of its shares
-                                serves it and the job goes on (docs/fault-tolerance.md).
+                                is failed over: the other copy of each of its shares
+                                serves it and the job goes on; with --max_restarts it is
+                                restarted and rejoins, filled with copies of its shares
+                                while training goes on (docs/fault-tolerance.md).
     --restart_policy P          what a failure restarts: process (default; the failed
                                 child, for async and GEO jobs) or gang (every server and
                                 worker of the node, from the newest complete

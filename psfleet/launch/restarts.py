@@ -112,8 +112,10 @@ class RestartPolicy:
         self.job_restarts = 0
 
     def prepare(self, spec: ProcessSpec) -> ProcessSpec:
-        """A first start's spec, with the retry setting restarts need."""
-        if self.max_restarts == 0 or "PSFLEET_RPC_MAX_RETRIES" in spec.env:
+        """A first start's spec, with the retry setting restarts need (not in a
+        replicated job: its workers fail a dead server over instead of waiting)."""
+        if self.max_restarts == 0 or "PSFLEET_RPC_MAX_RETRIES" in spec.env or \
+                spec.env.get("PSFLEET_REPLICATION", "1") != "1":  # fail over, not wait
             return spec
         return dataclasses.replace(spec, env={**spec.env,
                                               "PSFLEET_RPC_MAX_RETRIES": _RETRIES_WITH_RESTARTS})

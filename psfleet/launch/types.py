@@ -78,8 +78,9 @@ class LaunchConfig:
         replication: servers holding each share of the tables (``--replication``), from
             1 to the server count; None: ``PSFLEET_REPLICATION`` (default 1). Every
             child gets it as ``PSFLEET_REPLICATION``. Above 1 a server that
-            dies is not restarted: its shares are served by their other copies and the
-            job goes on while every share has one (docs/fault-tolerance.md).
+            dies is failed over: its shares are served by their other copies and the
+            job goes on while every share has one; with restarts left (``process``
+            policy) it is restarted and rejoins (docs/fault-tolerance.md).
 
     Raises:
         ConfigError: a value is out of range; the message names the flag and the

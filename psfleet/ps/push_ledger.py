@@ -47,6 +47,24 @@ class PushLedger:
         self._lock = threading.Lock()
         self._clients: dict[int, OrderedDict[int, _Entry]] = {}
 
+    def applied(self) -> list[tuple[int, int]]:
+        """The ``(client_id, seq)`` of every remembered push that was applied."""
+        with self._lock:
+            return [(client, seq) for client, seen in self._clients.items()
+                    for seq, entry in seen.items() if entry.done.is_set() and not entry.failed]
+
+    def mark_applied(self, pushes: list[tuple[int, int]]) -> None:
+        """Remember ``pushes`` as applied (a copy of a ledger: :meth:`applied`), so that
+        their retries are not applied again."""
+        with self._lock:
+            for client, seq in pushes:
+                entry = _Entry()
+                entry.done.set()
+                seen = self._clients.setdefault(client, OrderedDict())
+                seen[seq] = entry
+                while len(seen) > self._window:
+                    seen.popitem(last=False)
+
     def run_once(self, client_id: int, seq: int, apply: Callable[[], None]) -> bool:
         """Call ``apply()`` unless push ``(client_id, seq)`` was applied already.
 

@@ -376,21 +376,26 @@ class TableService:
         """Replace the tables by a save, or apply a delta (``TableAdmin.load``)."""
         return self._admin.load(request)
 
-    def copy_snapshot(self) -> tuple[ModeSnapshot, dict[int, np.ndarray]]:
+    def copy_snapshot(self) -> tuple[ModeSnapshot, dict[int, np.ndarray],
+                                     list[tuple[int, int]]]:
         """Every table at one moment (pushes held back), as a full save copies them,
-        with the dense tables' flat indexes: what a new copy of this server's share is
-        filled from (``psfleet.ps.replica``)."""
+        with the dense tables' flat indexes and the ids of the pushes applied so far:
+        what a new copy of this server's share is filled from (``psfleet.ps.replica``).
+        """
         with self._tables_lock:
             tables = dict(self.tables)
             index = dict(self.dense_index)
         with self._gate.closed():
-            return snapshot_mode(tables, "full"), index
+            return snapshot_mode(tables, "full"), index, self._ledger.applied()
 
-    def adopt(self, tables: dict[int, Table], dense_index: dict[int, np.ndarray]) -> None:
-        """Take ``tables`` (read from a copy, :meth:`copy_snapshot`) as this service's."""
+    def adopt(self, tables: dict[int, Table], dense_index: dict[int, np.ndarray],
+              applied: list[tuple[int, int]]) -> None:
+        """Take ``tables`` (read from a copy, :meth:`copy_snapshot`) as this service's,
+        with the pushes the copy holds (their retries are not applied again)."""
         with self._tables_lock:
             self.tables.update(tables)
             self.dense_index.update(dense_index)
+        self._ledger.mark_applied(applied)
 
     def has_sync_rounds(self) -> bool:
         """Whether any sync-mode round was contributed to here (a sync-mode job)."""

@@ -84,7 +84,8 @@ class ClusterConfig(_Section):
     ``replication``: servers holding each share of the tables (``fleetrun
     --replication``), at most ``server_num``; unset: ``PSFLEET_REPLICATION`` (default
     1). With 2 a dead server's shares are served by their other copies and the job
-    goes on without a restart (docs/fault-tolerance.md).
+    goes on without waiting; with ``max_restarts`` the server is restarted and rejoins
+    (docs/fault-tolerance.md).
     """
 
     server_num: int = Field(0, ge=0, le=64)

@@ -44,6 +44,7 @@ class Layout:
     index: int
     replication: int
 
+
 class ShareMembers:
     """One server's place among the job's members: its layout, the share map, its
     shares, the decisions of fail-overs, and its connections to the others. Thread

@@ -113,12 +113,13 @@ class Rejoining(ShareMembers):
                     f"share {share} belongs to a sync-mode job: its copy cannot be made while "
                     "training goes on (rounds in flight are not part of a copy), so a "
                     "restarted server does not rejoin; the share keeps its other copies")
-            snapshot, index = service.copy_snapshot()
+            snapshot, index, applied = service.copy_snapshot()
             self._filling.setdefault(share, []).append(member)
         try:
             files = share_files(snapshot, index, share)
             self._peer(member, share).call("ReceiveShare", msg.ReceiveShareRequest(
-                share=share, incarnation=member[1], files=files))
+                share=share, incarnation=member[1], files=files,
+                applied=[msg.PushId(client_id=c, seq=q) for c, q in applied]))
         except BaseException:
             with self._order[share]:
                 if member in self._filling[share]:
@@ -149,7 +150,7 @@ class Rejoining(ShareMembers):
             host_num = self._map.host_num
         tables, index, loaded = tables_from_files(list(request.files), share, host_num)
         service = self._copy_service()
-        service.adopt(tables, index)
+        service.adopt(tables, index, [(p.client_id, p.seq) for p in request.applied])
         with self._order[share]:
             queued = self._pending[share]
             for name, forwarded in queued:
