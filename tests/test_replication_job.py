@@ -45,6 +45,27 @@ def _config(tmp_path: Path, name: str, train: Path, test: Path, replication: int
     return path
 
 
+def _kill_server_1_mid_epoch(tmp_path: Path, config: Path, name: str) -> tuple[Path, str]:
+    """Run ``config``'s job, SIGKILL its server 1 once the checkpoint after batch 10 is
+    published, and wait for the job, which must exit 0. Returns (run folder, stderr)."""
+    job = subprocess.Popen(_train_argv(config), env=clean_env(), text=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           start_new_session=True)
+    try:
+        _wait_for("a checkpoint in the middle of the epoch",
+                  lambda: any(_manifest(p).get("batch") == 10
+                              for p in _checkpoints(tmp_path / f"ck-{name}")), job)
+        run = run_folder(tmp_path / f"out-{name}")
+        _job_process(run / "config.yaml", "PSFLEET_SERVER_INDEX", "1").kill()
+        _, err = job.communicate(timeout=240)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, err[-3000:]
+    return run, err
+
+
 def test_sync_job_survives_a_killed_server_with_every_row_equal(
         tmp_path: Path, data_slice: Callable[..., Path]) -> None:
     train, test = data_slice(1200), data_slice(200, source="dev.csv")
@@ -53,21 +74,7 @@ def test_sync_job_survives_a_killed_server_with_every_row_equal(
     assert r.returncode == 0, r.stderr[-3000:]
 
     config = _config(tmp_path, "cut", train, test, replication=2)
-    job = subprocess.Popen(_train_argv(config), env=clean_env(), text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           start_new_session=True)
-    try:
-        _wait_for("a checkpoint in the middle of the epoch",
-                  lambda: any(_manifest(p).get("batch") == 10
-                              for p in _checkpoints(tmp_path / "ck-cut")), job)
-        run = run_folder(tmp_path / "out-cut")
-        _job_process(run / "config.yaml", "PSFLEET_SERVER_INDEX", "1").kill()
-        out, err = job.communicate(timeout=180)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-    assert job.returncode == 0, err[-3000:]
+    run, err = _kill_server_1_mid_epoch(tmp_path, config, "cut")
     steps = [int(_manifest(p)["step"]) for p in _checkpoints(tmp_path / "ck-cut")]  # type: ignore[call-overload]
     assert max(steps) == 600 // 8, "the job did not train its whole epoch"
     assert "not restarted (replication 2)" in err
@@ -96,21 +103,7 @@ def test_async_job_with_a_killed_server_restarted_rejoins(
     raw["runner"]["sync_mode"] = "async"
     raw["cluster"]["max_restarts"] = 1
     config.write_text(json.dumps(raw))
-    job = subprocess.Popen(_train_argv(config), env=clean_env(), text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           start_new_session=True)
-    try:
-        _wait_for("a checkpoint in the middle of the epoch",
-                  lambda: any(_manifest(p).get("batch") == 10
-                              for p in _checkpoints(tmp_path / "ck-rejoin")), job)
-        run = run_folder(tmp_path / "out-rejoin")
-        _job_process(run / "config.yaml", "PSFLEET_SERVER_INDEX", "1").kill()
-        out, err = job.communicate(timeout=240)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-    assert job.returncode == 0, err[-3000:]
+    run, err = _kill_server_1_mid_epoch(tmp_path, config, "rejoin")
     assert "restarting it (restart 1 of --max_restarts 1)" in err
     restarted = (run / "log" / "serverlog.1").read_text()
     assert "rejoined: holds shares [0, 1]" in restarted, restarted[-3000:]
