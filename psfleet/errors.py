@@ -20,6 +20,7 @@ __all__ = [
     "DataError",
     "RetryableError",
     "RpcError",
+    "ServerUnavailableError",
     "MovedError",
     "ServerNotReadyError",
     "FatalError",
@@ -57,6 +58,11 @@ class RetryableError(PsfleetError):
 
 class RpcError(RetryableError):
     """A remote call failed after its retries (names the endpoint and method)."""
+
+
+class ServerUnavailableError(RpcError):
+    """A server could not be reached through every retry (not up, connection refused or
+    reset): it may be dead (``psfleet.ps.replica`` then fails it over)."""
 
 
 class MovedError(RetryableError):

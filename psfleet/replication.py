@@ -23,10 +23,16 @@ from dataclasses import dataclass, field
 from psfleet import env
 from psfleet.errors import ConfigError
 
-__all__ = ["Member", "ShareMap", "hosts_of", "lost_shares", "replication_from_env"]
+__all__ = ["Member", "ShareMap", "hosts_of", "lost_shares", "replication_from_env",
+           "SUSPECT_RETRIES"]
 
 #: One process serving a host: (host index, incarnation).
 Member = tuple[int, int]
+
+#: In a replicated job, retries of a call that cannot reach its server before the
+#: server is reported (backoff 0.2 s then 0.4 s); a reported server that answers its
+#: health check is called again, up to ``PSFLEET_RPC_MAX_RETRIES`` times.
+SUSPECT_RETRIES = 2
 
 
 def hosts_of(share: int, host_num: int, replication: int) -> list[int]:

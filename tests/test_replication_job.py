@@ -101,6 +101,7 @@ def test_async_job_with_a_killed_server_restarted_rejoins(
     config = _config(tmp_path, "rejoin", train, test, replication=2)
     raw = json.loads(config.read_text())
     raw["runner"]["sync_mode"] = "async"
+    raw["runner"]["epochs"] = 3  # training outlasts the restart (a few seconds)
     raw["cluster"]["max_restarts"] = 1
     config.write_text(json.dumps(raw))
     run, err = _kill_server_1_mid_epoch(tmp_path, config, "rejoin")

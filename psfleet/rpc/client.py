@@ -25,6 +25,7 @@ from psfleet.errors import (
     ResourceExhaustedError,
     RpcError,
     ServerNotReadyError,
+    ServerUnavailableError,
 )
 from psfleet.rpc import psfleet_pb2_grpc as pb_grpc
 from psfleet.rpc.server import AUTH_METADATA_KEY, FROM_METADATA_KEY, SHARE_METADATA_KEY
@@ -86,8 +87,9 @@ class RpcClient:
             deadline_s: this call's deadline; ``config.deadline_s`` when None.
 
         Raises:
-            RpcError: the server stayed UNAVAILABLE through every retry, or the
-                deadline passed (names endpoint and method).
+            RpcError: the server stayed UNAVAILABLE through every retry
+                (``ServerUnavailableError``), or the deadline passed (names endpoint
+                and method).
             InvalidRequestError: the server rejected the request's content
                 (INVALID_ARGUMENT; also a ConfigError and a RemoteError).
             ConfigError: the server rejected the auth token (UNAUTHENTICATED), a Save
@@ -186,7 +188,7 @@ def _translate(exc: grpc.RpcError, endpoint: str, method: str) -> Exception:
                 f"{where}: the server's TLS certificate was not accepted ({details}): "
                 "PSFLEET_TLS_CA must be the CA that signed it, and the certificate must "
                 "name the endpoint's host (or set PSFLEET_TLS_SERVER_NAME to a name it has)")
-        return RpcError(f"{where}: server unavailable after retries ({details})")
+        return ServerUnavailableError(f"{where}: server unavailable after retries ({details})")
     if code == grpc.StatusCode.PERMISSION_DENIED:
         return ConfigError(f"{where} refused: {details}")
     if code == grpc.StatusCode.ABORTED:  # a RetryableError on the server: MovedError

@@ -15,6 +15,7 @@ old primary and its copies is not applied twice.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -23,12 +24,18 @@ from typing import Any
 
 import numpy as np
 
-from psfleet.errors import FatalError, MovedError, RpcError, ServerNotReadyError
+from psfleet.errors import (
+    FatalError,
+    MovedError,
+    RpcError,
+    ServerNotReadyError,
+    ServerUnavailableError,
+)
 from psfleet.ps.replica.wire import map_from_message, map_to_message
 from psfleet.ps.rpc_transport import RpcTransport
 from psfleet.ps.transport import Pending
 from psfleet.ps.types import PushMeta
-from psfleet.replication import Member, ShareMap
+from psfleet.replication import SUSPECT_RETRIES, Member, ShareMap
 from psfleet.rpc import RpcClient, RpcConfig
 from psfleet.rpc import messages as msg
 
@@ -40,6 +47,12 @@ logger = logging.getLogger(__name__)
 class ShareDirectory:
     """The job's hosts as this worker knows them (a :class:`ShareMap`). Thread safe.
 
+    A call that cannot reach its server is reported after
+    :data:`~psfleet.replication.SUSPECT_RETRIES` retries (about 0.6 s), not
+    ``config.max_retries``: the server deciding probes the suspect, and a live one is
+    called again (up to ``config.max_retries`` times), so a dead server costs the
+    workers about a second and a slow one nothing.
+
     Args:
         endpoints: every server's ``host:port``, in server-index order (share ``i`` is
             server ``i``'s part of the tables).
@@ -50,7 +63,10 @@ class ShareDirectory:
     def __init__(self, endpoints: list[str], config: RpcConfig, replication: int) -> None:
         self.endpoints = list(endpoints)
         self.replication = replication
-        self._config = config
+        #: how many times a call is sent again to a server that was reported but lives
+        self.patience = config.max_retries
+        self._config = dataclasses.replace(config, max_retries=min(config.max_retries,
+                                                                   SUSPECT_RETRIES))
         self._lock = threading.Lock()
         self._map = ShareMap(len(endpoints), replication)
         self._clients: dict[tuple[Member, int | None], RpcClient] = {}
@@ -194,7 +210,8 @@ class ShareDirectory:
 
 class _Rerouted:
     """A call of one share that follows the share to its next host: when its host dies
-    (``RpcError``: the call is reported and sent again to the new primary) or no longer
+    (``RpcError``: the call is reported, and sent again to the new primary, or, when it
+    was unreachable but the server is found alive, to the same server) or no longer
     serves the share (``MovedError``: the map is learned again).
 
     Args:
@@ -219,16 +236,21 @@ class _Rerouted:
         self._pending = self._issue(transport)
 
     def result(self) -> Any:
-        moves = 0
+        moves = alive = 0
         while True:
             if self._directory.primary(self._share) != self._host:
                 self._again()  # the map changed since the call was issued
             try:
                 return self._pending.result()
-            except RpcError as exc:
+            except RpcError as exc:  # unreachable, or its deadline passed (hung?)
                 failed = self._host
                 if not self._directory.report(failed):
-                    raise
+                    alive += 1
+                    if not isinstance(exc, ServerUnavailableError) or \
+                            alive > self._directory.patience:
+                        raise
+                    self._again()  # it answers its health check: call it again
+                    continue
                 logger.warning("share %d: server %s is dead (%s); calling server %s",
                                self._share, self._directory.endpoints[failed], exc,
                                self._directory.endpoints[self._directory.primary(self._share)])

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from psfleet.errors import MovedError, RemoteError, RpcError
+from psfleet.errors import MovedError, RemoteError, RpcError, ServerUnavailableError
 from psfleet.ps.replica.members import Layout
 from psfleet.ps.replica.rejoin import Rejoining
 from psfleet.replication import Member
@@ -72,23 +72,32 @@ class ReplicaHost(Rejoining):
     def _forward(self, share: int, name: str, request: Any) -> None:
         """Send write ``name`` to every other member of ``share``. A holder that cannot
         be reached is declared dead (then skipped) or, when it answers health checks,
-        the write fails; a member being filled that cannot be reached is dropped."""
+        called again (the write fails after ``config.max_retries`` such rounds); a
+        member being filled that cannot be reached is dropped."""
         for member in self._targets(share):
+            self._forward_to(member, share, name, request)
+
+    def _forward_to(self, member: Member, share: int, name: str, request: Any) -> None:
+        for attempt in range(self._patience + 1):
             try:
                 self._peer(member, share).call(name, request)
-            except RpcError as exc:
+                return
+            except RpcError as exc:  # unreachable, or its deadline passed (hung?)
                 with self._lock:
                     filling = self._filling.get(share, [])
                     if member in filling:
                         filling.remove(member)
                         logger.warning("share %d: host %d, being filled, failed (%s); the "
                                        "copy is abandoned", share, member[0], exc)
-                        continue
-                if not self.declare_dead(member[0]).is_dead(member):
+                        return
+                if self.declare_dead(member[0]).is_dead(member):
+                    logger.warning("%s of share %d: host %d is dead; share %d goes on with "
+                                   "fewer copies", name, share, member[0], share)
+                    return
+                if not isinstance(exc, ServerUnavailableError) or attempt == self._patience:
                     raise RemoteError(f"{name} of share {share}: its copy on host "
-                                      f"{member[0]} failed: {exc}") from None
-                logger.warning("%s of share %d: host %d is dead; share %d goes on with "
-                               "fewer copies", name, share, member[0], share)
+                                      f"{member[0]} cannot be reached but answers health "
+                                      f"checks: {exc}") from None
 
     def _forwarded(self, share: int, name: str, request: Any) -> Any:
         """Apply a write another host forwarded (queued while the share is being filled).

@@ -17,6 +17,7 @@ primary never waits, so forwarded sync pushes and barrier arrivals answer at onc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from psfleet.errors import InvalidRequestError, MovedError, RemoteError
 from psfleet.ps.replica.wire import map_from_message, map_to_message
 from psfleet.ps.service import TableService
 from psfleet.ps.wait_budget import WaitBudget
-from psfleet.replication import Member, ShareMap, hosts_of
+from psfleet.replication import SUSPECT_RETRIES, Member, ShareMap, hosts_of
 from psfleet.rpc import RpcClient, RpcConfig
 from psfleet.rpc import messages as msg
 
@@ -52,7 +53,10 @@ class ShareMembers:
 
     Args:
         own: this server's own share (its tables when nothing is replicated).
-        config: how this host calls the others (token, TLS, deadline, retries).
+        config: how this host calls the others (token, TLS, deadline; a call that
+            cannot reach its server is retried ``SUSPECT_RETRIES`` times, then the
+            server is probed, and called again while it lives, up to
+            ``config.max_retries`` times).
         probe_timeout_s: how long a host reported dead gets to answer a health check
             before it is declared dead, seconds.
         layout: the job's layout when known at start (a restarted member: from
@@ -65,7 +69,9 @@ class ShareMembers:
                  layout: Layout | None = None, incarnation: int = 0) -> None:
         self.own = own
         self.stop_requested = own.stop_requested
-        self._config = config
+        self._patience = config.max_retries
+        self._config = dataclasses.replace(config, max_retries=min(config.max_retries,
+                                                                   SUSPECT_RETRIES))
         self._probe_timeout_s = probe_timeout_s
         self._wait_slots = own.wait_budget.slots
         self._lock = threading.Lock()  # the map, the shares, the peers
