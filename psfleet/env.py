@@ -129,7 +129,9 @@ VARIABLES: tuple[EnvVar, ...] = (
         "5",
         "Retries of a remote call that failed with UNAVAILABLE (backoff 0.2 s doubling to 5 "
         "s), always within PSFLEET_RPC_DEADLINE_S. fleetrun --max_restarts N > 0 sets it to "
-        "1000 (unless set) so that workers wait for a restarted server until the deadline.",
+        "1000 (unless set) so that workers wait for a restarted server until the deadline; "
+        "not with PSFLEET_REPLICATION > 1, where a call is failed over after 2 retries and "
+        "this many calls again a server that is found alive.",
     ),
     EnvVar(
         "PSFLEET_SERVER_WAIT_TIMEOUT_S",
