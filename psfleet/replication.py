@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from psfleet import env
 from psfleet.errors import ConfigError
 
-__all__ = ["Member", "ShareMap", "hosts_of", "lost_shares", "replication_from_env",
-           "SUSPECT_RETRIES"]
+__all__ = ["Member", "ShareMap", "hosts_of", "lost_shares", "check_replication",
+           "replication_from_env", "SUSPECT_RETRIES"]
 
 #: One process serving a host: (host index, incarnation).
 Member = tuple[int, int]
@@ -120,19 +120,29 @@ class ShareMap:
                 + (f"; shares {lost} have no copy left" if lost else ""))
 
 
+def check_replication(value: object, host_num: int, name: str) -> int:
+    """``value`` as a replication for a job of ``host_num`` servers (0: not known yet).
+
+    Raises:
+        ConfigError: not an integer >= 1, or more copies than servers (names ``name``,
+            e.g. ``--replication``, and the server count).
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}: {value!r} is not an integer >= 1 (servers holding each "
+                          "share; 2 keeps every share on two servers)")
+    if host_num and value > host_num:
+        raise ConfigError(f"{name}: {value} copies of each share need at least {value} "
+                          f"servers; the job has {host_num}. Use at most {host_num}, or add "
+                          "servers")
+    return value
+
+
 def replication_from_env(host_num: int, environ: Mapping[str, str] | None = None) -> int:
     """``PSFLEET_REPLICATION`` (default 1) for a job of ``host_num`` servers.
 
     Raises:
-        ConfigError: not an integer, < 1, or more than the servers (names the variable
-            and the server count).
+        ConfigError: as :func:`check_replication` (names the variable).
     """
     raw = env.read("PSFLEET_REPLICATION", environ) or "1"
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"PSFLEET_REPLICATION: {raw!r} is not an integer >= 1 (hosts per "
-                          "share; 2 keeps every share on two servers)")
-    replication = int(raw)
-    if host_num and replication > host_num:
-        raise ConfigError(f"PSFLEET_REPLICATION={replication}: more copies than the job's "
-                          f"{host_num} server(s); use at most {host_num} or add servers")
-    return replication
+    return check_replication(int(raw) if raw.isdigit() else raw, host_num,
+                             "PSFLEET_REPLICATION")

@@ -228,10 +228,11 @@ def test_placement_and_settings() -> None:
     assert back.merged(ShareMap(3, 2).with_dead([(2, 0)])).holders(1) == [(1, 1)]
     assert dead.with_dead([(2, 0)]).lost() == [1]
     assert replication_from_env(3, {}) == 1
-    with pytest.raises(ConfigError, match="PSFLEET_REPLICATION=4: more copies than"):
+    with pytest.raises(ConfigError, match="PSFLEET_REPLICATION: 4 copies of each share "
+                       "need at least 4 servers; the job has 3"):
         replication_from_env(3, {"PSFLEET_REPLICATION": "4"})
     with pytest.raises(ConfigError, match="PSFLEET_REPLICATION: 'two'"):
         replication_from_env(3, {"PSFLEET_REPLICATION": "two"})
-    with pytest.raises(ConfigError, match="--replication: got 3"):
+    with pytest.raises(ConfigError, match="--replication: 3 copies"):
         LaunchConfig(command=("train.py",), server_num=2, replication=3)
     assert LaunchConfig(command=("train.py",), server_num=2, replication=2).replication == 2

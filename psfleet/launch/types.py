@@ -17,7 +17,7 @@ from pathlib import Path
 
 from psfleet.errors import ConfigError
 from psfleet.launch.hosts import normalize_host, parse_server_list, parse_worker_list, split_list
-from psfleet.replication import replication_from_env
+from psfleet.replication import check_replication, replication_from_env
 from psfleet.types import Role
 
 __all__ = ["LOCAL_HOST", "Role", "LaunchConfig", "ProcessSpec"]
@@ -119,12 +119,10 @@ class LaunchConfig:
         _check_count("--worker_num", self.worker_num, 1)
         self._check_lists()
         servers = len(self.servers) or self.server_num
-        if self.replication is None:
-            object.__setattr__(self, "replication", replication_from_env(servers))
-        if isinstance(self.replication, bool) or not isinstance(self.replication, int) or \
-                not 1 <= self.replication <= max(servers, 1):
-            raise ConfigError(f"--replication: got {self.replication!r}; allowed: an integer "
-                              f"from 1 to the server count ({servers})")
+        object.__setattr__(self, "replication", replication_from_env(servers)
+                           if self.replication is None else
+                           check_replication(self.replication, max(servers, 1),
+                                             "--replication"))
         _check_seconds("--server_wait_timeout_s", self.server_wait_timeout_s, allow_zero=False)
         _check_seconds("--stop_grace_s", self.stop_grace_s, allow_zero=True)
         if not isinstance(self.log_dir, (str, Path)) or str(self.log_dir) == "":

@@ -41,7 +41,7 @@ from psfleet.ps.types import (
     SparseTableConfig,
 )
 from psfleet.ps.wait_budget import poll_until_done
-from psfleet.replication import replication_from_env
+from psfleet.replication import check_replication, replication_from_env
 from psfleet.rpc import RpcClient, RpcConfig, codec, wait_servers_ready
 from psfleet.rpc import messages as msg
 
@@ -444,13 +444,10 @@ class RemoteClient(TableClient):
                  replication: int | None = None) -> None:
         endpoints = list(endpoints)
         self.replication = (replication_from_env(len(endpoints)) if replication is None
-                            else replication)
+                            else check_replication(replication, len(endpoints), "replication"))
         self._directory: ShareDirectory | None = None
         transports: list[Transport]
         if self.replication > 1:
-            if self.replication > len(endpoints):
-                raise ConfigError(f"replication {self.replication}: more copies than the "
-                                  f"{len(endpoints)} server(s)")
             self._directory = ShareDirectory(endpoints, config, self.replication)
             transports = [ShareTransport(self._directory, s) for s in range(len(endpoints))]
             self._rpc = [self._directory.client(h) for h in range(len(endpoints))]

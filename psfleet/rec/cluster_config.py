@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from psfleet.replication import check_replication
+
 __all__ = ["PodResources", "ClusterResources", "ClusterConfig"]
 
 #: A Kubernetes CPU quantity: cores (``2``, ``0.5``) or millicores (``500m``).
@@ -98,8 +100,6 @@ class ClusterConfig(_Section):
 
     @model_validator(mode="after")
     def _replication_fits(self) -> ClusterConfig:
-        if self.replication is not None and self.replication > max(self.server_num, 1):
-            raise ValueError(f"replication: {self.replication} copies of each share need at "
-                             f"least {self.replication} servers; server_num is "
-                             f"{self.server_num}")
+        if self.replication is not None:
+            check_replication(self.replication, max(self.server_num, 1), "cluster.replication")
         return self

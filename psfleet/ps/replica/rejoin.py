@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from psfleet.errors import FatalError, RemoteError, RpcError
+from psfleet.errors import FatalError, MovedError, RemoteError, RpcError
 from psfleet.ps.replica.copy import share_files, tables_from_files
 from psfleet.ps.replica.members import ShareMembers
 from psfleet.ps.replica.wire import map_to_message
@@ -39,8 +39,8 @@ class Rejoining(ShareMembers):
         live hosts in index order, the first that answers decides). Blocks.
 
         Raises:
-            FatalError: no other host answered, or the copy was refused (a sync-mode
-                job; names the reason).
+            FatalError: no other host could fill it, or the copy was refused (a
+                sync-mode job; names the reason).
         """
         assert self._layout is not None and self._me[1] > 0
         request = msg.RejoinRequest(host=self._me[0], incarnation=self._me[1])
@@ -49,7 +49,7 @@ class Rejoining(ShareMembers):
                 continue
             try:
                 reply = self._peer(judge, None).call("Rejoin", request)
-            except RpcError:
+            except (RpcError, MovedError):  # down, or a share moved meanwhile: the next
                 continue
             except RemoteError as exc:
                 raise FatalError(f"host {self._me[0]} incarnation {self._me[1]} cannot "
@@ -61,7 +61,7 @@ class Rejoining(ShareMembers):
                         f"; shares {missing} had no live copy to fill from" if missing else "")
             return
         raise FatalError(f"host {self._me[0]} incarnation {self._me[1]} cannot rejoin: no "
-                         "other server answered")
+                         "other server could fill it (they are down, or the job ended)")
 
     def Rejoin(self, request: msg.RejoinRequest) -> msg.ShareMapMessage:  # noqa: N802
         """Fill the restarted member ``(host, incarnation)``: its older incarnations are
