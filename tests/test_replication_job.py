@@ -68,7 +68,7 @@ def _kill_server_1_mid_epoch(tmp_path: Path, config: Path, name: str) -> tuple[P
 
 def test_sync_job_survives_a_killed_server_with_every_row_equal(
         tmp_path: Path, data_slice: Callable[..., Path]) -> None:
-    train, test = data_slice(1200), data_slice(200, source="dev.csv")
+    train, test = data_slice(800), data_slice(200, source="dev.csv")
     reference = _config(tmp_path, "ref", train, test, replication=1)
     r = run_command(_train_argv(reference), timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -76,7 +76,7 @@ def test_sync_job_survives_a_killed_server_with_every_row_equal(
     config = _config(tmp_path, "cut", train, test, replication=2)
     run, err = _kill_server_1_mid_epoch(tmp_path, config, "cut")
     steps = [int(_manifest(p)["step"]) for p in _checkpoints(tmp_path / "ck-cut")]  # type: ignore[call-overload]
-    assert max(steps) == 600 // 8, "the job did not train its whole epoch"
+    assert max(steps) == 400 // 8, "the job did not train its whole epoch"
     assert "not restarted (replication 2)" in err
     logs = run / "log"
     assert "server 1 (pid" in err and "SIGKILL" in err
