@@ -1,12 +1,12 @@
 """The worker's side of replication: which host serves each share, and calls that
 follow a share to its next host when the one serving it dies.
 
-:class:`ShareDirectory` knows the job's hosts, the replication and the dead hosts it
-has heard of; :class:`ShareTransport` is the transport of one share
+:class:`ShareDirectory` knows the job's hosts, the replication and the share map it has
+heard of; :class:`ShareTransport` is the transport of one share
 (``psfleet.ps.transport.Transport``): each call goes to the share's primary. A call
-that fails because the host cannot be reached (``RpcError``: unavailable through every
-retry, or its deadline passed) is reported (``Failover`` on the lowest-numbered other
-live host, which decides, ``psfleet.ps.replica.host``) and, when the host is declared
+that fails because the host cannot be reached (``RpcError``: unavailable through its
+quick retries, or its deadline passed) is reported (``Failover`` on the lowest-numbered
+other live host, which decides, ``psfleet.ps.replica.members``) and, when the host is declared
 dead, issued again, unchanged, to the share's next host; one refused because the host
 no longer serves the share (``MovedError``: a restarted server took it back) is issued
 again once the map is learned. A write carries its push id, so one that reached the
