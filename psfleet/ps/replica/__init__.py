@@ -15,5 +15,5 @@ filled with copies of its shares while training goes on, and serves its own agai
   its shares behind one endpoint, forwarding writes.
 - ``directory``: the worker's side: which host serves a share, and calls that follow
   the share to its next host.
-- ``wire``: the share map as a message.
+- ``wire``: the share map as a message; ``peers``: connections per member and share.
 """

@@ -31,11 +31,12 @@ from psfleet.errors import (
     ServerNotReadyError,
     ServerUnavailableError,
 )
+from psfleet.ps.replica.peers import MemberClients
 from psfleet.ps.replica.wire import map_from_message, map_to_message
 from psfleet.ps.rpc_transport import RpcTransport
 from psfleet.ps.transport import Pending
 from psfleet.ps.types import PushMeta
-from psfleet.replication import SUSPECT_RETRIES, Member, ShareMap
+from psfleet.replication import SUSPECT_RETRIES, ShareMap
 from psfleet.rpc import RpcClient, RpcConfig
 from psfleet.rpc import messages as msg
 
@@ -69,7 +70,7 @@ class ShareDirectory:
                                                                    SUSPECT_RETRIES))
         self._lock = threading.Lock()
         self._map = ShareMap(len(endpoints), replication)
-        self._clients: dict[tuple[Member, int | None], RpcClient] = {}
+        self._clients = MemberClients(self.endpoints, self._config)
 
     @property
     def map(self) -> ShareMap:
@@ -81,14 +82,7 @@ class ShareDirectory:
         """A connection to ``host`` (its newest member in the map) for calls about
         ``share`` (None: its own). A new member of a host (a restarted server) gets a
         new channel: the old one may still be backing off from the dead one."""
-        with self._lock:
-            member = self._map.latest(host)
-            key = (member, None if share == host else share)
-            found = self._clients.get(key)
-            if found is None:
-                found = self._clients[key] = RpcClient(self.endpoints[host], self._config,
-                                                       key[1])
-            return found
+        return self._clients.get(self.map.latest(host), share)
 
     def primary(self, share: int) -> int:
         """The host serving ``share`` now.
@@ -202,10 +196,7 @@ class ShareDirectory:
 
     def close(self) -> None:
         """Close every connection."""
-        with self._lock:
-            clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            client.close()
+        self._clients.close()
 
 
 class _Rerouted:

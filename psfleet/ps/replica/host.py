@@ -198,8 +198,7 @@ class ReplicaHost(Rejoining):
         connections to the other hosts."""
         with self._lock:
             services = {id(s): s for s in [self.own, *self._shares.values()]}
-            peers, self._peers = list(self._peers.values()), {}
         for service in services.values():
             service.close()
-        for client in peers:
-            client.close()
+        if self._peers is not None:
+            self._peers.close()

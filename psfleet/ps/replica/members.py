@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from psfleet.errors import InvalidRequestError, MovedError, RemoteError
+from psfleet.ps.replica.peers import MemberClients
 from psfleet.ps.replica.wire import map_from_message, map_to_message
 from psfleet.ps.service import TableService
 from psfleet.ps.wait_budget import WaitBudget
@@ -83,7 +84,7 @@ class ShareMembers:
         self._pending: dict[int, list[tuple[str, Any]]] = {}  # share -> queued forwards
         self._filling: dict[int, list[Member]] = {}  # share -> members being copied to
         self._order: dict[int, threading.Lock] = {}
-        self._peers: dict[tuple[Member, int | None], RpcClient] = {}
+        self._peers: MemberClients | None = None  # with the layout
         if layout is not None:
             with self._lock:
                 self._configure(layout)
@@ -93,6 +94,7 @@ class ShareMembers:
         """Take the job's layout (the caller holds ``_lock``)."""
         num = len(layout.endpoints)
         self._layout, self._me = layout, (layout.index, self._me[1])
+        self._peers = MemberClients(layout.endpoints, self._config, layout.index)
         self._map = ShareMap(num, layout.replication)
         if self._me[1] > 0:  # a restarted member: nothing until it is filled
             self._map = self._map.with_dead([(layout.index, self._me[1] - 1)])
@@ -228,14 +230,9 @@ class ShareMembers:
         given) for calls about ``share`` (None: the host's own). A new member of a host
         gets a new channel: the old one may still be backing off from the dead one."""
         with self._lock:
-            assert self._layout is not None and self._map is not None
+            assert self._peers is not None and self._map is not None
             member = self._map.latest(host) if isinstance(host, int) else host
-            key = (member, None if share == member[0] else share)
-            client = self._peers.get(key)
-            if client is None:
-                client = self._peers[key] = RpcClient(
-                    self._layout.endpoints[member[0]], self._config, key[1], self._me[0])
-            return client
+        return self._peers.get(member, share)
     def _check_primary(self, share: int) -> TableService:
         """The service of ``share`` when this member is its primary.
 
