@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from psfleet.collective.types import BackendChoice
 from psfleet.errors import ConfigError
-from psfleet.ps.communicator import AsyncConfig, CommunicatorSettings, PassConfig
+from psfleet.ps.communicator import GEO_STEP, AsyncConfig, CommunicatorSettings, PassConfig
 from psfleet.ps.types import SlicingConfig, SplitMethod
 from psfleet.types import Mode
 
@@ -65,7 +65,7 @@ class DistributedStrategy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     mode: Mode = "async"
-    geo_step: int = Field(400, ge=1)
+    geo_step: int = Field(GEO_STEP, ge=1)
     a_sync_configs: AsyncConfig = AsyncConfig()
     pass_configs: PassConfig = PassConfig()
     # The seeds' flat names; default and constraints are SlicingConfig's (declared once).
@@ -105,7 +105,7 @@ class StrategyFactory:
         return DistributedStrategy(mode="async")
 
     @staticmethod
-    def create_geo_strategy(geo_step: int = 400) -> DistributedStrategy:
+    def create_geo_strategy(geo_step: int = GEO_STEP) -> DistributedStrategy:
         """GEO strategy exchanging deltas every ``geo_step`` steps.
 
         Raises:

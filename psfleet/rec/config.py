@@ -38,7 +38,7 @@ from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
 from psfleet.nn.features import check_table_features
 from psfleet.nn.types import Pooling
-from psfleet.ps.communicator.types import AsyncConfig, PassConfig
+from psfleet.ps.communicator.types import GEO_STEP, AsyncConfig, PassConfig
 from psfleet.ps.types import AccessorConfig, Initializer, OptimizerClass
 from psfleet.rec.cluster_config import ClusterConfig
 from psfleet.rec.online_config import AfterPassConfig, check_online_keys, table_accessors
@@ -165,7 +165,7 @@ class RunnerConfig(_Section):
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(512, ge=1)
     sync_mode: Mode = "async"
-    geo_step: int = Field(400, ge=1)
+    geo_step: int = Field(GEO_STEP, ge=1)
     a_sync_configs: AsyncConfig = AsyncConfig()
     pass_configs: PassConfig = PassConfig()
     use_gpu: bool = False

@@ -7,10 +7,11 @@ from psfleet.ps.communicator.local_mode import LocalCommunicator
 from psfleet.ps.communicator.pass_mode import PassCommunicator
 from psfleet.ps.communicator.registry import MODES, CommunicatorSettings, make_communicator
 from psfleet.ps.communicator.sync_mode import SyncCommunicator
-from psfleet.ps.communicator.types import AsyncConfig, Communicator, PassConfig
+from psfleet.ps.communicator.types import GEO_STEP, AsyncConfig, Communicator, PassConfig
 from psfleet.ps.merge import merge_sparse
 
 __all__ = [
+    "GEO_STEP",
     "MODES",
     "AsyncCommunicator",
     "AsyncConfig",

@@ -13,7 +13,7 @@ from psfleet.ps.communicator.geo_mode import GeoCommunicator
 from psfleet.ps.communicator.local_mode import LocalCommunicator, simulated_staleness
 from psfleet.ps.communicator.pass_mode import PassCommunicator
 from psfleet.ps.communicator.sync_mode import SyncCommunicator
-from psfleet.ps.communicator.types import AsyncConfig, Communicator, PassConfig
+from psfleet.ps.communicator.types import GEO_STEP, AsyncConfig, Communicator, PassConfig
 
 __all__ = ["CommunicatorSettings", "make_communicator", "MODES"]
 
@@ -26,7 +26,7 @@ class CommunicatorSettings:
     ``cuda:N``)."""
 
     async_config: AsyncConfig = AsyncConfig()
-    geo_step: int = 400
+    geo_step: int = GEO_STEP
     worker_num: int = 1
     example_count: Callable[[], int] | None = None
     device: str = "cpu"

@@ -26,7 +26,10 @@ from psfleet.ps.client import PullHandle, TableClient
 from psfleet.ps.routing import RoutedKeys
 from psfleet.ps.types import RuleConfig, SparseTableConfig
 
-__all__ = ["AsyncConfig", "Communicator", "PassConfig"]
+__all__ = ["GEO_STEP", "AsyncConfig", "Communicator", "PassConfig"]
+
+#: Steps between GEO syncs unless set (PaddleRec's default ``geo_step``).
+GEO_STEP = 400
 
 
 _AT_LEAST_ONE = ("k_steps", "send_queue_size", "max_merge_var_num", "thread_pool_size")
