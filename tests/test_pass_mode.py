@@ -136,8 +136,8 @@ def _train(batches: list[tuple[torch.Tensor, torch.Tensor]], rule: str, tag: str
         f.stop_worker()
 
 
-def _pass_strategy(device: str = "cpu") -> DistributedStrategy:
-    return DistributedStrategy(mode="gpubox", pass_configs={"dense_mode": "sync",
+def _pass_strategy(device: str = "cpu", dense_mode: str = "sync") -> DistributedStrategy:
+    return DistributedStrategy(mode="gpubox", pass_configs={"dense_mode": dense_mode,
                                                             "device": device})
 
 
@@ -159,15 +159,18 @@ def test_each_rule_computes_the_same_on_numpy_arrays_and_torch_tensors(name: str
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("rule", ["sgd", "adam"])
+@pytest.mark.parametrize(("rule", "dense_mode"), [("sgd", "sync"), ("adam", "sync"),
+                                                  ("adam", "geo")])
 def test_one_worker_in_pass_mode_equals_one_process(
         criteo_dir: Path, server: tuple[TableService, RunningServer], rule: str,
-        device: str) -> None:
+        dense_mode: str, device: str) -> None:
+    """Dense sync: the servers step the dense rule; dense geo: the worker steps its own
+    copy and sends the change at the pass's end (no dense RPC per step)."""
     batches = _batches(criteo_dir)
     ref_rows, ref_dense = _train(batches, rule, f"ref_{rule}", [], None)
     _, running = server
-    rows, dense = _train(batches, rule, f"one_{rule}", [running.endpoint],
-                         _pass_strategy(device), passes=2)
+    rows, dense = _train(batches, rule, f"one_{rule}_{dense_mode}", [running.endpoint],
+                         _pass_strategy(device, dense_mode), passes=2)
     start = Model("start")
     assert not torch.equal(ref_dense, start.dense.weight)  # it trained
     for got, want in zip(rows, ref_rows, strict=True):

@@ -17,8 +17,9 @@ look rows up and update them there, ``end_pass`` writes them back (Paddle's
   rule state (``PushMode.ROW_DELTA``), divided by the number of workers as GEO does
   (Paddle's GeoCommunicator scales deltas by 1/trainers: the servers hold the
   average of the workers' rows), with the pass's show/click counts;
-- dense parameters take the async or sync path every step
-  (``PassConfig.dense_mode``), through that mode's communicator.
+- dense parameters take the async or sync path every step, or GEO's (a local copy,
+  its change averaged on the servers every ``geo_step`` steps and at each
+  ``end_pass``), as ``PassConfig.dense_mode`` says, through that mode's communicator.
 """
 
 from __future__ import annotations

@@ -101,8 +101,10 @@ class PassConfig(BaseModel):
 
     Attributes:
         dense_mode: how dense parameters train between passes' boundaries: ``async``
-            (pushed every step, applied as they arrive) or ``sync`` (every worker's
-            step averaged, as sync mode).
+            (pushed every step, applied as they arrive), ``sync`` (every worker's
+            step averaged, as sync mode) or ``geo`` (each worker steps its own copy
+            and the copies' changes are averaged on the servers every ``geo_step``
+            steps and at each pass's end, as GEO mode: no RPC per step at all).
         cache_budget_bytes: bytes of rows (values and rule state, all tables) one
             worker's cache may hold; a pass whose rows need more is split into
             sub-passes that each fit (>= 1 MiB; default 1 GiB).
@@ -112,7 +114,7 @@ class PassConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
-    dense_mode: Literal["async", "sync"] = "async"
+    dense_mode: Literal["async", "sync", "geo"] = "async"
     cache_budget_bytes: int = Field(1 << 30, ge=1 << 20)
     device: str = "cpu"
 
