@@ -4,6 +4,9 @@
   (``psfleet train`` launching the job itself, ``fleetrun --mode collective``,
   ``torchrun``), exit 0; the three runs are the same computation, so they report the
   same test AUC, and the model learned (AUC well above 0.5).
+- The ``psfleet train`` run of those three also takes a checkpoint: the same job asked
+  for 2 epochs resumes from it at epoch 2 and ends where an uninterrupted 2-epoch run
+  ends (the first epoch is that shared run, not a job of its own).
 - A rank that fails: fleetrun exits 1 naming it and its log, and stops the rank
   waiting at the barrier.
 - A world size given twice with two values fails naming both.
@@ -38,18 +41,32 @@ def _train_args(train: Path, test: Path, out: Path) -> list[str]:
             "-o", "runner.export_model=false"]  # export has its own tests
 
 
+def _checkpoint_arg(checkpoint_dir: Path) -> list[str]:
+    return ["-o", f"runner.checkpoint={{checkpoint_dir: {checkpoint_dir}}}"]
+
+
 @pytest.fixture(scope="module")
-def criteo_runs(criteo_dir: Path, tmp_path_factory: pytest.TempPathFactory,
-                ) -> Iterator[dict[str, object]]:
-    """The example trained three ways: name -> (CompletedProcess, metrics or None)."""
+def criteo_slices(criteo_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+                  ) -> tuple[Path, Path, Path]:
+    """(work folder, train slice of 3,000 lines, test slice of 400 lines)."""
     from conftest import write_slice
 
     work = tmp_path_factory.mktemp("criteo_collective")
     train = write_slice(criteo_dir / "train.csv", work / "train.csv", 3000)
     test = write_slice(criteo_dir / "dev.csv", work / "test.csv", 400)
+    return work, train, test
+
+
+@pytest.fixture(scope="module")
+def criteo_runs(criteo_slices: tuple[Path, Path, Path]) -> Iterator[dict[str, object]]:
+    """The example trained three ways: name -> (CompletedProcess, metrics or None).
+    The ``psfleet train`` run checkpoints into ``<work>/ckpt`` after its epoch (the
+    resume test continues from there)."""
+    work, train, test = criteo_slices
     module = ["-m", "psfleet.cli.main"]
     commands = {
-        "psfleet train": [sys.executable, *module, *_train_args(train, test, work / "cli")],
+        "psfleet train": [sys.executable, *module, *_train_args(train, test, work / "cli"),
+                          *_checkpoint_arg(work / "ckpt")],
         "fleetrun": [sys.executable, "-m", "psfleet.launch.main", "--mode", "collective",
                      "--nproc_per_node", "2", "--log_dir", str(work / "fleetrun-log"), *module,
                      *_train_args(train, test, work / "fleetrun")],
@@ -126,28 +143,28 @@ def test_world_size_mismatch_fails_naming_both(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_collective_job_resumes_from_its_checkpoint_exactly(criteo_dir: Path,
-                                                           tmp_path: Path) -> None:
-    """2 ranks: 1 epoch with a checkpoint, then the same job asked for 2 epochs resumes
-    at epoch 2 on every rank (each holds all tables) and ends where an uninterrupted
-    2-epoch run ends."""
-    from conftest import write_slice
-
-    train = write_slice(criteo_dir / "train.csv", tmp_path / "train.csv", 1200)
-    test = write_slice(criteo_dir / "dev.csv", tmp_path / "test.csv", 400)
+def test_collective_job_resumes_from_its_checkpoint_exactly(
+        criteo_slices: tuple[Path, Path, Path], criteo_runs: dict[str, object],
+        tmp_path: Path) -> None:
+    """2 ranks: 1 epoch with a checkpoint (the ``psfleet train`` run of
+    ``criteo_runs``), then the same job asked for 2 epochs resumes at epoch 2 on every
+    rank (each holds all tables) and ends where an uninterrupted 2-epoch run ends."""
+    work, train, test = criteo_slices
+    first, _ = criteo_runs["psfleet train"]  # type: ignore[misc]
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert any((work / "ckpt").glob("ckpt-*/manifest.json")), "the first run took no checkpoint"
 
     def run(epochs: int, name: str, checkpoint_dir: Path) -> dict[str, object]:
         args = _train_args(train, test, tmp_path / name)
         args[args.index("runner.epochs=1")] = f"runner.epochs={epochs}"
-        args += ["-o", f"runner.checkpoint={{checkpoint_dir: {checkpoint_dir}}}"]
+        args += _checkpoint_arg(checkpoint_dir)
         result = run_command([sys.executable, "-m", "psfleet.cli.main", *args],
                              timeout=TIMEOUT_S, cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-4000:]
         return json.loads(  # type: ignore[no-any-return]
             (run_folder(tmp_path / name) / "metrics.json").read_text())
 
-    run(1, "first", tmp_path / "ckpt")
-    resumed = run(2, "resumed", tmp_path / "ckpt")
+    resumed = run(2, "resumed", work / "ckpt")
     straight = run(2, "straight", tmp_path / "ckpt-straight")
     assert [e["epoch"] for e in resumed["epochs"]] == [2]  # type: ignore[index]
     assert resumed["test"]["auc"] == pytest.approx(  # type: ignore[index]

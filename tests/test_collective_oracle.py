@@ -7,10 +7,15 @@ Collective training must end with the single process's parameters (<= 1e-6, dens
 every sparse row touched), with every rank holding bit-identical tables:
 
 - 2 ranks x batch 32 equal one process with batch 64 (20 steps);
-- per-rank batches 32 and 16 equal one process on the 48 examples (the gradient is
-  weighted by examples, not averaged per rank);
-- rank 0 with 13 steps and rank 1 with 20 finish (Join, no hang) and equal one
-  process whose last 7 steps hold rank 1's batches only.
+- uneven ranks: rank 0 with batch 32 for 13 steps, rank 1 with batch 16 for 20 steps.
+  Its first 13 steps equal one process on the 48 examples of each step (the gradient
+  is weighted by examples, not averaged per rank: an average per rank differs there),
+  and both ranks finish (Join, no hang) and equal one process whose last 7 steps hold
+  rank 1's batches only. (Uneven batches and uneven steps were two cases, two more
+  jobs; one job shows both, and either fault still fails it.)
+
+The three single-process references run one after the other in one process
+(``collective_oracle_job.py --single A :: --single B``, a fresh fleet for each).
 """
 
 from __future__ import annotations
@@ -39,32 +44,44 @@ class Case:
     steps: str
 
 
-CASES = [Case("equal", "32,32", "20,20"), Case("uneven-batch", "32,16", "20,20"),
-         Case("uneven-steps", "32,32", "13,20")]
+CASES = [Case("equal", "32,32", "20,20"), Case("uneven", "32,16", "13,20")]
 
 
-def _run(case: Case, single: bool, data: Path, workdir: Path) -> dict[str, dict[str, np.ndarray]]:
-    out = workdir / case.name
-    log_dir = workdir / f"log-{case.name}"
-    script = [str(JOB), "--data", str(data), "--out_dir", str(out), "--batches", case.batches,
-              "--steps", case.steps]
-    argv = ([sys.executable, *script, "--single"] if single else
-            [sys.executable, "-m", "psfleet.launch.main", "--mode", "collective",
-             "--nproc_per_node", "2", "--log_dir", str(log_dir), "--stop_grace_s", "5",
-             *script])
+def _load(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as saved:
+        return {key: saved[key] for key in saved.files}
+
+
+def _run(cases: list[Case], single: bool, data: Path, workdir: Path
+         ) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+    """Run ``cases`` alone (every case in one process, one after the other) or one case
+    collectively; case name -> {"single"} or {"rank0", "rank1"}."""
+    label = "+".join(case.name for case in cases)
+    log_dir = workdir / f"log-{label}"
+    scripts = [["--data", str(data), "--out_dir", str(workdir / case.name),
+                "--batches", case.batches, "--steps", case.steps] for case in cases]
+    argv: list[str]
+    if single:
+        argv = [sys.executable, str(JOB)]
+        for script in scripts:
+            argv += [*(["::"] if len(argv) > 2 else []), *script, "--single"]
+    else:
+        (script,) = scripts
+        argv = [sys.executable, "-m", "psfleet.launch.main", "--mode", "collective",
+                "--nproc_per_node", "2", "--log_dir", str(log_dir), "--stop_grace_s", "5",
+                str(JOB), *script]
     result = run_command(argv, timeout=JOB_TIMEOUT_S, cwd=workdir)
     names = ["single"] if single else ["rank0", "rank1"]
-    if result.returncode != 0 or not all((out / f"{n}.npz").is_file() for n in names):
+    outs = {case.name: {name: workdir / case.name / f"{name}.npz" for name in names}
+            for case in cases}
+    if result.returncode != 0 or not all(p.is_file() for o in outs.values()
+                                         for p in o.values()):
         logs = "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}"
                        for p in sorted(log_dir.glob("workerlog.*")))
-        pytest.fail(f"{case.name} ({'single' if single else 'collective'}) failed (exit "
+        pytest.fail(f"{label} ({'single' if single else 'collective'}) failed (exit "
                     f"{result.returncode})\n--- stderr\n{result.stderr[-3000:]}{logs}",
                     pytrace=False)
-    loaded = {}
-    for name in names:
-        with np.load(out / f"{name}.npz") as saved:
-            loaded[name] = {key: saved[key] for key in saved.files}
-    return loaded
+    return {case: {name: _load(path) for name, path in o.items()} for case, o in outs.items()}
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +91,12 @@ def runs(criteo_dir: Path, tmp_path_factory: pytest.TempPathFactory,
     workdir = tmp_path_factory.mktemp("collective")
     data = write_slice(criteo_dir / "train.csv", workdir / "train_2000.csv", LINES)
     with ThreadPoolExecutor(3) as pool:
-        futures = [(case.name, pool.submit(_run, case, single, data, workdir))
-                   for case in CASES for single in (True, False)]
+        futures = [pool.submit(_run, CASES, True, data, workdir)]
+        futures += [pool.submit(_run, [case], False, data, workdir) for case in CASES]
         results: dict[str, dict[str, dict[str, np.ndarray]]] = {}
-        for name, future in futures:
-            results.setdefault(name, {}).update(future.result())
+        for future in futures:
+            for name, loaded in future.result().items():
+                results.setdefault(name, {}).update(loaded)
     return results
 
 

@@ -16,6 +16,9 @@ malformed lines in metrics.json; through ``psfleet train`` on the real Criteo sa
   batch 128 (the sync oracle).
 - SIGINT to a 1x2 job with checkpoints, after its second checkpoint: metrics.json holds
   the finished epochs and ``interrupted`` names the newest complete checkpoint.
+
+Only the one-process run exports the model (its run folder's ``model/`` is checked);
+the jobs whose assertions read no model run with ``runner.export_model=false``.
 """
 
 from __future__ import annotations
@@ -130,7 +133,8 @@ def test_two_workers_validate_mid_training(run_cli: RunCli, repo_root: Path, tmp
     tls = ["cluster.tls=self-signed"] if mode == "async" else []  # TLS channels train alike
     metrics = _train(run_cli, repo_root, out, f"runner.valid_data_dir={criteo_dir / 'dev.csv'}",
                      f"runner.sync_mode={mode}", "runner.geo_step=10",
-                     f"cluster.server_num={servers}", "cluster.worker_num=2", *tls, timeout=240)
+                     f"cluster.server_num={servers}", "cluster.worker_num=2",
+                     "runner.export_model=false", *tls, timeout=240)
 
     assert metrics["worker_num"] == 2 and metrics["sync_mode"] == mode
     valid = metrics["valid"]
@@ -166,7 +170,7 @@ def test_sync_validation_equals_one_process_with_the_global_batch(
     train, dev = data_slice(2048), data_slice(409, source="dev.csv")
     common = (f"runner.train_data_dir={train}", f"runner.test_data_dir={dev}",
               f"runner.valid_data_dir={dev}", "runner.shuffle=false",
-              "runner.sync_mode=sync")
+              "runner.sync_mode=sync", "runner.export_model=false")
     alone = _train(run_cli, repo_root, tmp_path / "alone", *common, "runner.batch_size=128",
                    "cluster.server_num=0", "cluster.worker_num=1")
     job = _train(run_cli, repo_root, tmp_path / "job", *common, "runner.batch_size=64",

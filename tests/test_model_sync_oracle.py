@@ -2,6 +2,8 @@
 for the runner models over several tables with multi-valued features (issue 14,
 Done-when), with Adam (fleetrun + tests/jobs/model_oracle_job.py); so does collective
 mode with 2 ranks x b (DDP for the dense layers, the tables replicated on every rank).
+The two single-process references (one per model) share one process
+(``model_oracle_job.py A :: B``, a fresh fleet for each).
 
 The union of the workers' step-j batches is the single process's step-j batch (worker
 k reads lines k, k+2, ...), so the averaged gradient, and after Adam's steps every
@@ -48,21 +50,46 @@ ADAM = ("--optimizer", "adam", "--lr", "0.001")  # the runner's default rate
 ADAGRAD = ("--optimizer", "adagrad", "--lr", "0.05")
 
 
-def run_job(name: str, model: str, workers: int | None, batch: int, data: Path,
-            workdir: Path, mode: str = "sync") -> dict[str, np.ndarray]:
-    """Run one job to completion, alone (workers None) or by fleetrun with 1 server;
-    return worker 0's .npz, or fail with the logs. Sync jobs run STEPS Adam steps,
-    the others 2 * STEPS Adagrad steps."""
-    out = workdir / f"{name}.npz"
-    log_dir = workdir / f"log-{name}"
+def _script_args(name: str, model: str, batch: int, data: Path, workdir: Path,
+                 mode: str) -> list[str]:
+    """oracle job arguments; sync jobs run STEPS Adam steps, the others 2 * STEPS
+    Adagrad steps."""
     steps, optimizer = ((STEPS, ADAM) if mode in ("sync", "collective")
                         else (2 * STEPS, ADAGRAD))
-    script = [str(JOB), "--model", model, "--data", str(data), "--out", str(out),
-              "--batch", str(batch), "--steps", str(steps), "--mode", mode, *optimizer]
+    return ["--model", model, "--data", str(data), "--out", str(workdir / f"{name}.npz"),
+            "--batch", str(batch), "--steps", str(steps), "--mode", mode, *optimizer]
+
+
+def _load(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as saved:
+        return {key: saved[key] for key in saved.files}
+
+
+def run_singles(jobs: Sequence[tuple[str, str, int]], data: Path, workdir: Path
+                ) -> dict[str, dict[str, np.ndarray]]:
+    """Run the single-process references ``jobs`` ((name, model, batch), sync mode) one
+    after the other in one process (``model_oracle_job.py A :: B``); name -> .npz."""
+    argv = [sys.executable, str(JOB)]
+    for name, model, batch in jobs:
+        argv += [*(["::"] if len(argv) > 2 else []),
+                 *_script_args(name, model, batch, data, workdir, "sync")]
+    result = run_command(argv, timeout=JOB_TIMEOUT_S, cwd=workdir)
+    outs = {name: workdir / f"{name}.npz" for name, _, _ in jobs}
+    if result.returncode != 0 or not all(out.is_file() for out in outs.values()):
+        pytest.fail(f"single-process jobs {list(outs)} failed (exit {result.returncode})\n"
+                    f"--- stderr\n{result.stderr[-3000:]}", pytrace=False)
+    return {name: _load(out) for name, out in outs.items()}
+
+
+def run_job(name: str, model: str, workers: int, batch: int, data: Path,
+            workdir: Path, mode: str = "sync") -> dict[str, np.ndarray]:
+    """Run one job to completion by fleetrun (with 1 server, or collective ranks);
+    return worker 0's .npz, or fail with the logs."""
+    out = workdir / f"{name}.npz"
+    log_dir = workdir / f"log-{name}"
+    script = [str(JOB), *_script_args(name, model, batch, data, workdir, mode)]
     argv: Sequence[str]
-    if workers is None:
-        argv = [sys.executable, *script]
-    elif mode == "collective":
+    if mode == "collective":
         argv = [sys.executable, "-m", "psfleet.launch.main", "--mode", "collective",
                 "--nproc_per_node", str(workers), "--log_dir", str(log_dir), "--stop_grace_s",
                 "5", *script]
@@ -76,8 +103,7 @@ def run_job(name: str, model: str, workers: int | None, batch: int, data: Path,
                        for p in sorted(log_dir.glob("*log.*")))
         pytest.fail(f"job {name} failed (exit {result.returncode})\n--- stderr\n"
                     f"{result.stderr[-3000:]}{logs}", pytrace=False)
-    with np.load(out) as saved:
-        return {key: saved[key] for key in saved.files}
+    return _load(out)
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +115,11 @@ def data(criteo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def runs(data: Path, tmp_path_factory: pytest.TempPathFactory
          ) -> dict[str, dict[str, np.ndarray]]:
-    """name -> results of every job of the module (a few at a time)."""
+    """name -> results of every job of the module (a few at a time; the single-process
+    references of both models share one process)."""
     workdir = tmp_path_factory.mktemp("model_oracle")
-    jobs = [(f"{model}-{kind}", model, workers, batch, mode)
-            for model in MODELS
-            for kind, workers, batch, mode in (("single", None, 2 * BATCH, "sync"),
-                                               ("sync-w2", 2, BATCH, "sync"))]
+    singles = [(f"{model}-single", model, 2 * BATCH) for model in MODELS]
+    jobs = [(f"{model}-sync-w2", model, 2, BATCH, "sync") for model in MODELS]
     jobs += [(f"{model}-collective-w2", model, 2, BATCH, "collective")
              for model, mode in EXACT if mode == "collective"]
     # The async and GEO jobs run one at a time: how much they learn in 40 steps depends
@@ -104,10 +129,14 @@ def runs(data: Path, tmp_path_factory: pytest.TempPathFactory
     results: dict[str, dict[str, np.ndarray]] = {}
     for batch_of_jobs, parallel in ((jobs, PARALLEL_JOBS), (learning, 1)):
         with ThreadPoolExecutor(parallel) as pool:
+            first = (pool.submit(run_singles, singles, data, workdir)
+                     if batch_of_jobs is jobs else None)
             futures = {name: pool.submit(run_job, name, model, workers, batch, data,
                                          workdir, mode)
                        for name, model, workers, batch, mode in batch_of_jobs}
             results.update({name: future.result() for name, future in futures.items()})
+            if first is not None:
+                results.update(first.result())
     return results
 
 

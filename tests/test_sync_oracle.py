@@ -13,7 +13,9 @@ That async and GEO jobs learn is checked on the runner's models in
 test_model_sync_oracle.py.
 
 Every job of the module runs once, a few at a time, in the module fixture ``runs``;
-each job is small (2,000 lines, 20 steps).
+each job is small (2,000 lines, 20 steps). The two single-process references (SGD,
+Adam) run one after the other in one process (``oracle_job.py A :: B``, a fresh fleet
+for each): the fleetrun jobs are the runs that need processes of their own.
 """
 
 from __future__ import annotations
@@ -62,26 +64,42 @@ def _jobs() -> list[Job]:
     ]
 
 
-def run_job(job: Job, data: Path, workdir: Path) -> dict[str, np.ndarray]:
-    """Run ``job`` to completion and return worker 0's .npz; fail with the logs if not."""
-    out = workdir / f"{job.name}.npz"
-    log_dir = workdir / f"log-{job.name}"
-    script = [str(JOB), "--data", str(data), "--out", str(out), "--batch", str(job.batch),
-              "--steps", str(STEPS), "--min_block_size", str(MIN_BLOCK_SIZE), *job.args]
+def _script_args(job: Job, data: Path, workdir: Path) -> list[str]:
+    return ["--data", str(data), "--out", str(workdir / f"{job.name}.npz"), "--batch",
+            str(job.batch), "--steps", str(STEPS), "--min_block_size", str(MIN_BLOCK_SIZE),
+            *job.args]
+
+
+def run_jobs(jobs: Sequence[Job], data: Path, workdir: Path
+             ) -> dict[str, dict[str, np.ndarray]]:
+    """Run ``jobs`` to completion and return each one's worker 0 .npz (name -> arrays);
+    fail with the logs if not. Either one fleetrun job, or single-process jobs, which
+    run one after the other in one process (``oracle_job.py A :: B``)."""
+    name = "+".join(job.name for job in jobs)
+    log_dir = workdir / f"log-{name}"
     argv: Sequence[str]
-    if job.servers is None:
-        argv = [sys.executable, *script]
+    if all(job.servers is None for job in jobs):
+        args: list[str] = []
+        for job in jobs:
+            args += [*(["::"] if args else []), *_script_args(job, data, workdir)]
+        argv = [sys.executable, str(JOB), *args]
     else:
+        (job,) = jobs
         argv = [sys.executable, "-m", "psfleet.launch.main", "--server_num", str(job.servers),
-                "--worker_num", "2", "--log_dir", str(log_dir), "--stop_grace_s", "5", *script]
+                "--worker_num", "2", "--log_dir", str(log_dir), "--stop_grace_s", "5",
+                str(JOB), *_script_args(job, data, workdir)]
     result = run_command(argv, timeout=JOB_TIMEOUT_S, cwd=workdir)
-    if result.returncode != 0 or not out.is_file():
+    outs = {job.name: workdir / f"{job.name}.npz" for job in jobs}
+    if result.returncode != 0 or not all(out.is_file() for out in outs.values()):
         logs = "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}"
                        for p in sorted(log_dir.glob("*log.*")))
-        pytest.fail(f"job {job.name} failed (exit {result.returncode})\n--- stderr\n"
+        pytest.fail(f"job {name} failed (exit {result.returncode})\n--- stderr\n"
                     f"{result.stderr[-3000:]}{logs}", pytrace=False)
-    with np.load(out) as saved:
-        return {key: saved[key] for key in saved.files}
+    results = {}
+    for job_name, out in outs.items():
+        with np.load(out) as saved:
+            results[job_name] = {key: saved[key] for key in saved.files}
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +113,12 @@ def runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict
     """Every job of the module, run to completion a few at a time: name -> results."""
     workdir = tmp_path_factory.mktemp("oracle")
     jobs = _jobs()
+    groups = [[job for job in jobs if job.servers is None],
+              *[[job] for job in jobs if job.servers is not None]]
     with ThreadPoolExecutor(PARALLEL_JOBS) as pool:
-        futures = {job.name: pool.submit(run_job, job, data, workdir) for job in jobs}
-        return {name: future.result() for name, future in futures.items()}
+        futures = [pool.submit(run_jobs, group, data, workdir) for group in groups]
+        return {name: result for future in futures
+                for name, result in future.result().items()}
 
 
 def _max_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[float, float]:

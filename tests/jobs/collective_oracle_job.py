@@ -10,6 +10,9 @@ tables, the reference): step j trains on the union of the ranks' step-j batches,
 the ranks that still have a step j. So the collective run must end with the same
 parameters: each step's gradient is the mean over the union's examples.
 
+Several --single runs may share one process: ``collective_oracle_job.py A :: B`` runs
+A, then B, with a fresh fleet for each (``run_each.py``).
+
 Each process writes ``--out_dir/rank<r>.npz`` (``single.npz`` with --single):
 
 - ``dense``: the dense table's values (float32[total]) after training;
@@ -57,7 +60,7 @@ def union(parts: list[Batch]) -> Batch:
                  torch.cat([b.sparse for b in parts]))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out_dir", type=Path, required=True)
@@ -66,7 +69,7 @@ def main() -> int:
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--single", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     steps = [int(s) for s in args.steps.split(",")]
     torch.manual_seed(0)
@@ -119,4 +122,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from run_each import run_each  # this script's folder
+
+    sys.exit(run_each(main, sys.argv[1:]))

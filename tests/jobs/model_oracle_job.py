@@ -6,6 +6,9 @@ collective job (``fleetrun --mode collective ... --mode collective``), or alone 
 environment: one worker on in-process tables, the single-process reference), like
 ``oracle_job.py``:
 
+Alone, several runs may share one process: ``model_oracle_job.py A :: B`` runs A,
+then B, with a fresh fleet for each (``run_each.py``).
+
 - the data: real Criteo rows (``CriteoReader``, worker k of W reads lines k, k+W, ...,
   no shuffling), made multi-valued by :func:`multi_hot_batch`: C1..C13 stay
   single-valued, C14..C19 and C20..C26 become the multi-valued features ``ctx_a`` and
@@ -94,7 +97,7 @@ def evaluate(model: nn.Module, batches: list[Batch]) -> tuple[float, float]:
     return loss, auc(labels.numpy(), logits.numpy())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=["dnn", "wide_deep", "deepfm", "dcn_v2"],
                         required=True)
@@ -107,7 +110,7 @@ def main() -> int:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--geo_step", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(1)
 
@@ -174,4 +177,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from run_each import run_each  # this script's folder
+
+    sys.exit(run_each(main, sys.argv[1:]))

@@ -21,6 +21,9 @@ paradigm:
 So sync mode with W workers x batch b must write what one process with batch W*b
 writes: worker k's batch j holds the lines of the single process's batch j whose
 index is k modulo W.
+
+Alone, several runs may share one process: ``oracle_job.py A :: B`` runs A, then B,
+with a fresh fleet for each (``run_each.py``).
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def seen_keys(data: Path, lines: int) -> np.ndarray:
     return np.unique(first.sparse[:lines].numpy().view(np.uint64))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=["sync", "async", "geo"], default="sync")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
@@ -81,7 +84,7 @@ def main() -> int:
                         default="RoundRobin")
     parser.add_argument("--dc_asgd", action="store_true")
     parser.add_argument("--dc_asgd_lambda", type=float, default=0.04)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(1)
 
@@ -139,4 +142,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from run_each import run_each  # this script's folder
+
+    sys.exit(run_each(main, sys.argv[1:]))
