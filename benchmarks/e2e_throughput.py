@@ -4,9 +4,11 @@ Runs ``psfleet train -m examples/criteo_dnn/config.yaml`` on the synthetic Crite
 (one epoch, batch 512) in each configuration: the single-process reference
 (``cluster.server_num=0``), parameter-server jobs (async 1x1, 1x2, 2x2; sync 1x2;
 geo 1x2 with geo_step 400; pass mode ``gpubox`` 1x2, whose reader must be
-``InMemoryDataset``) and collective jobs (``runner.sync_mode=collective``, 1 and
-2 ranks, gloo all-reduce, no servers). Repeats are interleaved (every configuration once, then
-again), so slow drift of the machine's load spreads over all configurations.
+``InMemoryDataset``, with its default dense path (async) and with
+``pass_configs.dense_mode`` geo, which makes no RPC per step) and collective jobs
+(``runner.sync_mode=collective``, 1 and 2 ranks, gloo all-reduce, no servers). Repeats
+are interleaved (every configuration once, then again), so slow drift of the
+machine's load spreads over all configurations.
 
 Per run it records, from ``metrics.json``: the job's examples/s (all workers' examples
 over the training wall time), the training wall time and the test AUC; and, by
@@ -47,7 +49,8 @@ CONFIG = REPO_ROOT / "examples" / "criteo_dnn" / "config.yaml"
 BATCH_SIZE = 512
 GEO_STEP = 400
 
-#: (case, server_num, worker_num, sync_mode); the first is the reference.
+#: (case, server_num, worker_num, mode); the first is the reference. A mode is a
+#: ``runner.sync_mode``, or ``gpubox/DENSE``: pass mode with that ``dense_mode``.
 CASES: list[tuple[str, int, int, str]] = [
     ("single process", 0, 1, "async"),
     ("PS async 1x1", 1, 1, "async"),
@@ -56,6 +59,7 @@ CASES: list[tuple[str, int, int, str]] = [
     ("PS sync 1x2", 1, 2, "sync"),
     ("PS geo 1x2", 1, 2, "geo"),
     ("PS gpubox 1x2", 1, 2, "gpubox"),
+    ("PS gpubox 1x2, dense geo", 1, 2, "gpubox/geo"),
     ("collective 1 rank", 0, 1, "collective"),
     ("collective 2 ranks", 0, 2, "collective"),
 ]
@@ -65,6 +69,7 @@ REFERENCE = CASES[0][0]
 def train_command(train: Path, test: Path, server_num: int, worker_num: int, mode: str,
                   out: Path) -> list[str]:
     """The ``psfleet train`` command line of one run (as documented in BENCHMARKS.md)."""
+    mode, _, dense_mode = mode.partition("/")
     overrides = {
         "runner.train_data_dir": str(train), "runner.test_data_dir": str(test),
         "runner.epochs": "1", "runner.batch_size": str(BATCH_SIZE),
@@ -74,6 +79,8 @@ def train_command(train: Path, test: Path, server_num: int, worker_num: int, mod
     }
     if mode == "gpubox":  # pass mode collects each pass's ids from memory
         overrides["runner.reader_type"] = "InMemoryDataset"
+    if dense_mode:
+        overrides["runner.pass_configs.dense_mode"] = dense_mode
     command = [str(Path(sys.executable).with_name("psfleet")), "train", "-m", str(CONFIG)]
     for key, value in overrides.items():
         command += ["-o", f"{key}={value}"]
