@@ -59,7 +59,7 @@ CASES: list[tuple[str, int, int, str]] = [
     ("PS sync 1x2", 1, 2, "sync"),
     ("PS geo 1x2", 1, 2, "geo"),
     ("PS gpubox 1x2", 1, 2, "gpubox"),
-    ("PS gpubox 1x2, dense geo", 1, 2, "gpubox/geo"),
+    ("PS gpubox 1x2 dense geo", 1, 2, "gpubox/geo"),
     ("collective 1 rank", 0, 1, "collective"),
     ("collective 2 ranks", 0, 2, "collective"),
 ]
