@@ -29,6 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+import numpy as np
 import psutil
 import pytest
 
@@ -184,6 +185,21 @@ def criteo_dir() -> Path:
     """The shared Criteo Kaggle sample (train.csv 7,200 lines, dev.csv, test.csv); the
     test fails (never skips) when ``../shared/data/criteo_kaggle_sample`` is missing."""
     return require_shared_data()
+
+
+def one_process_runs(script: Path, runs: list[list[str]]) -> list[str]:
+    """The command running ``script`` once per argument list of ``runs``, one after the
+    other in one process (``script A :: B``; tests/jobs/run_each.py)."""
+    argv = [sys.executable, str(script)]
+    for k, args in enumerate(runs):
+        argv += [*(["::"] if k else []), *args]
+    return argv
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of a job's ``.npz`` file, by name (loaded, the file closed)."""
+    with np.load(path) as saved:
+        return {key: saved[key] for key in saved.files}
 
 
 def write_slice(source: Path, dest: Path, lines: int, start: int = 0) -> Path:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_command, write_slice
+from conftest import load_npz, one_process_runs, run_command, write_slice
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
@@ -47,11 +47,6 @@ class Case:
 CASES = [Case("equal", "32,32", "20,20"), Case("uneven", "32,16", "13,20")]
 
 
-def _load(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as saved:
-        return {key: saved[key] for key in saved.files}
-
-
 def _run(cases: list[Case], single: bool, data: Path, workdir: Path
          ) -> dict[str, dict[str, dict[str, np.ndarray]]]:
     """Run ``cases`` alone (every case in one process, one after the other) or one case
@@ -62,9 +57,7 @@ def _run(cases: list[Case], single: bool, data: Path, workdir: Path
                 "--batches", case.batches, "--steps", case.steps] for case in cases]
     argv: list[str]
     if single:
-        argv = [sys.executable, str(JOB)]
-        for script in scripts:
-            argv += [*(["::"] if len(argv) > 2 else []), *script, "--single"]
+        argv = one_process_runs(JOB, [[*script, "--single"] for script in scripts])
     else:
         (script,) = scripts
         argv = [sys.executable, "-m", "psfleet.launch.main", "--mode", "collective",
@@ -81,7 +74,7 @@ def _run(cases: list[Case], single: bool, data: Path, workdir: Path
         pytest.fail(f"{label} ({'single' if single else 'collective'}) failed (exit "
                     f"{result.returncode})\n--- stderr\n{result.stderr[-3000:]}{logs}",
                     pytrace=False)
-    return {case: {name: _load(path) for name, path in o.items()} for case, o in outs.items()}
+    return {case: {name: load_npz(path) for name, path in o.items()} for case, o in outs.items()}
 
 
 @pytest.fixture(scope="module")

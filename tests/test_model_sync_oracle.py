@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_command, write_slice
+from conftest import load_npz, one_process_runs, run_command, write_slice
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
@@ -60,25 +60,18 @@ def _script_args(name: str, model: str, batch: int, data: Path, workdir: Path,
             "--batch", str(batch), "--steps", str(steps), "--mode", mode, *optimizer]
 
 
-def _load(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as saved:
-        return {key: saved[key] for key in saved.files}
-
-
 def run_singles(jobs: Sequence[tuple[str, str, int]], data: Path, workdir: Path
                 ) -> dict[str, dict[str, np.ndarray]]:
     """Run the single-process references ``jobs`` ((name, model, batch), sync mode) one
     after the other in one process (``model_oracle_job.py A :: B``); name -> .npz."""
-    argv = [sys.executable, str(JOB)]
-    for name, model, batch in jobs:
-        argv += [*(["::"] if len(argv) > 2 else []),
-                 *_script_args(name, model, batch, data, workdir, "sync")]
+    argv = one_process_runs(JOB, [_script_args(name, model, batch, data, workdir, "sync")
+                                  for name, model, batch in jobs])
     result = run_command(argv, timeout=JOB_TIMEOUT_S, cwd=workdir)
     outs = {name: workdir / f"{name}.npz" for name, _, _ in jobs}
     if result.returncode != 0 or not all(out.is_file() for out in outs.values()):
         pytest.fail(f"single-process jobs {list(outs)} failed (exit {result.returncode})\n"
                     f"--- stderr\n{result.stderr[-3000:]}", pytrace=False)
-    return {name: _load(out) for name, out in outs.items()}
+    return {name: load_npz(out) for name, out in outs.items()}
 
 
 def run_job(name: str, model: str, workers: int, batch: int, data: Path,
@@ -103,7 +96,7 @@ def run_job(name: str, model: str, workers: int, batch: int, data: Path,
                        for p in sorted(log_dir.glob("*log.*")))
         pytest.fail(f"job {name} failed (exit {result.returncode})\n--- stderr\n"
                     f"{result.stderr[-3000:]}{logs}", pytrace=False)
-    return _load(out)
+    return load_npz(out)
 
 
 @pytest.fixture(scope="module")

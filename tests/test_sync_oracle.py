@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_command, write_slice
+from conftest import load_npz, one_process_runs, run_command, write_slice
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]
 
@@ -79,10 +79,7 @@ def run_jobs(jobs: Sequence[Job], data: Path, workdir: Path
     log_dir = workdir / f"log-{name}"
     argv: Sequence[str]
     if all(job.servers is None for job in jobs):
-        args: list[str] = []
-        for job in jobs:
-            args += [*(["::"] if args else []), *_script_args(job, data, workdir)]
-        argv = [sys.executable, str(JOB), *args]
+        argv = one_process_runs(JOB, [_script_args(job, data, workdir) for job in jobs])
     else:
         (job,) = jobs
         argv = [sys.executable, "-m", "psfleet.launch.main", "--server_num", str(job.servers),
@@ -95,11 +92,7 @@ def run_jobs(jobs: Sequence[Job], data: Path, workdir: Path
                        for p in sorted(log_dir.glob("*log.*")))
         pytest.fail(f"job {name} failed (exit {result.returncode})\n--- stderr\n"
                     f"{result.stderr[-3000:]}{logs}", pytrace=False)
-    results = {}
-    for job_name, out in outs.items():
-        with np.load(out) as saved:
-            results[job_name] = {key: saved[key] for key in saved.files}
-    return results
+    return {job_name: load_npz(out) for job_name, out in outs.items()}
 
 
 @pytest.fixture(scope="module")
