@@ -304,6 +304,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         "count.",
     ),
     EnvVar(
+        "PSFLEET_COPY_CHUNK_BYTES",
+        "67108864",
+        "A replicated job's share copy (a restarted server being filled, "
+        "docs/fault-tolerance.md) travels in messages of at most this many bytes of file "
+        "data (default 64 MiB), so a share of any size is copied within the gRPC message "
+        "limit. An integer >= 1024, below 1 GiB.",
+    ),
+    EnvVar(
         "PSFLEET_CHECKPOINT_DIR",
         None,
         "Checkpoint folder (path or fsspec URL) a restarted server recovers its tables from "

@@ -20,6 +20,7 @@ import pytest
 from psfleet.errors import ConfigError, FatalError, InvalidRequestError
 from psfleet.launch.types import LaunchConfig
 from psfleet.ps import RemoteClient, TableService, start_server
+from psfleet.ps.replica.copy import chunk_bytes, join_parts, split_parts
 from psfleet.ps.replica.host import Layout, ReplicaHost
 from psfleet.ps.types import PushMode, RuleConfig, SparseTableConfig
 from psfleet.replication import ShareMap, hosts_of, lost_shares, replication_from_env
@@ -142,10 +143,13 @@ def _assert_copies_equal(primary: TableService, copy: TableService) -> None:
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_restarted_server_rejoins_while_training_goes_on() -> None:
+def test_a_restarted_server_rejoins_while_training_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Server 1 dies; a new process on its endpoint (incarnation 1) is filled with
     copies of shares 1 and 0 while a worker keeps pushing, serves share 1 again, and
-    every copy holds the same bytes as its primary."""
+    every copy holds the same bytes as its primary. The copies travel in parts of
+    4 KiB (``PSFLEET_COPY_CHUNK_BYTES``): each file is cut and joined again."""
+    monkeypatch.setenv("PSFLEET_COPY_CHUNK_BYTES", "4096")
     with servers() as started:
         endpoints = [r.endpoint for _, r in started]
         client = _client(started, 0)
@@ -188,6 +192,31 @@ def test_a_restarted_server_rejoins_while_training_goes_on() -> None:
             client.close()
             running.handler.close()
             running.stop(grace_s=0.1)
+
+
+def test_a_copy_is_cut_into_parts_within_the_limit_and_joined_again() -> None:
+    rng = np.random.default_rng(0)
+    files = [msg.SharedFile(path=f"server-1/f{i}", data=rng.bytes(size))
+             for i, size in enumerate((0, 5000, 1, 4096, 12000))]
+    parts = list(split_parts(files, 4096))
+    assert [last for _, last in parts] == [False] * (len(parts) - 1) + [True]
+    sizes = [sum(len(piece.data) for piece in part) for part, _ in parts]
+    assert sizes[:-1] == [4096] * (len(parts) - 1) and sizes[-1] <= 4096
+    assert sum(sizes) == 21097 and len(parts) == 21097 // 4096 + 1
+    joined = join_parts([piece for part, _ in parts for piece in part])
+    assert [(f.path, f.data) for f in joined] == [(f.path, f.data) for f in files]
+    assert list(split_parts([], 4096)) == [([], True)]  # one (empty, last) part
+    exact = list(split_parts([msg.SharedFile(path="a", data=b"x" * 8192)], 4096))
+    assert [len(p) for p, _ in exact] == [1, 1, 0]  # the last part holds nothing
+
+
+def test_a_bad_copy_chunk_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    for bad in ("1000", "1073741824", "64MB"):
+        monkeypatch.setenv("PSFLEET_COPY_CHUNK_BYTES", bad)
+        with pytest.raises(ConfigError, match="PSFLEET_COPY_CHUNK_BYTES"):
+            chunk_bytes()
+    monkeypatch.delenv("PSFLEET_COPY_CHUNK_BYTES")
+    assert chunk_bytes() == 64 << 20
 
 
 def test_a_share_with_every_copy_dead_is_named() -> None:

@@ -10,6 +10,7 @@ round was lost or applied twice.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -45,10 +46,12 @@ def _config(tmp_path: Path, name: str, train: Path, test: Path, replication: int
     return path
 
 
-def _kill_server_1_mid_epoch(tmp_path: Path, config: Path, name: str) -> tuple[Path, str]:
-    """Run ``config``'s job, SIGKILL its server 1 once the checkpoint after batch 10 is
-    published, and wait for the job, which must exit 0. Returns (run folder, stderr)."""
-    job = subprocess.Popen(_train_argv(config), env=clean_env(), text=True,
+def _kill_server_1_mid_epoch(tmp_path: Path, config: Path, name: str,
+                             env: dict[str, str] | None = None) -> tuple[Path, str]:
+    """Run ``config``'s job (``env`` added to the environment), SIGKILL its server 1 once
+    the checkpoint after batch 10 is published, and wait for the job, which must exit 0.
+    Returns (run folder, stderr)."""
+    job = subprocess.Popen(_train_argv(config), env=clean_env(env), text=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            start_new_session=True)
     try:
@@ -96,7 +99,9 @@ def test_async_job_with_a_killed_server_restarted_rejoins(
         tmp_path: Path, data_slice: Callable[..., Path]) -> None:
     """Async, replication 2, ``max_restarts: 1``: server 1 is SIGKILLed mid-epoch and
     restarted; the restarted server is filled with copies of its shares while training
-    goes on, serves its own share again, and the job ends with a sane AUC."""
+    goes on, serves its own share again, and the job ends with a sane AUC. Each copy
+    travels in parts of at most 64 KiB (``PSFLEET_COPY_CHUNK_BYTES``), so its files
+    are cut into pieces and joined again."""
     train, test = data_slice(3000), data_slice(400, source="dev.csv")
     config = _config(tmp_path, "rejoin", train, test, replication=2)
     raw = json.loads(config.read_text())
@@ -104,10 +109,18 @@ def test_async_job_with_a_killed_server_restarted_rejoins(
     raw["runner"]["epochs"] = 3  # training outlasts the restart (a few seconds)
     raw["cluster"]["max_restarts"] = 1
     config.write_text(json.dumps(raw))
-    run, err = _kill_server_1_mid_epoch(tmp_path, config, "rejoin")
+    run, err = _kill_server_1_mid_epoch(tmp_path, config, "rejoin",
+                                        {"PSFLEET_COPY_CHUNK_BYTES": str(64 << 10)})
     assert "restarting it (restart 1 of --max_restarts 1)" in err
     restarted = (run / "log" / "serverlog.1").read_text()
     assert "rejoined: holds shares [0, 1]" in restarted, restarted[-3000:]
     assert "now serves share 1" in restarted
+    # Shares 0 and 1 were copied from their primaries, servers 0 and 2, in parts.
+    primaries = "".join((run / "log" / f"serverlog.{i}").read_text() for i in (0, 2))
+    copies = re.findall(r"copied share (\d) \((\d+) bytes in (\d+) messages\)", primaries)
+    assert sorted(share for share, _, _ in copies) == ["0", "1"], copies
+    for _, size, messages in copies:
+        assert int(messages) == int(size) // (64 << 10) + 1, copies
+    assert re.search(r"filled share 0: \{0: [1-9]\d*, ", restarted), restarted[-3000:]
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["test"]["auc"] > 0.6

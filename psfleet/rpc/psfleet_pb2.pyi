@@ -355,13 +355,17 @@ class SharedFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class ReceiveShareRequest(_message.Message):
-    __slots__ = ("share", "incarnation", "files", "applied")
+    __slots__ = ("share", "incarnation", "files", "applied", "more", "part")
     SHARE_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
     share: int
     incarnation: int
     files: _containers.RepeatedCompositeFieldContainer[SharedFile]
     applied: _containers.RepeatedCompositeFieldContainer[PushId]
-    def __init__(self, share: _Optional[int] = ..., incarnation: _Optional[int] = ..., files: _Optional[_Iterable[_Union[SharedFile, _Mapping]]] = ..., applied: _Optional[_Iterable[_Union[PushId, _Mapping]]] = ...) -> None: ...
+    more: bool
+    part: int
+    def __init__(self, share: _Optional[int] = ..., incarnation: _Optional[int] = ..., files: _Optional[_Iterable[_Union[SharedFile, _Mapping]]] = ..., applied: _Optional[_Iterable[_Union[PushId, _Mapping]]] = ..., more: _Optional[bool] = ..., part: _Optional[int] = ...) -> None: ...

@@ -1,5 +1,5 @@
 """Copying a share to a new member while training goes on: the files of a full save,
-sent in one message, read back into tables.
+sent in parts of at most ``PSFLEET_COPY_CHUNK_BYTES``, joined and read back into tables.
 
 The primary takes the snapshot (``TableService.copy_snapshot``) under the share's order
 lock, so it is an exact cut of the writes: every write after it is forwarded to the new
@@ -13,10 +13,12 @@ of the share would hold, and read back with the code that loads checkpoints.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
 import fsspec
 import numpy as np
 
+from psfleet import env
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.persist import Table, saved_dense_part, saved_table_configs
 from psfleet.ps.persist_delta import ModeSnapshot, write_mode_snapshot
@@ -24,7 +26,7 @@ from psfleet.ps.restore import read_save
 from psfleet.ps.types import DenseTableConfig, SparseTableConfig
 from psfleet.rpc import messages as msg
 
-__all__ = ["share_files", "tables_from_files"]
+__all__ = ["chunk_bytes", "join_parts", "share_files", "split_parts", "tables_from_files"]
 
 _MEMORY = "memory"
 
@@ -42,6 +44,49 @@ def share_files(snapshot: ModeSnapshot, dense_index: dict[int, np.ndarray],
     finally:
         if fs.exists(root):
             fs.rm(root, recursive=True)
+
+
+def chunk_bytes() -> int:
+    """``PSFLEET_COPY_CHUNK_BYTES``: file bytes per message of a copy.
+
+    Raises:
+        ConfigError: not an integer from 1024 to below 1 GiB (names the variable).
+    """
+    value = env.int_var(None, "PSFLEET_COPY_CHUNK_BYTES", 1024, (1 << 30) - 1)
+    assert value is not None  # declared with a default
+    return value
+
+
+def split_parts(files: list[msg.SharedFile], limit: int
+                ) -> Iterator[tuple[list[msg.SharedFile], bool]]:
+    """``files`` in consecutive parts of at most ``limit`` bytes of data each, with
+    whether the part is the last: a file larger than what is left of a part is cut,
+    its pieces in order (:func:`join_parts` joins them). At least one part (the last
+    may be empty). The pieces are made as the parts are taken, so the sender holds
+    the files and one part, not two copies of the share."""
+    part: list[msg.SharedFile] = []
+    room = limit
+    for file in files:
+        data = memoryview(file.data)
+        while True:
+            piece = data[:room]
+            part.append(msg.SharedFile(path=file.path, data=bytes(piece)))
+            room -= len(piece)
+            data = data[len(piece):]
+            if room == 0:
+                yield part, False
+                part, room = [], limit
+            if not data:
+                break
+    yield part, True
+
+
+def join_parts(parts: list[msg.SharedFile]) -> list[msg.SharedFile]:
+    """The files :func:`split_parts` cut, each file's pieces joined in order."""
+    joined: dict[str, list[bytes]] = {}
+    for piece in parts:
+        joined.setdefault(piece.path, []).append(piece.data)
+    return [msg.SharedFile(path=path, data=b"".join(pieces)) for path, pieces in joined.items()]
 
 
 def tables_from_files(files: list[msg.SharedFile], share: int, host_num: int

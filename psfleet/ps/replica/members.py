@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from psfleet.errors import InvalidRequestError, MovedError, RemoteError
+from psfleet.ps.replica.copy import chunk_bytes
 from psfleet.ps.replica.peers import MemberClients
 from psfleet.ps.replica.wire import map_from_message, map_to_message
 from psfleet.ps.service import TableService
@@ -83,6 +84,9 @@ class ShareMembers:
         self._shares: dict[int, TableService] = {}
         self._pending: dict[int, list[tuple[str, Any]]] = {}  # share -> queued forwards
         self._filling: dict[int, list[Member]] = {}  # share -> members being copied to
+        self._copy_chunk_bytes = 0  # PSFLEET_COPY_CHUNK_BYTES, read with the layout
+        # share -> (the next part due, the pieces so far) of the copy being received
+        self._receiving: dict[int, tuple[int, list[msg.SharedFile]]] = {}
         self._order: dict[int, threading.Lock] = {}
         self._peers: MemberClients | None = None  # with the layout
         if layout is not None:
@@ -93,6 +97,7 @@ class ShareMembers:
     def _configure(self, layout: Layout) -> None:
         """Take the job's layout (the caller holds ``_lock``)."""
         num = len(layout.endpoints)
+        self._copy_chunk_bytes = chunk_bytes()  # a bad setting fails the server's start
         self._layout, self._me = layout, (layout.index, self._me[1])
         self._peers = MemberClients(layout.endpoints, self._config, layout.index)
         self._map = ShareMap(num, layout.replication)

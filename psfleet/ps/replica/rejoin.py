@@ -6,7 +6,8 @@ first and asks a live host to fill it (``Rejoin``; the first that answers decide
 For each share its host is placed on, the share's primary copies it
 (``CopyShare``): a snapshot under the share's order lock, so it is an exact cut of the
 writes; every write after it is forwarded to the new member, which queues them until
-the copy is loaded (``ReceiveShare``) and then applies them in order. The primary then
+the copy is loaded (``ReceiveShare``, in parts of at most ``PSFLEET_COPY_CHUNK_BYTES``)
+and then applies them in order. The primary then
 adds the member to the map, still under the order lock, and sends the map to every
 live host. A member on its own host ranks first among a share's holders, so it serves
 its share again from then on. A sync-mode share is not copied (rounds in flight are not
@@ -18,7 +19,12 @@ from __future__ import annotations
 import logging
 
 from psfleet.errors import FatalError, MovedError, RemoteError, RpcError
-from psfleet.ps.replica.copy import share_files, tables_from_files
+from psfleet.ps.replica.copy import (
+    join_parts,
+    share_files,
+    split_parts,
+    tables_from_files,
+)
 from psfleet.ps.replica.members import ShareMembers
 from psfleet.ps.replica.wire import map_to_message
 from psfleet.replication import Member, hosts_of
@@ -117,9 +123,14 @@ class Rejoining(ShareMembers):
             self._filling.setdefault(share, []).append(member)
         try:
             files = share_files(snapshot, index, share)
-            self._peer(member, share).call("ReceiveShare", msg.ReceiveShareRequest(
-                share=share, incarnation=member[1], files=files,
-                applied=[msg.PushId(client_id=c, seq=q) for c, q in applied]))
+            del snapshot
+            peer = self._peer(member, share)
+            for number, (part, last) in enumerate(split_parts(files, self._copy_chunk_bytes)):
+                peer.call("ReceiveShare", msg.ReceiveShareRequest(
+                    share=share, incarnation=member[1], files=part, more=not last,
+                    part=number,
+                    applied=[msg.PushId(client_id=c, seq=q) for c, q in applied]
+                    if last else []))
         except BaseException:
             with self._order[share]:
                 if member in self._filling[share]:
@@ -134,11 +145,12 @@ class Rejoining(ShareMembers):
                 assert self._map is not None
                 self._merge(self._map.with_joined(share, member))
             self._broadcast()
-        logger.warning("copied share %d (%d bytes) to host %d incarnation %d", share,
-                       sum(len(f.data) for f in files), *member)
+        logger.warning("copied share %d (%d bytes in %d messages) to host %d incarnation %d",
+                       share, sum(len(f.data) for f in files), number + 1, *member)
 
     def ReceiveShare(self, request: msg.ReceiveShareRequest) -> msg.Empty:  # noqa: N802
-        """Load a copy of ``request.share`` into this restarted member, then apply the
+        """Take a part of the copy of ``request.share``; at the last part
+        (``more`` false) load the whole copy into this restarted member, then apply the
         writes forwarded since the copy was taken, in order."""
         share = request.share
         with self._lock:
@@ -148,7 +160,20 @@ class Rejoining(ShareMembers):
                                   f"{self._me[1]}) is not waiting for it")
             assert self._map is not None
             host_num = self._map.host_num
-        tables, index, loaded = tables_from_files(list(request.files), share, host_num)
+            if request.part == 0:  # a copy starts (afresh, after a failed one)
+                self._receiving[share] = (0, [])
+            expected, parts = self._receiving.get(share, (0, []))
+            if request.part == expected - 1:  # a retried call: that part is already here
+                return msg.Empty()
+            if request.part != expected:
+                raise RemoteError(f"ReceiveShare of share {share}: part {request.part} came "
+                                  f"where part {expected} was due; the copy is refused")
+            parts.extend(request.files)
+            if request.more:
+                self._receiving[share] = (expected + 1, parts)
+                return msg.Empty()
+            del self._receiving[share]
+        tables, index, loaded = tables_from_files(join_parts(parts), share, host_num)
         service = self._copy_service()
         service.adopt(tables, index, [(p.client_id, p.seq) for p in request.applied])
         with self._order[share]:
