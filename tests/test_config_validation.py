@@ -193,10 +193,13 @@ def test_strategy_slicing_fields_are_slicing_configs() -> None:
     ({"runner": {"sync_mode": "collective"}, "cluster": {"worker_num": 2, "tls": "self-signed"}},
      ["cluster.tls", "collective has no gRPC channels", "remove cluster.tls"]),
     ({"cluster": {"server_num": 1, "tls": "yes"}}, ["cluster.tls", "'self-signed'"]),
+    ({"runner": {"lr_scaling": "sqrt"}},
+     ["runner.lr_scaling 'sqrt'", "sync, geo, collective", "mode 'async'",
+      "set lr_scaling to 'none'"]),
 ], ids=["use_gpu_ps_mode", "use_gpu_collective", "collective_with_servers",
         "workers_without_servers", "global_shuffle_reader", "csv_without_columns",
         "columns_unused", "queue_pipe_sync", "bad_mode", "bad_initializer",
-        "tls_collective", "tls_unknown"])
+        "tls_collective", "tls_unknown", "lr_scaling_async"])
 def test_cross_field_rules_fail_on_load(tmp_path: Path, sections: dict[str, dict[str, object]],
                                         expected: list[str]) -> None:
     path = _write_config(tmp_path, **sections)
@@ -356,3 +359,22 @@ def test_runner_a_sync_configs_reach_the_strategy(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"yaml: runner\.a_sync_configs\.send_queue_size: 0 "
                                           r"must be an integer >= 1$"):
         load_config(path, ["runner.a_sync_configs.send_queue_size=0"])
+
+
+def test_lr_scaling_reaches_the_strategy_and_scales_the_averaging_modes(tmp_path: Path) -> None:
+    from psfleet.fleet.strategy import DistributedStrategy
+    from psfleet.rec.trainer import strategy_of  # imports torch: only this test pays
+
+    path = _write_config(tmp_path, runner={"sync_mode": "sync", "lr_scaling": "sqrt"})
+    strategy = strategy_of(load_config(path))
+    assert strategy.lr_scaling == "sqrt"
+    assert strategy.lr_factor(4) == 2.0 and strategy.lr_factor(1) == 1.0
+    assert DistributedStrategy(mode="geo", lr_scaling="linear").lr_factor(3) == 3.0
+    assert DistributedStrategy(mode="collective", lr_scaling="sqrt").lr_factor(2) == 2 ** 0.5
+    # The default, auto: sqrt in geo, none in every other mode.
+    assert DistributedStrategy(mode="geo").lr_factor(4) == 2.0
+    for mode in ("sync", "async", "collective", "gpubox"):
+        assert DistributedStrategy(mode=mode).lr_factor(8) == 1.0, mode
+    for mode in ("async", "gpubox"):
+        with pytest.raises(ValueError, match=rf"lr_scaling 'linear'.*mode {mode!r}"):
+            DistributedStrategy(mode=mode, lr_scaling="linear")

@@ -4,6 +4,9 @@
   the workers' step-j batches is the single process's step-j batch (the reader gives
   worker k the lines k, k+2, ...), so the averaged gradient is the same. Checked for
   SGD (<= 1e-6) and Adam (<= 1e-5), dense parameters and every sparse row touched.
+  The SGD job runs at half the reference's learning rate with ``lr_scaling: linear``
+  (times the worker count, 2): equal only if the servers apply the scaled rate to the
+  dense and the sparse tables.
   (Adagrad's exactness is the same argument on another server-side rule; the rules
   themselves are checked against torch.optim in test_rules.py.)
 - The server count does not change a sync run: S=1 and S=3 (with dense parameters
@@ -58,7 +61,8 @@ def _jobs() -> list[Job]:
     return [
         Job("single-sgd", None, 2 * BATCH, sgd),
         Job("single-adam", None, 2 * BATCH, adam),
-        Job("sync-sgd-s2", 2, BATCH, sync + sgd),
+        Job("sync-sgd-s2", 2, BATCH,
+            sync + ("--optimizer", "sgd", "--lr", "0.025", "--lr_scaling", "linear")),
         Job("sync-adam-s1", 1, BATCH, sync + adam),
         Job("sync-adam-s3", 3, BATCH, sync + adam),
     ]

@@ -130,7 +130,8 @@ class DistributedOptimizer:
         self.inner = optimizer
         self.rule: RuleConfig = rule
         #: the dense table's rule: ``rule``, or in async mode with momentum correction
-        #: its Adam beta1 lowered (``psfleet.fleet.async_momentum``; set by the runtime)
+        #: its Adam beta1 lowered (``psfleet.fleet.async_momentum``), or its learning
+        #: rate scaled (``psfleet.fleet.lr_scaling``); set by the runtime
         self.dense_rule = self.rule
         self.params: list[torch.Tensor] = list(params)
         self._step: StepCollector | None = None

@@ -32,6 +32,7 @@ from torch import nn
 
 from psfleet.errors import ConfigError
 from psfleet.fleet.async_momentum import async_dense_rule
+from psfleet.fleet.lr_scaling import scaled_rule
 from psfleet.fleet.optimizer import DistributedOptimizer
 from psfleet.fleet.role_maker import RoleInfo
 from psfleet.fleet.step import StepCollector
@@ -155,7 +156,13 @@ class WorkerRuntime:
             ServerNotReadyError: servers not ready within ``config.wait_timeout_s``.
         """
         role, strategy = config.role, config.strategy
-        tables = TableRegistry.of(embeddings, optimizer.rule)
+        factor = strategy.lr_factor(role.worker_num)
+        tables = TableRegistry.of(embeddings, optimizer.rule, factor)
+        if factor != 1.0:
+            optimizer.dense_rule = scaled_rule(optimizer.rule, factor)
+            logger.info("%s with %d workers: learning rates x %.4g (lr_scaling %s): dense "
+                        "%g", strategy.mode, role.worker_num, factor, strategy.lr_scaling,
+                        optimizer.dense_rule.learning_rate)
         settings = hooks.communicator_settings(strategy.communicator_settings(role.worker_num))
         client: TableClient
         if hooks.tables_in_process or role.is_local:

@@ -1,4 +1,5 @@
-"""DistributedStrategy: how a job trains (mode, communicator, slicing, DC-ASGD).
+"""DistributedStrategy: how a job trains (mode, communicator, slicing, DC-ASGD,
+learning-rate scaling).
 
 Field names follow the seeds' ``DistributedStrategy`` / ``StrategyFactory`` so a
 Paddle user finds them where they expect. Every field is validated when the strategy
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from psfleet.collective.types import BackendChoice
 from psfleet.errors import ConfigError
+from psfleet.fleet.lr_scaling import LrScaling, check_lr_scaling, lr_factor
 from psfleet.ps.communicator import GEO_STEP, AsyncConfig, CommunicatorSettings, PassConfig
 from psfleet.ps.types import SlicingConfig, SplitMethod
 from psfleet.types import Mode
@@ -55,6 +57,10 @@ class DistributedStrategy(BaseModel):
         dc_asgd: delay-compensated async SGD for dense parameters on the servers
             (Zheng et al. 2017); async mode only.
         dc_asgd_lambda: its variance-control lambda (0.04, MXNet's DCASGD default).
+        lr_scaling: ``none``, ``sqrt`` or ``linear``: every table's learning rate times
+            1, sqrt(W) or W for W workers, in the modes whose updates average the
+            workers' batches (sync, geo, collective; ``psfleet.fleet.lr_scaling``);
+            ``auto`` (default): ``sqrt`` in geo, ``none`` otherwise.
         server_wait_timeout_s: how long workers wait for servers to be ready,
             seconds; None reads PSFLEET_SERVER_WAIT_TIMEOUT_S (default 300).
         collective_backend: collective mode's torch.distributed backend: ``gloo``
@@ -74,14 +80,21 @@ class DistributedStrategy(BaseModel):
     min_block_size: int = _slicing_field("min_block_size")
     dc_asgd: bool = False
     dc_asgd_lambda: float = Field(0.04, gt=0)
+    lr_scaling: LrScaling = "auto"
     server_wait_timeout_s: float | None = Field(None, gt=0)
     collective_backend: BackendChoice = "auto"
 
     @model_validator(mode="after")
-    def _dc_asgd_is_async(self) -> DistributedStrategy:
+    def _mode_specific_settings(self) -> DistributedStrategy:
         if self.dc_asgd and self.mode != "async":
             raise ValueError(f"dc_asgd compensates async delays; mode is {self.mode!r}")
+        check_lr_scaling(self.lr_scaling, self.mode)
         return self
+
+    def lr_factor(self, worker_num: int) -> float:
+        """The factor of every table's learning rate with ``worker_num`` workers
+        (:attr:`lr_scaling`; 1.0 when nothing is scaled)."""
+        return lr_factor(self.lr_scaling, self.mode, worker_num)
 
     def communicator_settings(self, worker_num: int) -> CommunicatorSettings:
         """What the communicator of :attr:`mode` needs."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from psfleet.fleet.lr_scaling import scaled_rule
 from psfleet.nn import SparseEmbedding, check_distinct_names
 from psfleet.ps.types import RuleConfig, SparseTableConfig
 
@@ -25,13 +26,17 @@ class TableRegistry:
     Build it with :meth:`of`. Attributes:
         embeddings: the embeddings in table-id order (sorted by name).
         rule: the optimizer's rule (an embedding's own ``rule`` takes precedence).
+        lr_factor: every sparse table's learning rate is its rule's times this
+            (``strategy.lr_scaling``; 1.0: as configured).
     """
 
     embeddings: tuple[SparseEmbedding, ...]
     rule: RuleConfig
+    lr_factor: float = 1.0
 
     @classmethod
-    def of(cls, embeddings: Iterable[SparseEmbedding], rule: RuleConfig) -> TableRegistry:
+    def of(cls, embeddings: Iterable[SparseEmbedding], rule: RuleConfig,
+           lr_factor: float = 1.0) -> TableRegistry:
         """The registry of ``embeddings`` (each object once, shared modules counted once).
 
         Raises:
@@ -42,7 +47,7 @@ class TableRegistry:
         check_distinct_names(distinct)
         for embedding in distinct:
             embedding.table_config(rule)  # validates now, naming the embedding
-        return cls(tuple(distinct), rule)
+        return cls(tuple(distinct), rule, lr_factor)
 
     @property
     def dense_table_id(self) -> int:
@@ -55,8 +60,14 @@ class TableRegistry:
 
     def sparse_configs(self) -> dict[int, SparseTableConfig]:
         """Each sparse table's config, by table id."""
-        return {i: e.table_config(self.rule) for i, e in enumerate(self.embeddings)}
+        return {i: self._config(e) for i, e in enumerate(self.embeddings)}
 
     def named_configs(self) -> dict[str, tuple[int, SparseTableConfig]]:
         """Each embedding's (table id, config), by name."""
-        return {e.name: (i, e.table_config(self.rule)) for i, e in enumerate(self.embeddings)}
+        return {e.name: (i, self._config(e)) for i, e in enumerate(self.embeddings)}
+
+    def _config(self, embedding: SparseEmbedding) -> SparseTableConfig:
+        config = embedding.table_config(self.rule)
+        if self.lr_factor == 1.0:
+            return config
+        return config.model_copy(update={"rule": scaled_rule(config.rule, self.lr_factor)})

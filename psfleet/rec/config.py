@@ -36,6 +36,7 @@ from psfleet.data.parsers import make_parser
 from psfleet.data.slot_format import SlotFormatConfig
 from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
+from psfleet.fleet.lr_scaling import LrScaling, check_lr_scaling
 from psfleet.nn.features import check_table_features
 from psfleet.nn.types import Pooling
 from psfleet.ps.communicator.types import GEO_STEP, AsyncConfig, PassConfig
@@ -101,6 +102,10 @@ class RunnerConfig(_Section):
         use_gpu: collective mode: train each rank on a GPU (nccl); an error when
             there is no GPU.
         geo_step: steps between GEO syncs (PaddleRec's default 400).
+        lr_scaling: ``none``, ``sqrt`` or ``linear``: every table's learning rate times
+            1, sqrt(W) or W for W workers in sync, geo and collective mode, whose
+            updates average the workers' batches (``psfleet.fleet.lr_scaling``);
+            ``auto`` (default): ``sqrt`` in geo, ``none`` otherwise.
         a_sync_configs: the async communicator's settings, as Paddle's
             ``strategy.a_sync_configs`` (``psfleet.ps.communicator.AsyncConfig``).
         pass_configs: pass mode's settings (``sync_mode: gpubox``;
@@ -166,6 +171,7 @@ class RunnerConfig(_Section):
     batch_size: int = Field(512, ge=1)
     sync_mode: Mode = "async"
     geo_step: int = Field(GEO_STEP, ge=1)
+    lr_scaling: LrScaling = "auto"
     a_sync_configs: AsyncConfig = AsyncConfig()
     pass_configs: PassConfig = PassConfig()
     use_gpu: bool = False
@@ -272,6 +278,10 @@ class RunnerConfig(_Section):
             raise ConfigError("runner.checkpoint.step_interval: sync_mode gpubox checkpoints "
                               "at pass boundaries only (a pass's rows are on the workers "
                               "until it ends); use runner.checkpoint.epoch_interval")
+        try:
+            check_lr_scaling(self.lr_scaling, self.sync_mode)
+        except ValueError as exc:
+            raise ConfigError(f"runner.{exc}") from None
         if self.global_shuffle and self.reader_type != "InMemoryDataset":
             raise ConfigError(f"runner.global_shuffle: needs runner.reader_type: "
                               f"InMemoryDataset (got {self.reader_type})")

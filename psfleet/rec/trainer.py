@@ -177,13 +177,13 @@ def _recorder(config: TrainConfig, first: bool) -> RunRecorder:
 
 def strategy_of(config: TrainConfig) -> DistributedStrategy:
     """The fleet strategy a runner config describes: ``runner.sync_mode``,
-    ``geo_step``, ``a_sync_configs``, ``pass_configs`` and
+    ``geo_step``, ``lr_scaling``, ``a_sync_configs``, ``pass_configs`` and
     ``cluster.server_wait_timeout_s`` (None: the environment's); collective mode on
     the CPU (gloo)."""
     runner = config.runner
     return DistributedStrategy(
-        mode=runner.sync_mode, geo_step=runner.geo_step, a_sync_configs=runner.a_sync_configs,
-        pass_configs=runner.pass_configs,
+        mode=runner.sync_mode, geo_step=runner.geo_step, lr_scaling=runner.lr_scaling,
+        a_sync_configs=runner.a_sync_configs, pass_configs=runner.pass_configs,
         server_wait_timeout_s=config.cluster.server_wait_timeout_s,
         collective_backend="gloo" if runner.sync_mode == "collective" else "auto")
 

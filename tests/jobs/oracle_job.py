@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                         default="RoundRobin")
     parser.add_argument("--dc_asgd", action="store_true")
     parser.add_argument("--dc_asgd_lambda", type=float, default=0.04)
+    parser.add_argument("--lr_scaling", choices=["auto", "none", "sqrt", "linear"],
+                        default="auto")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     strategy = fleet.DistributedStrategy(
         mode=args.mode, geo_step=args.geo_step, min_block_size=args.min_block_size,
         split_method=args.split_method, dc_asgd=args.dc_asgd,
-        dc_asgd_lambda=args.dc_asgd_lambda)
+        dc_asgd_lambda=args.dc_asgd_lambda, lr_scaling=args.lr_scaling)
     fleet.init(strategy=strategy)
     embedding = SparseEmbedding(DIM, name="embedding")
     model = build_model("dnn", embedding=embedding, embedding_dim=DIM, fc_sizes=[16, 8])
