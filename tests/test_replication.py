@@ -11,6 +11,7 @@ refuses a second, different layout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Iterator
 
@@ -37,8 +38,9 @@ DENSE_SIZE = 65
 
 
 @contextlib.contextmanager
-def servers(count: int = 3) -> Iterator[list[tuple[TableService, RunningServer]]]:
-    started = [start_server(HOST, 0, CONFIG) for _ in range(count)]
+def servers(count: int = 3, config: RpcConfig = CONFIG
+            ) -> Iterator[list[tuple[TableService, RunningServer]]]:
+    started = [start_server(HOST, 0, config) for _ in range(count)]
     try:
         yield started
     finally:
@@ -147,17 +149,19 @@ def test_a_restarted_server_rejoins_while_training_goes_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Server 1 dies; a new process on its endpoint (incarnation 1) is filled with
     copies of shares 1 and 0 while a worker keeps pushing, serves share 1 again, and
-    every copy holds the same bytes as its primary. The copies travel in parts of
+    every copy holds the same bytes as its primary. The servers take messages of at
+    most 64 KiB, less than a share's copy (about 140 KB), which travels in parts of
     4 KiB (``PSFLEET_COPY_CHUNK_BYTES``): each file is cut and joined again."""
     monkeypatch.setenv("PSFLEET_COPY_CHUNK_BYTES", "4096")
-    with servers() as started:
+    small = dataclasses.replace(CONFIG, max_message_bytes=64 << 10)
+    with servers(config=small) as started:
         endpoints = [r.endpoint for _, r in started]
         client = _client(started, 0)
         _train(client, KEYS, 10, 0)
         started[1][1].stop(grace_s=0.1)
         _train(client, KEYS, 3, 1)  # fails share 1 over to server 2
         port = int(endpoints[1].rpartition(":")[2])
-        _, running = start_server(HOST, port, CONFIG, layout=Layout(tuple(endpoints), 1, 2),
+        _, running = start_server(HOST, port, small, layout=Layout(tuple(endpoints), 1, 2),
                                   incarnation=1)
         try:
             rejoined = running.handler
