@@ -201,10 +201,12 @@ def _translate(exc: grpc.RpcError, endpoint: str, method: str) -> Exception:
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return ConfigError(f"{where} rejected: {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return ResourceExhaustedError(
-            f"{where}: resource exhausted: {details}. The server ran out of memory or a "
-            "message exceeded the size limit: give the server more memory, or pull and "
-            "push fewer keys per call (smaller batches)")
+        advice = ("The server ran out of memory or a message exceeded the size limit: give "
+                  "the server more memory, or pull and push fewer keys per call (smaller "
+                  "batches)")
+        # A server relaying another server's error already carries the advice: once.
+        return ResourceExhaustedError(f"{where}: resource exhausted: {details}"
+                                      + ("" if advice in details else f". {advice}"))
     return RemoteError(f"{where} failed ({code.name}): {details}")
 
 
