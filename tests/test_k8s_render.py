@@ -125,6 +125,8 @@ def test_checkpoint_and_run_folders_on_volumes(capsys: pytest.CaptureFixture[str
     (["-o", "runner.sync_mode=collective", "-o", "cluster.server_num=0"],
      "runner.sync_mode: collective"),
     (["-o", "cluster.tls=self-signed"], "cluster.tls"),
+    (["-o", "cluster.server_num=2", "-o", "cluster.replication=2"],
+     "cluster.replication: 2: psfleet k8s render jobs keep one copy"),
     (["--name", "Bad_Name"], "--name: 'Bad_Name'"),
     (["--port", "70000"], "--port: 70000"),
     (["--volume", "nopath"], "--volume: 'nopath'"),

@@ -26,6 +26,7 @@ import psutil
 import pytest
 from conftest import clean_env, kill_processes
 
+from psfleet.errors import ConfigError
 from psfleet.fleet import _mpi
 from psfleet.launch.hosts import local_addresses
 
@@ -171,6 +172,19 @@ def test_psfleet_train_under_mpirun_with_the_wrong_rank_count_exits_2(tmp_path: 
     assert result.returncode == 2, result.stderr[-3000:]
     assert ("mpirun started 4 ranks but cluster.server_num + cluster.worker_num is 1 + 2: "
             "start that many (mpirun -np 3)") in result.stderr
+
+
+def test_replication_under_mpirun_is_refused_naming_the_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from psfleet.rec.config_load import load_config
+    from psfleet.rec.trainer import role_maker_of
+
+    config = load_config(CONFIG, ["cluster.server_num=2", "cluster.replication=2"])
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    with pytest.raises(ConfigError, match=r"cluster.replication: 2 under mpirun: a rank "
+                                          r"that dies ends every rank"):
+        role_maker_of(config)
 
 
 def test_free_port_is_bindable_at_once() -> None:

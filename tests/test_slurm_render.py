@@ -206,6 +206,8 @@ def test_slurm_time_forms_are_accepted(text: str) -> None:
     (["-m", "{config}", "--sbatch=-p big"], "use that instead"),
     (["-m", "{config}", "--sbatch=--cpus-per-task=4"], "cluster.resources"),
     (["-m", "{config}", "--sbatch", "qos=high"], "--sbatch"),
+    (["-m", "{config}", "-o", "cluster.server_num=2", "-o", "cluster.replication=2"],
+     "cluster.replication: 2: psfleet slurm render jobs keep one copy"),
 ])
 def test_bad_input_exits_2_naming_it(args: list[str], named: str, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:

@@ -149,6 +149,13 @@ def load_cluster_job(config_file: Path, overrides: Sequence[str] = (), *,
             "cluster.tls: self-signed makes a certificate for a job on one host; on a "
             "cluster give every process your certificate with the PSFLEET_TLS_* "
             "variables (docs/security.md) and remove cluster.tls")
+    if (config.cluster.replication or 1) > 1:
+        raise ConfigError(
+            f"cluster.replication: {config.cluster.replication}: {launcher} jobs keep one "
+            "copy of each share in this release (a server the cluster restarts recovers "
+            "from the newest checkpoint, runner.checkpoint); set cluster.replication: 1, or "
+            "run the job with fleetrun or psfleet train, where a dead server's shares are "
+            "served by their other copy (docs/fault-tolerance.md)")
     job_name = _check_name(name, "--name") if name is not None else _check_name(
         _default_name(config_file), f"--name (from {config_file.name})")
     return ClusterJob(job_name, config, config_file.read_text(), tuple(overrides),

@@ -195,7 +195,8 @@ def role_maker_of(config: TrainConfig) -> RoleMaker | None:
 
     Raises:
         ConfigError: under ``mpirun``, the rank count is not ``cluster.server_num +
-            cluster.worker_num`` (names both keys and the count).
+            cluster.worker_num`` (names both keys and the count), or
+            ``cluster.replication`` is above 1.
     """
     cluster = config.cluster
     if config.runner.sync_mode == "collective":
@@ -205,6 +206,12 @@ def role_maker_of(config: TrainConfig) -> RoleMaker | None:
         return None
     logger.info("role maker %s (%s)", type(role_maker).__name__, why)
     ranks = mpi_world_size()
+    if (cluster.replication or 1) > 1:
+        raise ConfigError(
+            f"cluster.replication: {cluster.replication} under mpirun: a rank that dies ends "
+            "every rank, so a second copy of a share cannot keep the job going; set "
+            "cluster.replication: 1, or run the job with fleetrun or psfleet train "
+            "(docs/fault-tolerance.md)")
     if ranks != cluster.server_num + cluster.worker_num:
         raise ConfigError(
             f"mpirun started {ranks} ranks but cluster.server_num + cluster.worker_num is "
