@@ -4,7 +4,8 @@ Done-when of the export: ``psfleet predict`` on the exported model gives the
 in-training test AUC (metrics.json) to <= 1e-4, with 1 server x 2 workers and with
 in-process tables (server_num 0); predict needs no server. Bad input (missing model
 directory, another format version, another embedding dim, missing data) exits 2
-naming the file or field.
+naming the file or field. Training runs the real command (its processes); predict
+runs the command's main() in the test's process (it starts none of its own).
 """
 
 from __future__ import annotations
@@ -50,10 +51,16 @@ def _train(run_cli: RunCli, repo_root: Path, out: Path, model: Path, train: Path
     return test_metrics
 
 
-def _predict(run_cli: RunCli, repo_root: Path, model: Path | str, data: Path,
-             *extra: str) -> subprocess.CompletedProcess[str]:
-    return run_cli(["predict", "-m", _config(repo_root), "--model", str(model),
-                    "--data", str(data), *extra], timeout=60)
+def _predict(capsys: pytest.CaptureFixture[str], repo_root: Path, model: Path | str,
+             data: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``psfleet predict``'s main() in this process (no server, no job: a process of
+    its own would only add a torch import); its exit code, stdout and stderr."""
+    argv = ["predict", "-m", _config(repo_root), "--model", str(model), "--data",
+            str(data), *extra]
+    capsys.readouterr()
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out, err)
 
 
 def _result(r: subprocess.CompletedProcess[str]) -> tuple[float, float, int]:
@@ -65,13 +72,13 @@ def _result(r: subprocess.CompletedProcess[str]) -> tuple[float, float, int]:
 
 def test_predict_after_one_server_two_workers_matches_the_training_auc(
         run_cli: RunCli, repo_root: Path, tmp_path: Path,
-        data_slice: Callable[..., Path]) -> None:
+        data_slice: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
     train, test = data_slice(1200), data_slice(400, source="dev.csv")
     model = tmp_path / "model"
 
     expected = _train(run_cli, repo_root, tmp_path / "out", model, train, test, 1, 2)
     assert_no_processes_mentioning(str(tmp_path / "out"))  # predict runs with no server
-    got_auc, got_logloss, examples = _result(_predict(run_cli, repo_root, model, test))
+    got_auc, got_logloss, examples = _result(_predict(capsys, repo_root, model, test))
 
     assert examples == expected["examples"] == 400
     assert abs(got_auc - expected["auc"]) <= AUC_TOLERANCE, (got_auc, expected)
@@ -95,7 +102,7 @@ def test_predict_in_process_tables_scores_file_and_bad_input(
     model, scores = tmp_path / "model", tmp_path / "scores.tsv"
 
     expected = _train(run_cli, repo_root, tmp_path / "out", model, train, test, 0, 1)
-    r = _predict(run_cli, repo_root, model, test, "--out", str(scores))
+    r = _predict(capsys, repo_root, model, test, "--out", str(scores))
     got_auc, _, examples = _result(r)
 
     assert abs(got_auc - expected["auc"]) <= AUC_TOLERANCE, (got_auc, expected)

@@ -7,6 +7,9 @@ save per pass. metrics.json must hold one entry per pass whose counts add up
 and agree with the data (every distinct id of pass 1 admitted at least once). A bad
 key stops ``psfleet train`` with exit 2 naming it before any process starts; a job
 restarted on the same checkpoints with one more pass trains only that pass.
+
+The three-pass run checked first is also the first run of the restart test (it
+checkpoints after each pass; the restart adds a fourth day): one job less in CI.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from conftest import (
     write_slice,
 )
 
+from psfleet.cli.main import main
+
 pytestmark = pytest.mark.e2e
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
@@ -38,12 +43,14 @@ RunCli = Callable[..., subprocess.CompletedProcess[str]]
 CAP = 2000  # rows per server: a pass of 1200 rows has ~9k distinct ids
 PASS_ROWS = 1200
 PASS_STARTS = (0, 3000, 6000)  # first, middle and last rows of train.csv (7,200)
+EXTRA_PASS_START = 1500  # the fourth day of the restart test: rows no other day holds
 
 
-def _passes(criteo_dir: Path, tmp_path: Path) -> list[Path]:
-    """Three day folders of real rows, one file each."""
+def _passes(criteo_dir: Path, tmp_path: Path,
+            starts: tuple[int, ...] = PASS_STARTS) -> list[Path]:
+    """Day folders of real rows (one per start; three by default), one file each."""
     days = []
-    for k, start in enumerate(PASS_STARTS):
+    for k, start in enumerate(starts):
         day = tmp_path / "days" / f"day-{k + 1}"
         write_slice(criteo_dir / "train.csv", day / "part-0.csv", PASS_ROWS, start)
         days.append(day)
@@ -83,13 +90,26 @@ def _metrics(out: Path) -> dict[str, Any]:
     return json.loads((run_folder(out) / "metrics.json").read_text())
 
 
-@pytest.mark.slow
-def test_passes_with_ctr_cap_and_shrink(run_cli: RunCli, criteo_dir: Path,
-                                        tmp_path: Path) -> None:
-    days = _passes(criteo_dir, tmp_path)
-    r = run_cli(["train", "-m", str(_config(tmp_path, criteo_dir, days))], timeout=240)
+@pytest.fixture(scope="module")
+def three_passes(criteo_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                 ) -> tuple[Path, list[Path], Path, dict[str, Any]]:
+    """The three day folders trained by one ``psfleet train`` run (1 x 1), which
+    checkpoints after each pass: (work folder, days, checkpoint dir, its metrics.json).
+    The pass test checks this run; the restart test continues from its checkpoints."""
+    work = tmp_path_factory.mktemp("online_passes")
+    days = _passes(criteo_dir, work)
+    checkpoint = {"checkpoint_dir": str(work / "ckpt"), "epoch_interval": 1}
+    config = _config(work, criteo_dir, days, checkpoint=checkpoint, run_name="three-days")
+    r = run_command([sys.executable, "-m", "psfleet.cli.main", "train", "-m", str(config)],
+                    timeout=240)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    metrics = _metrics(tmp_path / "out")
+    return work, days, work / "ckpt", _metrics(work / "out")
+
+
+@pytest.mark.slow
+def test_passes_with_ctr_cap_and_shrink(
+        three_passes: tuple[Path, list[Path], Path, dict[str, Any]]) -> None:
+    _, days, _, metrics = three_passes
     passes = metrics["passes"]
 
     assert [p["pass"] for p in passes] == [1, 2, 3]
@@ -130,8 +150,8 @@ def test_passes_with_ctr_cap_and_shrink(run_cli: RunCli, criteo_dir: Path,
     ({"runner.train_passes": "missing"}, "runner.train_passes[1]"),
 ], ids=["unknown_accessor", "missing_pass"])
 def test_bad_online_key_is_exit_2_before_any_process(
-        run_cli: RunCli, criteo_dir: Path, tmp_path: Path, edit: dict[str, Any],
-        named: str) -> None:
+        criteo_dir: Path, tmp_path: Path, edit: dict[str, Any], named: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
     days = _passes(criteo_dir, tmp_path)
     config = _config(tmp_path, criteo_dir, days)
     overrides = []
@@ -141,41 +161,43 @@ def test_bad_online_key_is_exit_2_before_any_process(
         overrides += ["-o", f"{key}={json.dumps(value)}"]
     overrides += ["-o", "cluster.worker_num=2"]
 
-    r = run_cli(["train", "-m", str(config), *overrides], timeout=60)
+    # ``psfleet train``'s main() in this process (its exit code and stderr; a process
+    # of its own would cost a torch import per case). A job it started would be a
+    # child of this process: the leak check and the check below would find it.
+    capsys.readouterr()
+    code = main(["train", "-m", str(config), *overrides])
+    out, err = capsys.readouterr()
 
-    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
-    assert named in r.stderr
+    assert code == 2, out[-2000:] + err[-2000:]
+    assert named in err
     if "missing" in edit.values():
-        assert "no-such-day" in r.stderr and "does not exist" in r.stderr
+        assert "no-such-day" in err and "does not exist" in err
     assert not (tmp_path / "out").exists()  # no job started, no run folder
     assert_no_processes_mentioning(str(tmp_path))
 
 
 @pytest.mark.slow
-def test_restart_with_one_more_pass_trains_only_it(run_cli: RunCli, criteo_dir: Path,
-                                                   tmp_path: Path) -> None:
-    days = _passes(criteo_dir, tmp_path)
-    checkpoint = {"checkpoint_dir": str(tmp_path / "ckpt"), "epoch_interval": 1}
-    first = _config(tmp_path, criteo_dir, days[:2], checkpoint=checkpoint,
-                    run_name="two-days")
-    r = run_cli(["train", "-m", str(first)], timeout=240)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    before = _metrics(tmp_path / "out")
-
-    again = _config(tmp_path, criteo_dir, days, checkpoint=checkpoint,
-                    run_name="three-days")
+def test_restart_with_one_more_pass_trains_only_it(
+        run_cli: RunCli, criteo_dir: Path,
+        three_passes: tuple[Path, list[Path], Path, dict[str, Any]]) -> None:
+    # The first run: the module's three-pass run, checkpointed after each pass.
+    work, days, checkpoint_dir, before = three_passes
+    (fourth,) = _passes(criteo_dir, work / "extra", (EXTRA_PASS_START,))
+    checkpoint = {"checkpoint_dir": str(checkpoint_dir), "epoch_interval": 1}
+    again = _config(work, criteo_dir, [*days, fourth], checkpoint=checkpoint,
+                    run_name="four-days")
     r = run_cli(["train", "-m", str(again)], timeout=240)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    after = _metrics(tmp_path / "out")
+    after = _metrics(work / "out")
 
-    # resumed at pass 3 (epoch 3): passes 1 and 2 are not trained again ...
-    assert [(e["epoch"], e["pass"]) for e in after["epochs"]] == [(3, 3)]
+    # resumed at pass 4 (epoch 4): passes 1 to 3 are not trained again ...
+    assert [(e["epoch"], e["pass"]) for e in after["epochs"]] == [(4, 4)]
     # ... and their entries come back from the checkpoint, as the first run wrote them
-    assert after["passes"][:2] == before["passes"]
-    third = after["passes"][2]["tables"]["embedding"]
-    rows_two = before["passes"][1]["tables"]["embedding"]["rows"]
-    assert third["rows"] <= CAP
-    assert third["rows"] == rows_two + third["admitted"] - third["evicted"] - third["deleted"]
+    assert after["passes"][:3] == before["passes"]
+    last = after["passes"][3]["tables"]["embedding"]
+    rows_three = before["passes"][2]["tables"]["embedding"]["rows"]
+    assert last["rows"] <= CAP
+    assert last["rows"] == rows_three + last["admitted"] - last["evicted"] - last["deleted"]
 
 
 def _checkpoint_at(folder: Path, epoch: int, batch: int) -> bool:

@@ -15,6 +15,10 @@ slices of the real Criteo sample.
   metrics.json has 2 epochs and ``early_stopped``.
 - :class:`EarlyStopping`'s rule on metric sequences (AUC up, log loss down,
   min_delta, NaN).
+
+The two runs of the first test are one module fixture; the finished run the second
+test names again is the second of them (one ``psfleet train`` less in CI), and the
+refused command runs main() in the test's process (it starts nothing).
 """
 
 from __future__ import annotations
@@ -22,13 +26,16 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from conftest import run_command, write_slice
 
+from psfleet.cli.main import main
 from psfleet.errors import ConfigError
 from psfleet.rec.config import EarlyStoppingConfig
 from psfleet.rec.config_load import load_config
@@ -43,8 +50,11 @@ RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
 
 def _config(tmp_path: Path, data_slice: Callable[..., Path], **runner: Any) -> Path:
-    train = data_slice(2000)
-    dev = data_slice(391, source="test.csv")
+    return _config_with(tmp_path, data_slice(2000), data_slice(391, source="test.csv"),
+                        **runner)
+
+
+def _config_with(tmp_path: Path, train: Path, dev: Path, **runner: Any) -> Path:
     raw = {"runner": {"train_data_dir": str(train), "test_data_dir": str(dev),
                       "epochs": 1, "batch_size": 64, "model_save_path": "out",
                       "seed": 3, **runner},
@@ -60,16 +70,33 @@ def _ok(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
+@pytest.fixture(scope="module")
+def two_runs(criteo_dir: Path, tmp_path_factory: pytest.TempPathFactory
+             ) -> tuple[Path, Path, str]:
+    """Two ``psfleet train`` runs of one config (its ``model_save_path`` is ``out``,
+    relative to the config's folder): the first named ``first`` (1 epoch), the second
+    unnamed with 2 epochs. Returns (config, out, the second run's name). The second
+    test names the second run again and continues it in place, with its own
+    overrides: ``latest`` still points at it and its files stay what the first test
+    checks, whichever test runs first."""
+    work = tmp_path_factory.mktemp("run_folders")
+    config = _config_with(work, write_slice(criteo_dir / "train.csv", work / "train.csv",
+                                            2000),
+                          write_slice(criteo_dir / "test.csv", work / "dev.csv", 391))
+    for override in ("runner.run_name=first", "runner.epochs=2"):
+        _ok(run_command([sys.executable, "-m", "psfleet.cli.main", "train", "-m",
+                         str(config), "-o", override], timeout=60))
+    out = work / "out"
+    second = next(p.name for p in out.iterdir() if p.name not in (LATEST, "first"))
+    return config, out, second
+
+
 @pytest.mark.slow
 def test_two_runs_two_folders_latest_and_effective_config(
-        run_cli: RunCli, tmp_path: Path, data_slice: Callable[..., Path]) -> None:
-    config = _config(tmp_path, data_slice)
-    _ok(run_cli(["train", "-m", str(config), "-o", "runner.run_name=first"]))
-    _ok(run_cli(["train", "-m", str(config), "-o", "runner.epochs=2"]))
-    out = tmp_path / "out"
+        run_cli: RunCli, two_runs: tuple[Path, Path, str]) -> None:
+    config, out, second = two_runs
     runs = sorted(p.name for p in out.iterdir() if p.name != LATEST)
-    assert len(runs) == 2 and "first" in runs
-    second = next(name for name in runs if name != "first")
+    assert runs == sorted(["first", second])
     assert (out / LATEST).resolve() == (out / second).resolve()
     for name, epochs in (("first", 1), (second, 2)):
         folder = out / name
@@ -94,25 +121,30 @@ def test_two_runs_two_folders_latest_and_effective_config(
 
 @pytest.mark.slow
 def test_a_finished_run_is_not_continued_an_interrupted_one_is(
-        run_cli: RunCli, tmp_path: Path, data_slice: Callable[..., Path]) -> None:
-    config = _config(tmp_path, data_slice)
-    _ok(run_cli(["train", "-m", str(config), "-o", "runner.run_name=r1"]))
-    folder = tmp_path / "out" / "r1"
+        run_cli: RunCli, two_runs: tuple[Path, Path, str],
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    config, out, name = two_runs  # its second run: finished (2 epochs)
+    again = ["train", "-m", str(config), "-o", f"runner.run_name={name}",
+             "-o", "runner.epochs=2"]  # the command of that run, naming it
+    folder = out / name
+    assert (folder / "metrics.json").is_file()
     before = {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
-    result = run_cli(["train", "-m", str(config), "-o", "runner.run_name=r1"])
-    assert result.returncode == 2
-    assert f"{folder} holds a finished run" in result.stderr
+    monkeypatch.delenv("PSFLEET_RESTART_NUM", raising=False)  # as run_cli's children
+    capsys.readouterr()
+    code = main(again)  # refused before training: no process of its own needed
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    assert f"{folder} holds a finished run" in err
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("*")} == before
     # a process the launcher restarted continues its own job's folder (a gang restart
     # after worker 0 wrote metrics.json)
-    _ok(run_cli(["train", "-m", str(config), "-o", "runner.run_name=r1"],
-                env={"PSFLEET_RESTART_NUM": "1"}))
+    _ok(run_cli(again, env={"PSFLEET_RESTART_NUM": "1"}))
     assert (folder / "metrics.json").stat().st_mtime_ns > before[folder / "metrics.json"]
     # an interrupted run (metrics.json with "interrupted") continues in its folder
     metrics = json.loads((folder / "metrics.json").read_text())
     metrics["interrupted"] = {"epoch": 1, "step": 3, "batch": 3, "checkpoint": None}
     (folder / "metrics.json").write_text(json.dumps(metrics))
-    _ok(run_cli(["train", "-m", str(config), "-o", "runner.run_name=r1"]))
+    _ok(run_cli(again))
     assert json.loads((folder / "metrics.json").read_text())["interrupted"] is None
 
 
