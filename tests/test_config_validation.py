@@ -378,3 +378,20 @@ def test_lr_scaling_reaches_the_strategy_and_scales_the_averaging_modes(tmp_path
     for mode in ("async", "gpubox"):
         with pytest.raises(ValueError, match=rf"lr_scaling 'linear'.*mode {mode!r}"):
             DistributedStrategy(mode=mode, lr_scaling="linear")
+
+
+def test_global_batch_aggregation_is_scaled_as_sync_and_read_from_the_runner(
+        tmp_path: Path) -> None:
+    from psfleet.fleet.strategy import DistributedStrategy
+    from psfleet.rec.trainer import strategy_of
+
+    gba = {"global_batch_aggregation": True}
+    path = _write_config(tmp_path, runner={"sync_mode": "async", "a_sync_configs": gba})
+    strategy = strategy_of(load_config(path))
+    assert strategy.a_sync_configs.global_batch_aggregation
+    # auto: sqrt(W), as GEO; linear and none as asked
+    assert strategy.lr_factor(4) == 2.0 and strategy.lr_factor(1) == 1.0
+    assert DistributedStrategy(a_sync_configs=gba, lr_scaling="linear").lr_factor(3) == 3.0
+    assert DistributedStrategy(a_sync_configs=gba, lr_scaling="none").lr_factor(4) == 1.0
+    with pytest.raises(ConfigError, match=r"runner\.a_sync_configs\.max_staleness.*-2"):
+        load_config(path, ["runner.a_sync_configs.max_staleness=-2"])

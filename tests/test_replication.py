@@ -60,14 +60,19 @@ def _client(started: list[tuple[TableService, RunningServer]], worker: int) -> R
     return client
 
 
-def _train(client: RemoteClient, keys: np.ndarray, steps: int, seed: int) -> None:
+def _train(client: RemoteClient, keys: np.ndarray, steps: int, seed: int,
+           mode: PushMode = PushMode.APPLY) -> None:
+    """``steps`` pushes of random gradients (AGGREGATE: global batches of 2)."""
     rng = np.random.default_rng(seed)
+    workers = 2 if mode == PushMode.AGGREGATE else 1
     for _ in range(steps):
         batch = np.unique(rng.choice(keys, 300))
         client.pull_sparse(SPARSE, batch)
         client.push_sparse(SPARSE, batch, rng.standard_normal((batch.size, 8),
-                                                              dtype=np.float32))
-        client.push_dense(DENSE, rng.standard_normal(DENSE_SIZE, dtype=np.float32))
+                                                              dtype=np.float32),
+                           mode, worker_num=workers)
+        client.push_dense(DENSE, rng.standard_normal(DENSE_SIZE, dtype=np.float32), mode,
+                          worker_num=workers)
 
 
 def _copy(started: list[tuple[TableService, RunningServer]], share: int) -> TableService:
@@ -80,15 +85,22 @@ def _copy(started: list[tuple[TableService, RunningServer]], share: int) -> Tabl
 KEYS = np.arange(1, 4001, dtype=np.uint64) * np.uint64(7919)
 
 
-def test_copies_hold_the_same_bytes_after_concurrent_async_pushes() -> None:
+@pytest.mark.parametrize("mode", [PushMode.APPLY, PushMode.AGGREGATE],
+                         ids=["async", "global_batch"])
+def test_copies_hold_the_same_bytes_after_concurrent_async_pushes(mode: PushMode) -> None:
+    """Also with global batch aggregation: a copy gathers the same pushes in the
+    same order, so it applies the same global batches (25 pushes each: the last
+    global batch is partial until the flush)."""
     with servers() as started:
         clients = [_client(started, w) for w in range(2)]
-        threads = [threading.Thread(target=_train, args=(c, KEYS, 25, w))
+        threads = [threading.Thread(target=_train, args=(c, KEYS, 25, w, mode))
                    for w, c in enumerate(clients)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        if mode == PushMode.AGGREGATE:
+            clients[0].start_apply_global_batches([SPARSE, DENSE], 2).result()
         for share, (own, _) in enumerate(started):
             copy = _copy(started, share)
             keys, rows = own.tables[SPARSE].items()  # type: ignore[union-attr]

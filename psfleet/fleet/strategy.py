@@ -59,8 +59,9 @@ class DistributedStrategy(BaseModel):
         dc_asgd_lambda: its variance-control lambda (0.04, MXNet's DCASGD default).
         lr_scaling: ``none``, ``sqrt`` or ``linear``: every table's learning rate times
             1, sqrt(W) or W for W workers, in the modes whose updates average the
-            workers' batches (sync, geo, collective; ``psfleet.fleet.lr_scaling``);
-            ``auto`` (default): ``sqrt`` in geo, ``none`` otherwise.
+            workers' batches (sync, geo, collective, async with global batch
+            aggregation; ``psfleet.fleet.lr_scaling``); ``auto`` (default): ``sqrt``
+            in geo and with global batch aggregation, ``none`` otherwise.
         server_wait_timeout_s: how long workers wait for servers to be ready,
             seconds; None reads PSFLEET_SERVER_WAIT_TIMEOUT_S (default 300).
         collective_backend: collective mode's torch.distributed backend: ``gloo``
@@ -88,13 +89,15 @@ class DistributedStrategy(BaseModel):
     def _mode_specific_settings(self) -> DistributedStrategy:
         if self.dc_asgd and self.mode != "async":
             raise ValueError(f"dc_asgd compensates async delays; mode is {self.mode!r}")
-        check_lr_scaling(self.lr_scaling, self.mode)
+        check_lr_scaling(self.lr_scaling, self.mode,
+                         self.a_sync_configs.global_batch_aggregation)
         return self
 
     def lr_factor(self, worker_num: int) -> float:
         """The factor of every table's learning rate with ``worker_num`` workers
         (:attr:`lr_scaling`; 1.0 when nothing is scaled)."""
-        return lr_factor(self.lr_scaling, self.mode, worker_num)
+        return lr_factor(self.lr_scaling, self.mode, worker_num,
+                         self.a_sync_configs.global_batch_aggregation)
 
     def communicator_settings(self, worker_num: int) -> CommunicatorSettings:
         """What the communicator of :attr:`mode` needs."""

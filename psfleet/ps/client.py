@@ -76,12 +76,14 @@ class TableClient:
         self._state_widths: dict[int, int] = {}  # sparse table id -> rule state floats
         self._layouts: dict[int, DenseLayout] = {}
 
-    def _push(self, table_id: int, mode: PushMode, step: int, worker_num: int) -> PushMeta:
+    def _push(self, table_id: int, mode: PushMode, step: int, worker_num: int,
+              batches: int = 1, max_staleness: int = 0) -> PushMeta:
         """One push's description, with a new push id (the same on every server the
         push goes to)."""
         return PushMeta(table_id=table_id, mode=mode, worker_index=self.worker_index,
                         step=step, worker_num=worker_num,
-                        push_id=(self._client_id, next(self._seq)))
+                        push_id=(self._client_id, next(self._seq)), batches=batches,
+                        max_staleness=max_staleness)
 
     def _all(self, method: str, requests: Sequence[object]) -> list[object]:
         """One call per server, in parallel; every call has ended when this returns or
@@ -203,7 +205,8 @@ class TableClient:
     def start_push_sparse(self, table_id: int, keys: np.ndarray | RoutedKeys,
                           grads: np.ndarray, mode: PushMode = PushMode.APPLY, step: int = 0,
                           worker_num: int = 1, shows: np.ndarray | None = None,
-                          clicks: np.ndarray | None = None) -> PushHandle:
+                          clicks: np.ndarray | None = None, *, batches: int = 1,
+                          max_staleness: int = 0) -> PushHandle:
         """Send float32[N, dim] gradients (or deltas) of distinct keys uint64[N] to
         their servers at once; the handle's ``result()`` waits until they applied them.
 
@@ -211,14 +214,20 @@ class TableClient:
             keys: the keys, or the keys routed by :meth:`route` (a pull's
                 ``PullHandle.keys``).
             mode: APPLY, SYNC (returns once every worker's push of ``step`` was
-                applied; every server gets a push, empty or not), DELTA, or
-                ROW_DELTA (values float32[N, :meth:`row_width`]).
+                applied; every server gets a push, empty or not), DELTA,
+                ROW_DELTA (values float32[N, :meth:`row_width`]) or AGGREGATE
+                (gathered into a global batch, ``psfleet.ps.global_batch``; every
+                server gets a push, empty or not, so every server counts it).
             step: SYNC: the step number, equal on every worker.
-            worker_num: SYNC: how many workers push each step.
+            worker_num: SYNC: how many workers push each step; AGGREGATE: the
+                batches of a global batch.
             shows, clicks (float32[N] each, both or neither): per-key show and click
                 counts for tables with the ``ctr`` accessor (APPLY and SYNC: with the
                 gradients; DELTA: added to the rows' statistics; a SYNC round sums
                 the workers' counts). None: no counts (the push costs what it did).
+            batches: AGGREGATE: the worker batches the gradients sum (>= 1).
+            max_staleness: AGGREGATE: global batches of staleness past which the
+                servers decay the gradients (0: never).
 
         Raises:
             ConfigError: values, shows or clicks of the wrong shape, only one of the
@@ -232,7 +241,8 @@ class TableClient:
             raise ConfigError(f"push to sparse table {table_id}: values of shape "
                               f"{grads.shape}, expected {expected} (one row per key)")
         counts = check_show_clicks(table_id, keys.size, _floats(shows), _floats(clicks))
-        push = self._push(table_id, mode, step, worker_num)
+        push = self._push(table_id, mode, step, worker_num, batches, max_staleness)
+        every = mode == PushMode.AGGREGATE  # each server counts each batch
         whole = len(positions) == 1  # one server: the arrays as they are
         if mode == PushMode.SYNC:  # a round counts every worker's push: every server
             requests = [msg.PushSparseRequest(
@@ -249,14 +259,14 @@ class TableClient:
             return PushHandle([
                 c.start_push_sparse(push, keys if whole else keys[pos],
                                     grads if whole else grads[pos])
-                for c, pos in zip(self._servers, positions, strict=True) if pos.size
+                for c, pos in zip(self._servers, positions, strict=True) if pos.size or every
             ])
         return PushHandle([
             c.start_push_sparse(push, keys if whole else keys[pos],
                                 grads if whole else grads[pos],
                                 counts[0] if whole else counts[0][pos],
                                 counts[1] if whole else counts[1][pos])
-            for c, pos in zip(self._servers, positions, strict=True) if pos.size
+            for c, pos in zip(self._servers, positions, strict=True) if pos.size or every
         ])
 
     def pull_dense(self, table_id: int) -> np.ndarray:
@@ -273,20 +283,44 @@ class TableClient:
 
     def start_push_dense(self, table_id: int, grads: np.ndarray,
                          mode: PushMode = PushMode.APPLY, step: int = 0,
-                         worker_num: int = 1) -> PushHandle:
+                         worker_num: int = 1, *, batches: int = 1,
+                         max_staleness: int = 0) -> PushHandle:
         """Send the gradient (or delta) float32[total] of the dense vector, each block to
         its server, at once; the handle's ``result()`` waits until they applied it.
 
-        ``mode``, ``step`` and ``worker_num`` as for :meth:`start_push_sparse`.
+        ``mode``, ``step``, ``worker_num``, ``batches`` and ``max_staleness`` as for
+        :meth:`start_push_sparse`.
         """
         parts = self._layout(table_id).scatter(grads)
-        push = self._push(table_id, mode, step, worker_num)
+        push = self._push(table_id, mode, step, worker_num, batches, max_staleness)
         if mode == PushMode.SYNC:
             return self._start_sync(push, [msg.PushDenseRequest(
                 table_id=table_id, grads=codec.floats_to_bytes(p), **self._sync_fields(push))
                 for p in parts], msg.PushDenseRequest)
         return PushHandle([c.start_push_dense(push, p)
                            for c, p in zip(self._servers, parts, strict=True)])
+
+    def start_apply_global_batches(self, table_ids: Sequence[int], worker_num: int
+                                   ) -> PushHandle:
+        """Make every server apply the partial global batch it gathered for each of
+        ``table_ids`` (AGGREGATE pushes of no batches: a worker's flush, so no pushed
+        gradient stays unapplied at the end of an epoch or before a save).
+
+        Args:
+            table_ids: sparse or dense tables created through this client.
+            worker_num: the batches of a global batch, as in the table's pushes.
+        """
+        calls = []
+        for table_id in table_ids:
+            push = self._push(table_id, PushMode.AGGREGATE, 0, worker_num, batches=0)
+            if table_id in self._layouts:
+                calls += [c.start_push_dense(push, np.empty(0, np.float32))
+                          for c in self._servers]
+            else:
+                empty = np.empty((0, self._dims[table_id]), np.float32)
+                calls += [c.start_push_sparse(push, np.empty(0, np.uint64), empty)
+                          for c in self._servers]
+        return PushHandle(calls)
 
     def _sync_fields(self, push: PushMeta) -> dict[str, Any]:
         """The fields of a SYNC push message besides its payload."""

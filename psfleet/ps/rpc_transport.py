@@ -83,4 +83,5 @@ class RpcTransport:
 def _push_fields(push: PushMeta) -> dict[str, Any]:
     client_id, seq = push.push_id
     return {"worker_index": push.worker_index, "step": push.step, "mode": push.mode.name,
-            "worker_num": push.worker_num, "push_id": msg.PushId(client_id=client_id, seq=seq)}
+            "worker_num": push.worker_num, "push_id": msg.PushId(client_id=client_id, seq=seq),
+            "batches": push.batches, "max_staleness": push.max_staleness}

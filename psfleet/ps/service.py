@@ -289,7 +289,7 @@ class TableService:
 
     def _check_push(self, push: PushMeta, values: np.ndarray) -> None:
         what = f"push to table {push.table_id}"
-        if push.mode == PushMode.SYNC:
+        if push.mode in (PushMode.SYNC, PushMode.AGGREGATE):
             self._workers.check(what, push.worker_index, push.worker_num)
         else:
             self._workers.check_index(what, push.worker_index)
@@ -301,6 +301,7 @@ class TableService:
         table = self._table(table_id, DenseTable)
         self._workers.check_index(f"dense pull of table {table_id}", worker_index)
         values = table.pull(worker_index)
+        self._modes.global_batches.note_pull(worker_index)  # GBA: the worker's token
         self.counters.count_pull(table_id, values.size)
         return values
 
@@ -381,10 +382,13 @@ class TableService:
         """Every table at one moment (pushes held back), as a full save copies them,
         with the dense tables' flat indexes and the ids of the pushes applied so far:
         what a new copy of this server's share is filled from (``psfleet.ps.replica``).
+        GBA's partial global batches are applied first (a copy holds no partial
+        batch, so both copies gather the next one from the same point).
         """
         with self._tables_lock:
             tables = dict(self.tables)
             index = dict(self.dense_index)
+        self._modes.apply_partial_global_batches(tables)
         with self._gate.closed():
             return snapshot_mode(tables, "full"), index, self._ledger.applied()
 
@@ -451,4 +455,5 @@ def _push_meta(request: msg.PushSparseRequest | msg.PushDenseRequest) -> PushMet
                           f"{request.mode!r}; one of {[m.name for m in PushMode]}") from None
     return PushMeta(table_id=request.table_id, mode=mode, worker_index=request.worker_index,
                     step=request.step, worker_num=request.worker_num,
-                    push_id=(request.push_id.client_id, request.push_id.seq))
+                    push_id=(request.push_id.client_id, request.push_id.seq),
+                    batches=request.batches, max_staleness=request.max_staleness)

@@ -84,13 +84,16 @@ class PushMode(enum.IntEnum):
     every worker's push of the step and apply their mean once. DELTA: the values are
     added, no rule (a GEO worker's parameter delta). ROW_DELTA: the values and the
     rule state are added, no rule (a pass-mode worker's row delta over a pass;
-    sparse tables only).
+    sparse tables only). AGGREGATE: gradients from any workers are gathered until
+    they hold ``worker_num`` batches (a global batch), whose mean the rule applies
+    once (GBA; ``psfleet.ps.global_batch``).
     """
 
     APPLY = 0
     SYNC = 1
     DELTA = 2
     ROW_DELTA = 3
+    AGGREGATE = 4
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,14 @@ class PushMeta:
         mode: how the table applies it (:class:`PushMode`).
         worker_index: the pushing worker (DC-ASGD; a SYNC round's contributor).
         step: SYNC: the step every worker's push of a round carries.
-        worker_num: SYNC: pushes that make a round.
+        worker_num: SYNC: pushes that make a round; AGGREGATE: batches that make a
+            global batch.
         push_id: ``(client id, sequence)``: applied once per id (client id 0: always).
+        batches: AGGREGATE: the worker batches whose gradients the push sums (a
+            merged send holds several); 0: no payload, apply the partial global
+            batch gathered so far (a worker's flush).
+        max_staleness: AGGREGATE: global batches applied since the pushing worker's
+            last dense pull beyond which its gradient is decayed (0: never).
     """
 
     table_id: int
@@ -113,6 +122,8 @@ class PushMeta:
     step: int = 0
     worker_num: int = 1
     push_id: tuple[int, int] = (0, 0)
+    batches: int = 1
+    max_staleness: int = 0
 
 
 @dataclass(frozen=True)

@@ -279,7 +279,8 @@ class RunnerConfig(_Section):
                               "at pass boundaries only (a pass's rows are on the workers "
                               "until it ends); use runner.checkpoint.epoch_interval")
         try:
-            check_lr_scaling(self.lr_scaling, self.sync_mode)
+            check_lr_scaling(self.lr_scaling, self.sync_mode,
+                             self.a_sync_configs.global_batch_aggregation)
         except ValueError as exc:
             raise ConfigError(f"runner.{exc}") from None
         if self.global_shuffle and self.reader_type != "InMemoryDataset":

@@ -13,10 +13,12 @@ class PushMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SYNC: _ClassVar[PushMode]
     DELTA: _ClassVar[PushMode]
     ROW_DELTA: _ClassVar[PushMode]
+    AGGREGATE: _ClassVar[PushMode]
 APPLY: PushMode
 SYNC: PushMode
 DELTA: PushMode
 ROW_DELTA: PushMode
+AGGREGATE: PushMode
 
 class Empty(_message.Message):
     __slots__ = ()
@@ -73,7 +75,7 @@ class PushId(_message.Message):
     def __init__(self, client_id: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class PushSparseRequest(_message.Message):
-    __slots__ = ("table_id", "keys", "grads", "worker_index", "step", "mode", "worker_num", "push_id", "poll", "incarnation", "shows", "clicks")
+    __slots__ = ("table_id", "keys", "grads", "worker_index", "step", "mode", "worker_num", "push_id", "poll", "incarnation", "shows", "clicks", "batches", "max_staleness")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +88,8 @@ class PushSparseRequest(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SHOWS_FIELD_NUMBER: _ClassVar[int]
     CLICKS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     keys: bytes
     grads: bytes
@@ -98,7 +102,9 @@ class PushSparseRequest(_message.Message):
     incarnation: int
     shows: bytes
     clicks: bytes
-    def __init__(self, table_id: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., poll: _Optional[bool] = ..., incarnation: _Optional[int] = ..., shows: _Optional[bytes] = ..., clicks: _Optional[bytes] = ...) -> None: ...
+    batches: int
+    max_staleness: int
+    def __init__(self, table_id: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., poll: _Optional[bool] = ..., incarnation: _Optional[int] = ..., shows: _Optional[bytes] = ..., clicks: _Optional[bytes] = ..., batches: _Optional[int] = ..., max_staleness: _Optional[int] = ...) -> None: ...
 
 class PushResponse(_message.Message):
     __slots__ = ("done",)
@@ -121,7 +127,7 @@ class PullDenseResponse(_message.Message):
     def __init__(self, values: _Optional[bytes] = ...) -> None: ...
 
 class PushDenseRequest(_message.Message):
-    __slots__ = ("table_id", "grads", "worker_index", "step", "mode", "worker_num", "push_id", "poll", "incarnation")
+    __slots__ = ("table_id", "grads", "worker_index", "step", "mode", "worker_num", "push_id", "poll", "incarnation", "batches", "max_staleness")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
     WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +137,8 @@ class PushDenseRequest(_message.Message):
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     POLL_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     grads: bytes
     worker_index: int
@@ -140,7 +148,9 @@ class PushDenseRequest(_message.Message):
     push_id: PushId
     poll: bool
     incarnation: int
-    def __init__(self, table_id: _Optional[int] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., poll: _Optional[bool] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    batches: int
+    max_staleness: int
+    def __init__(self, table_id: _Optional[int] = ..., grads: _Optional[bytes] = ..., worker_index: _Optional[int] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[PushMode, str]] = ..., worker_num: _Optional[int] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., poll: _Optional[bool] = ..., incarnation: _Optional[int] = ..., batches: _Optional[int] = ..., max_staleness: _Optional[int] = ...) -> None: ...
 
 class BarrierRequest(_message.Message):
     __slots__ = ("name", "worker_index", "worker_num", "incarnation", "seq")

@@ -3,6 +3,7 @@
 from psfleet.ps.communicator.async_mode import AsyncCommunicator
 from psfleet.ps.communicator.collective_mode import CollectiveCommunicator
 from psfleet.ps.communicator.geo_mode import GeoCommunicator
+from psfleet.ps.communicator.global_batch_mode import GlobalBatchCommunicator
 from psfleet.ps.communicator.local_mode import LocalCommunicator
 from psfleet.ps.communicator.pass_mode import PassCommunicator
 from psfleet.ps.communicator.registry import MODES, CommunicatorSettings, make_communicator
@@ -19,6 +20,7 @@ __all__ = [
     "Communicator",
     "CommunicatorSettings",
     "GeoCommunicator",
+    "GlobalBatchCommunicator",
     "LocalCommunicator",
     "PassCommunicator",
     "PassConfig",

@@ -18,6 +18,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -228,22 +229,30 @@ class AsyncCommunicator(Communicator):
             if items[-1] is _STOP:
                 return
 
-    def _start_sparse(self, step: _Step, table_id: int) -> PushHandle:
+    def _push_options(self, steps: int) -> dict[str, Any]:
+        """How a send of ``steps`` merged steps is applied (``TableClient``'s push
+        arguments): as it arrives, the table's rule (APPLY)."""
+        return {}
+
+    def _start_sparse(self, step: _Step, table_id: int, options: dict[str, Any]
+                      ) -> PushHandle:
         """Send one table's merged pushes of ``step`` (with summed counts: ctr)."""
         keys, grads, shows, clicks = merge_pushes(
             step.sparse_keys[table_id], step.sparse_grads[table_id],
             step.sparse_shows[table_id], step.sparse_clicks[table_id])
         if shows is None:  # no counts: exactly the push of a table without them
-            return self.client.start_push_sparse(table_id, keys, grads)
+            return self.client.start_push_sparse(table_id, keys, grads, **options)
         return self.client.start_push_sparse(table_id, keys, grads, shows=shows,
-                                             clicks=clicks)
+                                             clicks=clicks, **options)
 
     def _send(self, step: _Step, steps: int) -> None:
         # Every table's push goes out at once; then wait for all of them.
-        pushes = [self._start_sparse(step, table_id) for table_id in step.sparse_keys]
+        options = self._push_options(steps)
+        pushes = [self._start_sparse(step, table_id, options)
+                  for table_id in step.sparse_keys]
         for table_id, grads in step.dense.items():
             total = grads[0] if len(grads) == 1 else np.add.reduce(grads, dtype=np.float32)
-            pushes.append(self.client.start_push_dense(table_id, total))
+            pushes.append(self.client.start_push_dense(table_id, total, **options))
         for push in pushes:
             push.result()
         with self._count_lock:

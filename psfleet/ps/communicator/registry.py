@@ -10,6 +10,7 @@ from psfleet.ps.client import TableClient
 from psfleet.ps.communicator.async_mode import AsyncCommunicator
 from psfleet.ps.communicator.collective_mode import CollectiveCommunicator
 from psfleet.ps.communicator.geo_mode import GeoCommunicator
+from psfleet.ps.communicator.global_batch_mode import GlobalBatchCommunicator
 from psfleet.ps.communicator.local_mode import LocalCommunicator, simulated_staleness
 from psfleet.ps.communicator.pass_mode import PassCommunicator
 from psfleet.ps.communicator.sync_mode import SyncCommunicator
@@ -35,7 +36,10 @@ class CommunicatorSettings:
 
 MODES: dict[str, Callable[[TableClient, CommunicatorSettings], Communicator]] = {
     "local": lambda client, settings: LocalCommunicator(client, simulated_staleness()),
-    "async": lambda client, settings: AsyncCommunicator(client, settings.async_config),
+    "async": lambda client, settings: (
+        GlobalBatchCommunicator(client, settings.async_config, settings.worker_num)
+        if settings.async_config.global_batch_aggregation
+        else AsyncCommunicator(client, settings.async_config)),
     "sync": lambda client, settings: SyncCommunicator(client, settings.worker_num),
     "geo": lambda client, settings: GeoCommunicator(client, settings.geo_step,
                                                     settings.worker_num),

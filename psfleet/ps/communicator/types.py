@@ -61,6 +61,15 @@ class AsyncConfig(BaseModel):
             by the momentum asynchrony adds, to max(0, beta1 - (1 - 1/W))
             (``psfleet.fleet.async_momentum``; Mitliagkas et al. 2016); False: the
             optimizer's beta1 as given.
+        global_batch_aggregation: GBA (Su et al. 2022): the servers gather W batches'
+            gradients from whichever workers push and apply their mean once, sync
+            mode's global batch with no worker waiting for another
+            (``psfleet.ps.communicator.global_batch_mode``); ``lr_scaling: auto``
+            then scales the learning rate by sqrt(W), as in sync. False: each push
+            is applied as it arrives.
+        max_staleness: with ``global_batch_aggregation``, a gradient computed on
+            values more than this many global batches old is scaled by
+            max_staleness / staleness (``psfleet.ps.global_batch``; 0: never) (>= 0).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -72,6 +81,8 @@ class AsyncConfig(BaseModel):
     send_wait_times: int = 0
     local_dense_update: bool = True
     momentum_correction: bool = True
+    global_batch_aggregation: bool = False
+    max_staleness: int = 4
 
     @model_validator(mode="before")
     @classmethod
@@ -83,7 +94,7 @@ class AsyncConfig(BaseModel):
                                  f"the settings are {', '.join(cls.model_fields)}")
         return data
 
-    @field_validator(*_AT_LEAST_ONE, "send_wait_times")
+    @field_validator(*_AT_LEAST_ONE, "send_wait_times", "max_staleness")
     @classmethod
     def _in_range(cls, value: int, info: ValidationInfo) -> int:
         least = 1 if info.field_name in _AT_LEAST_ONE else 0
