@@ -3,7 +3,8 @@
 - ``psfleet train`` (the YAML runner) with 1 server x 2 workers and in one process,
   on the whole sample: exit 0, metrics.json, logs, nothing left running, and the
   model learns (AUC > 0.6): a parameter server that silently does not refresh dense
-  parameters gives AUC ~0.49 (DESIGN.md).
+  parameters gives AUC ~0.49 (DESIGN.md). Also 1 x 2 with global batch aggregation
+  (GBA), whose servers apply a push only once a global batch is complete.
 - ``fleetrun`` running a script written against the fleet API (tests/jobs/fleet_job.py):
   every line read by exactly one worker, the loss goes down, the servers exit; and a
   worker that raises mid-training fails the job with its log named, leaving nothing
@@ -68,15 +69,19 @@ def _test_auc(metrics: dict[str, object]) -> float:
 # -- the YAML runner --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("server_num", "worker_num"), [(0, 1), (1, 2)],
-                         ids=["one_process", "1server_2workers"])
+GBA = ["-o", "runner.a_sync_configs.global_batch_aggregation=true"]
+
+
+@pytest.mark.parametrize(("server_num", "worker_num", "extra"),
+                         [(0, 1, []), (1, 2, []), (1, 2, GBA)],
+                         ids=["one_process", "1server_2workers", "1server_2workers_gba"])
 def test_runner_learns_on_the_whole_sample(run_cli: RunCli, repo_root: Path, tmp_path: Path,
                                            criteo_dir: Path, server_num: int,
-                                           worker_num: int) -> None:
+                                           worker_num: int, extra: list[str]) -> None:
     out = tmp_path / "out"
     args = _train_args(repo_root, out, criteo_dir / "train.csv",
                        [criteo_dir / "dev.csv", criteo_dir / "test.csv"], server_num,
-                       worker_num)
+                       worker_num) + extra
 
     r = run_cli(args, timeout=90)
 
