@@ -1,6 +1,7 @@
 """Fixtures shared by every test: leak checks, paths, data slices, running the CLI.
 
-- ``_no_leaks`` (autouse) fails a test that leaves behind child processes of pytest,
+- ``_no_leaks`` (autouse) fails a test that leaves behind child processes of pytest, a
+  fleet initialized in the test's process,
   non-daemon threads, listening sockets or changed environment variables; it kills
   leftover processes and restores the environment so later tests start clean. Mark a
   test ``@pytest.mark.allow_leaks`` to skip the check (say why in the test).
@@ -96,6 +97,13 @@ def kill_processes(procs: Sequence[psutil.Process]) -> None:
     psutil.wait_procs(list(procs), timeout=5)
 
 
+def _fleet_initialized() -> bool:
+    """Whether this process's fleet holds a run (fleet.init called, no reset since);
+    False while psfleet.fleet was never imported (no torch import for the check)."""
+    module = sys.modules.get("psfleet.fleet")
+    return module is not None and module._fleet._role is not None
+
+
 @pytest.fixture(autouse=True)
 def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.node.get_closest_marker("allow_leaks"):
@@ -106,8 +114,14 @@ def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     threads_before = set(threading.enumerate())
     listening_before = _listening(me)
     env_before = _env_snapshot()
+    fleet_before = _fleet_initialized()
     yield
     problems = []
+    if _fleet_initialized() and not fleet_before:  # the next in-process run would fail
+        from psfleet import fleet
+
+        fleet.reset()
+        problems.append("fleet left initialized in this process (call fleet.reset())")
     deadline = time.monotonic() + LEAK_GRACE_S
     leaked = {p: c for p, c in _live_children(me).items() if p not in children_before}
     while leaked and time.monotonic() < deadline:

@@ -24,6 +24,7 @@ from conftest import require_shared_data
 from jobs.model_oracle_job import SCHEMA, multi_hot_batch
 from torch import nn
 
+from psfleet import fleet
 from psfleet.data import Batch, InMemoryDataset, make_parser
 from psfleet.data.jagged import KeyedJagged
 from psfleet.data.types import FeatureSchema
@@ -274,7 +275,10 @@ hyper_parameters:
     first = next(iter(reader))
     assert first.jagged is not None and first.jagged.keys == ("ctx",)
 
-    metrics = train(exporting)  # alone, on in-process tables: the runner's whole path
+    try:
+        metrics = train(exporting)  # alone, on in-process tables: the runner's whole path
+    finally:
+        fleet.reset()  # train() leaves this process's fleet as a job's process does
 
     assert metrics is not None
     expected = metrics["test"]
