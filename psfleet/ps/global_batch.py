@@ -100,10 +100,6 @@ class GlobalBatches:
         with self._lock:
             return [t for t, g in self._tables.items() if g.batches]
 
-    def version(self, table_id: int) -> int:
-        """Global batches table ``table_id`` applied on this server."""
-        return self._table(table_id).version
-
     def _weight(self, push: PushMeta, gathering: _Gathering) -> float:
         with self._lock:
             token = self._tokens.get(push.worker_index)

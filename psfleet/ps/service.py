@@ -435,6 +435,9 @@ class TableService:
         self._barrier.close()
         self._modes.sparse_rounds.close()
         self._modes.dense_rounds.close()
+        if self._modes.global_batches.decayed:
+            logger.info("global batch aggregation: %d pushes were decayed for staleness "
+                        "(a_sync_configs.max_staleness)", self._modes.global_batches.decayed)
 
     def Stop(self, request: msg.StopRequest) -> msg.Empty:  # noqa: N802
         logger.info("stop requested by worker %d", request.worker_index)
