@@ -146,8 +146,10 @@ class GlobalBatches:
             if push.batches:
                 weight = self._weight(push, gathering)
                 scaled = grads if weight == 1.0 else grads * np.float32(weight)
-                gathering.dense = (scaled.astype(np.float32, copy=True)
-                                   if gathering.dense is None else gathering.dense + scaled)
+                if gathering.dense is None:
+                    gathering.dense = scaled.astype(np.float32, copy=True)
+                else:  # in place: no new float32[n] per push
+                    np.add(gathering.dense, scaled, out=gathering.dense)
                 gathering.batches += push.batches
                 if gathering.batches < push.worker_num:
                     return
