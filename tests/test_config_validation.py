@@ -395,3 +395,9 @@ def test_global_batch_aggregation_is_scaled_as_sync_and_read_from_the_runner(
     assert DistributedStrategy(a_sync_configs=gba, lr_scaling="none").lr_factor(4) == 1.0
     with pytest.raises(ConfigError, match=r"runner\.a_sync_configs\.max_staleness.*-2"):
         load_config(path, ["runner.a_sync_configs.max_staleness=-2"])
+    # another mode would ignore it: refused, naming the setting
+    with pytest.raises(ConfigError, match=r"runner\.a_sync_configs\.global_batch_aggregation"
+                                          r".*mode is 'geo'"):
+        load_config(path, ["runner.sync_mode=geo"])
+    with pytest.raises(ValueError, match="mode is 'sync'"):
+        DistributedStrategy(mode="sync", a_sync_configs=gba)

@@ -39,7 +39,12 @@ from psfleet.errors import ConfigError
 from psfleet.fleet.lr_scaling import LrScaling, check_lr_scaling
 from psfleet.nn.features import check_table_features
 from psfleet.nn.types import Pooling
-from psfleet.ps.communicator.types import GEO_STEP, AsyncConfig, PassConfig
+from psfleet.ps.communicator.types import (
+    GEO_STEP,
+    AsyncConfig,
+    PassConfig,
+    check_aggregation,
+)
 from psfleet.ps.types import AccessorConfig, Initializer, OptimizerClass
 from psfleet.rec.cluster_config import ClusterConfig
 from psfleet.rec.online_config import AfterPassConfig, check_online_keys, table_accessors
@@ -279,6 +284,7 @@ class RunnerConfig(_Section):
                               "at pass boundaries only (a pass's rows are on the workers "
                               "until it ends); use runner.checkpoint.epoch_interval")
         try:
+            check_aggregation(self.sync_mode, self.a_sync_configs)
             check_lr_scaling(self.lr_scaling, self.sync_mode,
                              self.a_sync_configs.global_batch_aggregation)
         except ValueError as exc:

@@ -26,7 +26,7 @@ from psfleet.ps.client import PullHandle, TableClient
 from psfleet.ps.routing import RoutedKeys
 from psfleet.ps.types import RuleConfig, SparseTableConfig
 
-__all__ = ["GEO_STEP", "AsyncConfig", "Communicator", "PassConfig"]
+__all__ = ["GEO_STEP", "AsyncConfig", "Communicator", "PassConfig", "check_aggregation"]
 
 #: Steps between GEO syncs unless set (PaddleRec's default ``geo_step``).
 GEO_STEP = 400
@@ -102,6 +102,20 @@ class AsyncConfig(BaseModel):
             raise ValueError(f"strategy.a_sync_configs.{info.field_name}: {value!r} must be "
                              f"an integer >= {least}")
         return value
+
+
+def check_aggregation(mode: str, config: AsyncConfig) -> None:
+    """Refuse global batch aggregation outside async mode, which alone sends its pushes
+    (a setting another mode would silently ignore).
+
+    Raises:
+        ValueError: ``config.global_batch_aggregation`` is set and ``mode`` is not
+            ``async`` (the message names the setting and what to change).
+    """
+    if config.global_batch_aggregation and mode != "async":
+        raise ValueError(f"a_sync_configs.global_batch_aggregation: gathers the pushes of "
+                         f"async mode; mode is {mode!r}: set the mode to async or turn "
+                         "the setting off")
 
 
 class PassConfig(BaseModel):
