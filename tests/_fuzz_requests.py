@@ -302,7 +302,7 @@ def push_dense(draw: st.DrawFn) -> FuzzRequest:
                  f"worker {fields['worker_index']}/{fields['worker_num']} defect {defect}")
 
 
-# -- Barrier, Stats, Stop ---------------------------------------------------------------
+# -- Barrier, Clock, Stats, Stop ---------------------------------------------------------------
 @st.composite
 def barrier(draw: st.DrawFn) -> FuzzRequest:
     message = pb.BarrierRequest(
@@ -311,6 +311,21 @@ def barrier(draw: st.DrawFn) -> FuzzRequest:
         worker_num=draw(st.sampled_from([1, 1, 0, 2]) | u32))
     return _done(draw, "Barrier", message,
                  f"worker {message.worker_index}/{message.worker_num}")
+
+
+@st.composite
+def clock(draw: st.DrawFn) -> FuzzRequest:
+    # A need above every clock waits for the others (a long poll of up to 0.5 s): rare,
+    # so 1,000 requests stay quick; any steps and incarnation, the parking any int.
+    message = pb.ClockRequest(
+        worker_index=draw(st.sampled_from([0, 0, 1]) | u32),
+        worker_num=draw(st.sampled_from([1, 1, 0, 2]) | u32),
+        incarnation=draw(st.sampled_from([0, 0, 1]) | u32), steps=draw(u64),
+        need=draw(st.sampled_from([0] * 40 + [1, 2**64 - 1])),
+        parking=draw(st.sampled_from([0, 1, 2]) | enums))
+    return _done(draw, "Clock", message,
+                 f"worker {message.worker_index}/{message.worker_num} incarnation "
+                 f"{message.incarnation} steps {message.steps} need {message.need}")
 
 
 @st.composite
@@ -379,7 +394,7 @@ def requests_for(method: str, paths: Paths) -> st.SearchStrategy[FuzzRequest]:
     """The strategy of mutated, decodable requests to ``method``."""
     table = {"CreateTable": create_table(), "PullSparse": pull_sparse(),
              "PushSparse": push_sparse(), "PullDense": pull_dense(),
-             "PushDense": push_dense(), "Barrier": barrier(), "Save": save(paths),
+             "PushDense": push_dense(), "Barrier": barrier(), "Clock": clock(), "Save": save(paths),
              "Load": load(paths), "Stats": stats(), "Stop": stop()}
     return table[method]
 

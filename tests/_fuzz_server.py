@@ -30,7 +30,7 @@ __all__ = ["FuzzServer", "Outcome", "METHODS", "TOKEN", "WRONG_TOKEN", "MEMORY_L
            "CALL_TIMEOUT_S"]
 
 METHODS = ("CreateTable", "PullSparse", "PushSparse", "PullDense", "PushDense", "Barrier",
-           "Save", "Load", "Stats", "Stop")
+           "Clock", "Save", "Load", "Stats", "Stop")
 TOKEN = "fuzz-token-5f3a"
 WRONG_TOKEN = "fuzz-token-5f3b"
 MEMORY_LIMIT_BYTES = 3 << 30  # RLIMIT_AS of the server process

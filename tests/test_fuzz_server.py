@@ -106,6 +106,7 @@ ALLOWED: dict[str, set[str]] = {
     "PullDense": {"OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION"},
     "PushDense": {"OK", *_BAD_INPUT},
     "Barrier": {"OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION"},
+    "Clock": {"OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION"},
     "Save": {"OK", *_BAD_INPUT, "PERMISSION_DENIED"},  # outside storage roots
     "Load": {"OK", *_BAD_INPUT, "PERMISSION_DENIED"},
     "Stats": {"OK"},
@@ -114,7 +115,8 @@ ALLOWED: dict[str, set[str]] = {
 _REQUEST_TYPES: dict[str, Any] = {
     "CreateTable": pb.CreateTableRequest, "PullSparse": pb.PullSparseRequest,
     "PushSparse": pb.PushSparseRequest, "PullDense": pb.PullDenseRequest,
-    "PushDense": pb.PushDenseRequest, "Barrier": pb.BarrierRequest, "Save": pb.SaveRequest,
+    "PushDense": pb.PushDenseRequest, "Barrier": pb.BarrierRequest,
+    "Clock": pb.ClockRequest, "Save": pb.SaveRequest,
     "Load": pb.LoadRequest, "Stats": pb.StatsRequest, "Stop": pb.StopRequest}
 SETTINGS = settings(derandomize=True, database=None, deadline=None, phases=[Phase.generate],
                     suppress_health_check=list(HealthCheck), print_blob=False)

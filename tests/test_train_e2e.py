@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -70,11 +71,15 @@ def _test_auc(metrics: dict[str, object]) -> float:
 
 
 GBA = ["-o", "runner.a_sync_configs.global_batch_aggregation=true"]
+# Bounded staleness 0 over 2 epochs: every step waits for the other worker's earlier
+# steps, and a worker done with an epoch (parked at its flush) holds no one back.
+SSP = ["-o", "runner.a_sync_configs.bounded_staleness=0"]
 
 
 @pytest.mark.parametrize(("server_num", "worker_num", "extra"),
-                         [(0, 1, []), (1, 2, []), (1, 2, GBA)],
-                         ids=["one_process", "1server_2workers", "1server_2workers_gba"])
+                         [(0, 1, []), (1, 2, []), (1, 2, GBA), (1, 2, SSP)],
+                         ids=["one_process", "1server_2workers", "1server_2workers_gba",
+                              "1server_2workers_ssp"])
 def test_runner_learns_on_the_whole_sample(run_cli: RunCli, repo_root: Path, tmp_path: Path,
                                            criteo_dir: Path, server_num: int,
                                            worker_num: int, extra: list[str]) -> None:
@@ -102,6 +107,11 @@ def test_runner_learns_on_the_whole_sample(run_cli: RunCli, repo_root: Path, tmp
         for name in ("serverlog.0", "workerlog.0", "workerlog.1"):
             assert (log / name).is_file(), name
         assert "Server listening on 127.0.0.1:" in (log / "serverlog.0").read_text()
+    if extra == SSP:  # the bound was in effect: each worker asked for its steps
+        for name in ("workerlog.0", "workerlog.1"):
+            asked = re.search(r"bounded staleness 0: (\d+) steps asked server 0",
+                              (log / name).read_text())
+            assert asked is not None and int(asked[1]) > 10, name
     assert_no_processes_mentioning(str(tmp_path))
 
 

@@ -411,6 +411,8 @@ class Fleet:
     def barrier_worker(self) -> None:
         """Block until every worker reaches this call (collective: every rank)."""
         role = self.role
+        if self._runtime is not None:
+            self._runtime.communicator.park()
         self._hooks.barrier("barrier_worker", lambda: self.client.barrier(
             "barrier_worker", role.worker_index, role.worker_num))
 

@@ -225,6 +225,7 @@ class WorkerRuntime:
     def barrier(self, name: str) -> None:
         """Block until every worker (collective: every rank) reaches barrier ``name``."""
         role = self.config.role
+        self.communicator.park()
         self.hooks.barrier(name, lambda: self.client.barrier(name, role.worker_index,
                                                              role.worker_num))
 

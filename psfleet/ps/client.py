@@ -412,6 +412,36 @@ class TableClient:
         server = self._servers[0]
         poll_until_done(lambda: bool(server.start("Barrier", request).result().done))
 
+    def clock(self, worker_num: int, steps: int, parked: bool | None = None, need: int = 0
+              ) -> tuple[bool, int]:
+        """One call of bounded staleness's long poll on server 0 (``psfleet.ps.clocks``):
+        report this worker's clock and, with ``need`` > 0, wait a little (at most the
+        server's ``max_wait_s``) until every worker's clock reached it.
+
+        Args:
+            worker_num: workers of the job.
+            steps: this worker's steps the servers acknowledged.
+            parked: True: this worker holds no one back from now on (it waits for
+                the others); False: it does again; None: as it was.
+            need: the slowest clock to wait for; 0: only report.
+
+        Returns:
+            ``(done, slowest)``: whether the slowest clock reached ``need`` (False: call
+            again, with this worker's clock as it is then), and the slowest clock of the
+            workers not parked (``need`` when all are parked).
+
+        Raises:
+            RemoteError: the slowest workers did not reach ``need`` within the server's
+                barrier timeout (names them), the server is stopping, or a restarted
+                copy of this worker reported since (this process is stale).
+        """
+        reply = self._servers[0].start("Clock", msg.ClockRequest(
+            worker_index=self.worker_index, worker_num=worker_num,
+            incarnation=self.incarnation, steps=steps, need=need,
+            parking={None: msg.KEEP_PARKING, True: msg.PARK, False: msg.RESUME}[parked])
+            ).result()
+        return bool(reply.done), int(reply.slowest)
+
     def stop_servers(self, worker_index: int) -> None:
         """Tell every server to stop serving."""
         self._all("Stop", [msg.StopRequest(worker_index=worker_index)] * len(self._servers))

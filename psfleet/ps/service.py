@@ -25,6 +25,7 @@ from psfleet.errors import (
     ResourceExhaustedError,
     clip_text,
 )
+from psfleet.ps.clocks import WorkerClocks
 from psfleet.ps.coordination import Barrier, PushGate
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.lifecycle_service import (
@@ -119,6 +120,7 @@ class TableService:
         self._gate = PushGate()
         self.wait_budget = wait_budget or WaitBudget()
         self._barrier = Barrier(self.wait_budget)
+        self._clocks = WorkerClocks(self.wait_budget)
         self._ledger = PushLedger()
         self.counters = RequestCounters()
         self.started_s = time.monotonic()
@@ -365,6 +367,18 @@ class TableService:
                                     self._barrier_timeout_s, request.incarnation, request.seq)
         return msg.BarrierResponse(done=done)
 
+    def Clock(self, request: msg.ClockRequest) -> msg.ClockResponse:  # noqa: N802
+        """One step of bounded staleness's long poll (``psfleet.ps.clocks``): records
+        the worker's clock; ``done`` false means call again. Waits at most
+        ``wait_budget.max_wait_s``."""
+        self._workers.check("bounded staleness", request.worker_index, request.worker_num)
+        parked = {msg.PARK: True, msg.RESUME: False}.get(request.parking)
+        done, slowest = self._clocks.tick(
+            request.worker_index, request.worker_num, request.incarnation, request.steps,
+            parked, request.need, self._barrier_timeout_s)
+        # A restarted worker's clock adds to its predecessor's: keep it a uint64.
+        return msg.ClockResponse(done=done, slowest=min(slowest, (1 << 64) - 1))
+
     @staticmethod
     def _dense_index(entries: Iterable[msg.DenseIndex]) -> dict[int, np.ndarray]:
         return {e.table_id: codec.int64s_from_bytes(e.index) for e in entries}
@@ -431,8 +445,10 @@ class TableService:
         return self._admin.age_one_day(request)
 
     def close(self) -> None:
-        """Fail the calls blocked in a Barrier or a sync round (the server is stopping)."""
+        """Fail the calls blocked in a Barrier, a sync round or a bounded staleness wait
+        (the server is stopping)."""
         self._barrier.close()
+        self._clocks.close()
         self._modes.sparse_rounds.close()
         self._modes.dense_rounds.close()
         if self._modes.global_batches.decayed:

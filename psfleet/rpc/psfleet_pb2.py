@@ -24,15 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19psfleet/rpc/psfleet.proto\x12\x07psfleet\"\x07\n\x05\x45mpty\"\x8f\x01\n\x12\x43reateTableRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x13\n\x0binit_values\x18\x03 \x01(\x0c\x12\x14\n\x0cserver_index\x18\x04 \x01(\r\x12\x12\n\nserver_num\x18\x05 \x01(\r\x12\x13\n\x0b\x64\x65nse_index\x18\x06 \x01(\x0c\"&\n\x13\x43reateTableResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\"W\n\x11PullSparseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\x12\x0e\n\x06\x63reate\x18\x03 \x01(\x08\x12\x12\n\nwith_state\x18\x04 \x01(\x08\"1\n\x12PullSparseResponse\x12\x0e\n\x06values\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\"(\n\x06PushId\x12\x11\n\tclient_id\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"\xa7\x02\n\x11PushSparseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\x12\r\n\x05grads\x18\x03 \x01(\x0c\x12\x14\n\x0cworker_index\x18\x04 \x01(\r\x12\x0c\n\x04step\x18\x05 \x01(\x04\x12\x1f\n\x04mode\x18\x06 \x01(\x0e\x32\x11.psfleet.PushMode\x12\x12\n\nworker_num\x18\x07 \x01(\r\x12 \n\x07push_id\x18\x08 \x01(\x0b\x32\x0f.psfleet.PushId\x12\x0c\n\x04poll\x18\t \x01(\x08\x12\x13\n\x0bincarnation\x18\n \x01(\r\x12\r\n\x05shows\x18\x0b \x01(\x0c\x12\x0e\n\x06\x63licks\x18\x0c \x01(\x0c\x12\x0f\n\x07\x62\x61tches\x18\r \x01(\r\x12\x15\n\rmax_staleness\x18\x0e \x01(\r\"\x1c\n\x0cPushResponse\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\":\n\x10PullDenseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x14\n\x0cworker_index\x18\x02 \x01(\r\"#\n\x11PullDenseResponse\x12\x0e\n\x06values\x18\x01 \x01(\x0c\"\xf9\x01\n\x10PushDenseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\r\n\x05grads\x18\x02 \x01(\x0c\x12\x14\n\x0cworker_index\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x1f\n\x04mode\x18\x05 \x01(\x0e\x32\x11.psfleet.PushMode\x12\x12\n\nworker_num\x18\x06 \x01(\r\x12 \n\x07push_id\x18\x07 \x01(\x0b\x32\x0f.psfleet.PushId\x12\x0c\n\x04poll\x18\x08 \x01(\x08\x12\x13\n\x0bincarnation\x18\t \x01(\r\x12\x0f\n\x07\x62\x61tches\x18\n \x01(\r\x12\x15\n\rmax_staleness\x18\x0b \x01(\r\"j\n\x0e\x42\x61rrierRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0cworker_index\x18\x02 \x01(\r\x12\x12\n\nworker_num\x18\x03 \x01(\r\x12\x13\n\x0bincarnation\x18\x04 \x01(\r\x12\x0b\n\x03seq\x18\x05 \x01(\x04\"\x1f\n\x0f\x42\x61rrierResponse\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\"#\n\x0bStopRequest\x12\x14\n\x0cworker_index\x18\x01 \x01(\r\"\x8b\x01\n\x0bSaveRequest\x12\x0f\n\x07\x64irname\x18\x01 \x01(\t\x12\x14\n\x0cserver_index\x18\x02 \x01(\r\x12\"\n\x05\x64\x65nse\x18\x03 \x03(\x0b\x32\x13.psfleet.DenseIndex\x12\x0c\n\x04mode\x18\x04 \x01(\t\x12#\n\nrequest_id\x18\x05 \x01(\x0b\x32\x0f.psfleet.PushId\"-\n\nDenseIndex\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\r\n\x05index\x18\x02 \x01(\x0c\"8\n\nFileDigest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"2\n\x0cSaveResponse\x12\"\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x13.psfleet.FileDigest\"l\n\x0bLoadRequest\x12\x0f\n\x07\x64irname\x18\x01 \x01(\t\x12\x14\n\x0cserver_index\x18\x02 \x01(\r\x12\x12\n\nserver_num\x18\x03 \x01(\r\x12\"\n\x05\x64\x65nse\x18\x04 \x03(\x0b\x32\x13.psfleet.DenseIndex\"\x0e\n\x0cStatsRequest\"\xc6\x02\n\nTableStats\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x04\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x1b\n\x13rejected_non_finite\x18\x05 \x01(\x04\x12\r\n\x05pulls\x18\x06 \x01(\x04\x12\x13\n\x0bpulled_rows\x18\x07 \x01(\x04\x12\x0e\n\x06pushes\x18\x08 \x01(\x04\x12\x13\n\x0bpushed_rows\x18\t \x01(\x04\x12\x10\n\x08\x61\x64mitted\x18\n \x01(\x04\x12\x10\n\x08rejected\x18\x0b \x01(\x04\x12\x0f\n\x07\x65victed\x18\x0c \x01(\x04\x12\x0f\n\x07\x64\x65leted\x18\r \x01(\x04\x12\x0f\n\x07spilled\x18\x0e \x01(\x04\x12\x10\n\x08promoted\x18\x0f \x01(\x04\x12\x11\n\tdisk_rows\x18\x10 \x01(\x04\x12\x12\n\ndisk_bytes\x18\x11 \x01(\x04\"F\n\rStatsResponse\x12#\n\x06tables\x18\x01 \x03(\x0b\x32\x13.psfleet.TableStats\x12\x10\n\x08uptime_s\x18\x02 \x01(\x01\"Z\n\rShrinkRequest\x12\x12\n\nall_tables\x18\x01 \x01(\x08\x12\x10\n\x08table_id\x18\x02 \x01(\r\x12#\n\nrequest_id\x18\x03 \x01(\x0b\x32\x0f.psfleet.PushId\"!\n\x0eShrinkResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x04\"]\n\x10\x41geOneDayRequest\x12\x12\n\nall_tables\x18\x01 \x01(\x08\x12\x10\n\x08table_id\x18\x02 \x01(\r\x12#\n\nrequest_id\x18\x03 \x01(\x0b\x32\x0f.psfleet.PushId\"\x8a\x01\n\x0fShareMapMessage\x12\x12\n\ndead_hosts\x18\x01 \x03(\r\x12\x19\n\x11\x64\x65\x61\x64_incarnations\x18\x02 \x03(\r\x12\x15\n\rjoined_shares\x18\x03 \x03(\r\x12\x14\n\x0cjoined_hosts\x18\x04 \x03(\r\x12\x1b\n\x13joined_incarnations\x18\x05 \x03(\r\"t\n\x0fReplicasRequest\x12\x11\n\tendpoints\x18\x01 \x03(\t\x12\x12\n\nhost_index\x18\x02 \x01(\r\x12\x13\n\x0breplication\x18\x03 \x01(\r\x12%\n\x03map\x18\x04 \x01(\x0b\x32\x18.psfleet.ShareMapMessage\"F\n\x0f\x46\x61iloverRequest\x12\x0c\n\x04host\x18\x01 \x01(\r\x12%\n\x03map\x18\x02 \x01(\x0b\x32\x18.psfleet.ShareMapMessage\"2\n\rRejoinRequest\x12\x0c\n\x04host\x18\x01 \x01(\r\x12\x13\n\x0bincarnation\x18\x02 \x01(\r\"D\n\x10\x43opyShareRequest\x12\r\n\x05share\x18\x01 \x01(\r\x12\x0c\n\x04host\x18\x02 \x01(\r\x12\x13\n\x0bincarnation\x18\x03 \x01(\r\"(\n\nSharedFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\x9b\x01\n\x13ReceiveShareRequest\x12\r\n\x05share\x18\x01 \x01(\r\x12\x13\n\x0bincarnation\x18\x02 \x01(\r\x12\"\n\x05\x66iles\x18\x03 \x03(\x0b\x32\x13.psfleet.SharedFile\x12 \n\x07\x61pplied\x18\x04 \x03(\x0b\x32\x0f.psfleet.PushId\x12\x0c\n\x04more\x18\x05 \x01(\x08\x12\x0c\n\x04part\x18\x06 \x01(\r*H\n\x08PushMode\x12\t\n\x05\x41PPLY\x10\x00\x12\x08\n\x04SYNC\x10\x01\x12\t\n\x05\x44\x45LTA\x10\x02\x12\r\n\tROW_DELTA\x10\x03\x12\r\n\tAGGREGATE\x10\x04\x32\xdf\x08\n\x0fParameterServer\x12H\n\x0b\x43reateTable\x12\x1b.psfleet.CreateTableRequest\x1a\x1c.psfleet.CreateTableResponse\x12\x45\n\nPullSparse\x12\x1a.psfleet.PullSparseRequest\x1a\x1b.psfleet.PullSparseResponse\x12?\n\nPushSparse\x12\x1a.psfleet.PushSparseRequest\x1a\x15.psfleet.PushResponse\x12\x42\n\tPullDense\x12\x19.psfleet.PullDenseRequest\x1a\x1a.psfleet.PullDenseResponse\x12=\n\tPushDense\x12\x19.psfleet.PushDenseRequest\x1a\x15.psfleet.PushResponse\x12<\n\x07\x42\x61rrier\x12\x17.psfleet.BarrierRequest\x1a\x18.psfleet.BarrierResponse\x12\x33\n\x04Save\x12\x14.psfleet.SaveRequest\x1a\x15.psfleet.SaveResponse\x12,\n\x04Load\x12\x14.psfleet.LoadRequest\x1a\x0e.psfleet.Empty\x12\x36\n\x05Stats\x12\x15.psfleet.StatsRequest\x1a\x16.psfleet.StatsResponse\x12,\n\x04Stop\x12\x14.psfleet.StopRequest\x1a\x0e.psfleet.Empty\x12\x39\n\x06Shrink\x12\x16.psfleet.ShrinkRequest\x1a\x17.psfleet.ShrinkResponse\x12\x36\n\tAgeOneDay\x12\x19.psfleet.AgeOneDayRequest\x1a\x0e.psfleet.Empty\x12\x41\n\x0bSetReplicas\x12\x18.psfleet.ReplicasRequest\x1a\x18.psfleet.ShareMapMessage\x12>\n\x08\x46\x61ilover\x12\x18.psfleet.FailoverRequest\x1a\x18.psfleet.ShareMapMessage\x12>\n\x08MergeMap\x12\x18.psfleet.ShareMapMessage\x1a\x18.psfleet.ShareMapMessage\x12:\n\x06Rejoin\x12\x16.psfleet.RejoinRequest\x1a\x18.psfleet.ShareMapMessage\x12@\n\tCopyShare\x12\x19.psfleet.CopyShareRequest\x1a\x18.psfleet.ShareMapMessage\x12<\n\x0cReceiveShare\x12\x1c.psfleet.ReceiveShareRequest\x1a\x0e.psfleet.Emptyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19psfleet/rpc/psfleet.proto\x12\x07psfleet\"\x07\n\x05\x45mpty\"\x8f\x01\n\x12\x43reateTableRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x13\n\x0binit_values\x18\x03 \x01(\x0c\x12\x14\n\x0cserver_index\x18\x04 \x01(\r\x12\x12\n\nserver_num\x18\x05 \x01(\r\x12\x13\n\x0b\x64\x65nse_index\x18\x06 \x01(\x0c\"&\n\x13\x43reateTableResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\"W\n\x11PullSparseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\x12\x0e\n\x06\x63reate\x18\x03 \x01(\x08\x12\x12\n\nwith_state\x18\x04 \x01(\x08\"1\n\x12PullSparseResponse\x12\x0e\n\x06values\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\"(\n\x06PushId\x12\x11\n\tclient_id\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"\xa7\x02\n\x11PushSparseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\x12\r\n\x05grads\x18\x03 \x01(\x0c\x12\x14\n\x0cworker_index\x18\x04 \x01(\r\x12\x0c\n\x04step\x18\x05 \x01(\x04\x12\x1f\n\x04mode\x18\x06 \x01(\x0e\x32\x11.psfleet.PushMode\x12\x12\n\nworker_num\x18\x07 \x01(\r\x12 \n\x07push_id\x18\x08 \x01(\x0b\x32\x0f.psfleet.PushId\x12\x0c\n\x04poll\x18\t \x01(\x08\x12\x13\n\x0bincarnation\x18\n \x01(\r\x12\r\n\x05shows\x18\x0b \x01(\x0c\x12\x0e\n\x06\x63licks\x18\x0c \x01(\x0c\x12\x0f\n\x07\x62\x61tches\x18\r \x01(\r\x12\x15\n\rmax_staleness\x18\x0e \x01(\r\"\x1c\n\x0cPushResponse\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\":\n\x10PullDenseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x14\n\x0cworker_index\x18\x02 \x01(\r\"#\n\x11PullDenseResponse\x12\x0e\n\x06values\x18\x01 \x01(\x0c\"\xf9\x01\n\x10PushDenseRequest\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\r\n\x05grads\x18\x02 \x01(\x0c\x12\x14\n\x0cworker_index\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x1f\n\x04mode\x18\x05 \x01(\x0e\x32\x11.psfleet.PushMode\x12\x12\n\nworker_num\x18\x06 \x01(\r\x12 \n\x07push_id\x18\x07 \x01(\x0b\x32\x0f.psfleet.PushId\x12\x0c\n\x04poll\x18\x08 \x01(\x08\x12\x13\n\x0bincarnation\x18\t \x01(\r\x12\x0f\n\x07\x62\x61tches\x18\n \x01(\r\x12\x15\n\rmax_staleness\x18\x0b \x01(\r\"j\n\x0e\x42\x61rrierRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0cworker_index\x18\x02 \x01(\r\x12\x12\n\nworker_num\x18\x03 \x01(\r\x12\x13\n\x0bincarnation\x18\x04 \x01(\r\x12\x0b\n\x03seq\x18\x05 \x01(\x04\"\x1f\n\x0f\x42\x61rrierResponse\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\"\x8d\x01\n\x0c\x43lockRequest\x12\x14\n\x0cworker_index\x18\x01 \x01(\r\x12\x12\n\nworker_num\x18\x02 \x01(\r\x12\x13\n\x0bincarnation\x18\x03 \x01(\r\x12\r\n\x05steps\x18\x04 \x01(\x04\x12!\n\x07parking\x18\x05 \x01(\x0e\x32\x10.psfleet.Parking\x12\x0c\n\x04need\x18\x06 \x01(\x04\".\n\rClockResponse\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\x12\x0f\n\x07slowest\x18\x02 \x01(\x04\"#\n\x0bStopRequest\x12\x14\n\x0cworker_index\x18\x01 \x01(\r\"\x8b\x01\n\x0bSaveRequest\x12\x0f\n\x07\x64irname\x18\x01 \x01(\t\x12\x14\n\x0cserver_index\x18\x02 \x01(\r\x12\"\n\x05\x64\x65nse\x18\x03 \x03(\x0b\x32\x13.psfleet.DenseIndex\x12\x0c\n\x04mode\x18\x04 \x01(\t\x12#\n\nrequest_id\x18\x05 \x01(\x0b\x32\x0f.psfleet.PushId\"-\n\nDenseIndex\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\r\n\x05index\x18\x02 \x01(\x0c\"8\n\nFileDigest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"2\n\x0cSaveResponse\x12\"\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x13.psfleet.FileDigest\"l\n\x0bLoadRequest\x12\x0f\n\x07\x64irname\x18\x01 \x01(\t\x12\x14\n\x0cserver_index\x18\x02 \x01(\r\x12\x12\n\nserver_num\x18\x03 \x01(\r\x12\"\n\x05\x64\x65nse\x18\x04 \x03(\x0b\x32\x13.psfleet.DenseIndex\"\x0e\n\x0cStatsRequest\"\xc6\x02\n\nTableStats\x12\x10\n\x08table_id\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x04\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x1b\n\x13rejected_non_finite\x18\x05 \x01(\x04\x12\r\n\x05pulls\x18\x06 \x01(\x04\x12\x13\n\x0bpulled_rows\x18\x07 \x01(\x04\x12\x0e\n\x06pushes\x18\x08 \x01(\x04\x12\x13\n\x0bpushed_rows\x18\t \x01(\x04\x12\x10\n\x08\x61\x64mitted\x18\n \x01(\x04\x12\x10\n\x08rejected\x18\x0b \x01(\x04\x12\x0f\n\x07\x65victed\x18\x0c \x01(\x04\x12\x0f\n\x07\x64\x65leted\x18\r \x01(\x04\x12\x0f\n\x07spilled\x18\x0e \x01(\x04\x12\x10\n\x08promoted\x18\x0f \x01(\x04\x12\x11\n\tdisk_rows\x18\x10 \x01(\x04\x12\x12\n\ndisk_bytes\x18\x11 \x01(\x04\"F\n\rStatsResponse\x12#\n\x06tables\x18\x01 \x03(\x0b\x32\x13.psfleet.TableStats\x12\x10\n\x08uptime_s\x18\x02 \x01(\x01\"Z\n\rShrinkRequest\x12\x12\n\nall_tables\x18\x01 \x01(\x08\x12\x10\n\x08table_id\x18\x02 \x01(\r\x12#\n\nrequest_id\x18\x03 \x01(\x0b\x32\x0f.psfleet.PushId\"!\n\x0eShrinkResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x04\"]\n\x10\x41geOneDayRequest\x12\x12\n\nall_tables\x18\x01 \x01(\x08\x12\x10\n\x08table_id\x18\x02 \x01(\r\x12#\n\nrequest_id\x18\x03 \x01(\x0b\x32\x0f.psfleet.PushId\"\x8a\x01\n\x0fShareMapMessage\x12\x12\n\ndead_hosts\x18\x01 \x03(\r\x12\x19\n\x11\x64\x65\x61\x64_incarnations\x18\x02 \x03(\r\x12\x15\n\rjoined_shares\x18\x03 \x03(\r\x12\x14\n\x0cjoined_hosts\x18\x04 \x03(\r\x12\x1b\n\x13joined_incarnations\x18\x05 \x03(\r\"t\n\x0fReplicasRequest\x12\x11\n\tendpoints\x18\x01 \x03(\t\x12\x12\n\nhost_index\x18\x02 \x01(\r\x12\x13\n\x0breplication\x18\x03 \x01(\r\x12%\n\x03map\x18\x04 \x01(\x0b\x32\x18.psfleet.ShareMapMessage\"F\n\x0f\x46\x61iloverRequest\x12\x0c\n\x04host\x18\x01 \x01(\r\x12%\n\x03map\x18\x02 \x01(\x0b\x32\x18.psfleet.ShareMapMessage\"2\n\rRejoinRequest\x12\x0c\n\x04host\x18\x01 \x01(\r\x12\x13\n\x0bincarnation\x18\x02 \x01(\r\"D\n\x10\x43opyShareRequest\x12\r\n\x05share\x18\x01 \x01(\r\x12\x0c\n\x04host\x18\x02 \x01(\r\x12\x13\n\x0bincarnation\x18\x03 \x01(\r\"(\n\nSharedFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\x9b\x01\n\x13ReceiveShareRequest\x12\r\n\x05share\x18\x01 \x01(\r\x12\x13\n\x0bincarnation\x18\x02 \x01(\r\x12\"\n\x05\x66iles\x18\x03 \x03(\x0b\x32\x13.psfleet.SharedFile\x12 \n\x07\x61pplied\x18\x04 \x03(\x0b\x32\x0f.psfleet.PushId\x12\x0c\n\x04more\x18\x05 \x01(\x08\x12\x0c\n\x04part\x18\x06 \x01(\r*H\n\x08PushMode\x12\t\n\x05\x41PPLY\x10\x00\x12\x08\n\x04SYNC\x10\x01\x12\t\n\x05\x44\x45LTA\x10\x02\x12\r\n\tROW_DELTA\x10\x03\x12\r\n\tAGGREGATE\x10\x04*1\n\x07Parking\x12\x10\n\x0cKEEP_PARKING\x10\x00\x12\x08\n\x04PARK\x10\x01\x12\n\n\x06RESUME\x10\x02\x32\x97\t\n\x0fParameterServer\x12H\n\x0b\x43reateTable\x12\x1b.psfleet.CreateTableRequest\x1a\x1c.psfleet.CreateTableResponse\x12\x45\n\nPullSparse\x12\x1a.psfleet.PullSparseRequest\x1a\x1b.psfleet.PullSparseResponse\x12?\n\nPushSparse\x12\x1a.psfleet.PushSparseRequest\x1a\x15.psfleet.PushResponse\x12\x42\n\tPullDense\x12\x19.psfleet.PullDenseRequest\x1a\x1a.psfleet.PullDenseResponse\x12=\n\tPushDense\x12\x19.psfleet.PushDenseRequest\x1a\x15.psfleet.PushResponse\x12<\n\x07\x42\x61rrier\x12\x17.psfleet.BarrierRequest\x1a\x18.psfleet.BarrierResponse\x12\x36\n\x05\x43lock\x12\x15.psfleet.ClockRequest\x1a\x16.psfleet.ClockResponse\x12\x33\n\x04Save\x12\x14.psfleet.SaveRequest\x1a\x15.psfleet.SaveResponse\x12,\n\x04Load\x12\x14.psfleet.LoadRequest\x1a\x0e.psfleet.Empty\x12\x36\n\x05Stats\x12\x15.psfleet.StatsRequest\x1a\x16.psfleet.StatsResponse\x12,\n\x04Stop\x12\x14.psfleet.StopRequest\x1a\x0e.psfleet.Empty\x12\x39\n\x06Shrink\x12\x16.psfleet.ShrinkRequest\x1a\x17.psfleet.ShrinkResponse\x12\x36\n\tAgeOneDay\x12\x19.psfleet.AgeOneDayRequest\x1a\x0e.psfleet.Empty\x12\x41\n\x0bSetReplicas\x12\x18.psfleet.ReplicasRequest\x1a\x18.psfleet.ShareMapMessage\x12>\n\x08\x46\x61ilover\x12\x18.psfleet.FailoverRequest\x1a\x18.psfleet.ShareMapMessage\x12>\n\x08MergeMap\x12\x18.psfleet.ShareMapMessage\x1a\x18.psfleet.ShareMapMessage\x12:\n\x06Rejoin\x12\x16.psfleet.RejoinRequest\x1a\x18.psfleet.ShareMapMessage\x12@\n\tCopyShare\x12\x19.psfleet.CopyShareRequest\x1a\x18.psfleet.ShareMapMessage\x12<\n\x0cReceiveShare\x12\x1c.psfleet.ReceiveShareRequest\x1a\x0e.psfleet.Emptyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'psfleet.rpc.psfleet_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PUSHMODE']._serialized_start=2971
-  _globals['_PUSHMODE']._serialized_end=3043
+  _globals['_PUSHMODE']._serialized_start=3163
+  _globals['_PUSHMODE']._serialized_end=3235
+  _globals['_PARKING']._serialized_start=3237
+  _globals['_PARKING']._serialized_end=3286
   _globals['_EMPTY']._serialized_start=38
   _globals['_EMPTY']._serialized_end=45
   _globals['_CREATETABLEREQUEST']._serialized_start=48
@@ -59,44 +61,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BARRIERREQUEST']._serialized_end=1198
   _globals['_BARRIERRESPONSE']._serialized_start=1200
   _globals['_BARRIERRESPONSE']._serialized_end=1231
-  _globals['_STOPREQUEST']._serialized_start=1233
-  _globals['_STOPREQUEST']._serialized_end=1268
-  _globals['_SAVEREQUEST']._serialized_start=1271
-  _globals['_SAVEREQUEST']._serialized_end=1410
-  _globals['_DENSEINDEX']._serialized_start=1412
-  _globals['_DENSEINDEX']._serialized_end=1457
-  _globals['_FILEDIGEST']._serialized_start=1459
-  _globals['_FILEDIGEST']._serialized_end=1515
-  _globals['_SAVERESPONSE']._serialized_start=1517
-  _globals['_SAVERESPONSE']._serialized_end=1567
-  _globals['_LOADREQUEST']._serialized_start=1569
-  _globals['_LOADREQUEST']._serialized_end=1677
-  _globals['_STATSREQUEST']._serialized_start=1679
-  _globals['_STATSREQUEST']._serialized_end=1693
-  _globals['_TABLESTATS']._serialized_start=1696
-  _globals['_TABLESTATS']._serialized_end=2022
-  _globals['_STATSRESPONSE']._serialized_start=2024
-  _globals['_STATSRESPONSE']._serialized_end=2094
-  _globals['_SHRINKREQUEST']._serialized_start=2096
-  _globals['_SHRINKREQUEST']._serialized_end=2186
-  _globals['_SHRINKRESPONSE']._serialized_start=2188
-  _globals['_SHRINKRESPONSE']._serialized_end=2221
-  _globals['_AGEONEDAYREQUEST']._serialized_start=2223
-  _globals['_AGEONEDAYREQUEST']._serialized_end=2316
-  _globals['_SHAREMAPMESSAGE']._serialized_start=2319
-  _globals['_SHAREMAPMESSAGE']._serialized_end=2457
-  _globals['_REPLICASREQUEST']._serialized_start=2459
-  _globals['_REPLICASREQUEST']._serialized_end=2575
-  _globals['_FAILOVERREQUEST']._serialized_start=2577
-  _globals['_FAILOVERREQUEST']._serialized_end=2647
-  _globals['_REJOINREQUEST']._serialized_start=2649
-  _globals['_REJOINREQUEST']._serialized_end=2699
-  _globals['_COPYSHAREREQUEST']._serialized_start=2701
-  _globals['_COPYSHAREREQUEST']._serialized_end=2769
-  _globals['_SHAREDFILE']._serialized_start=2771
-  _globals['_SHAREDFILE']._serialized_end=2811
-  _globals['_RECEIVESHAREREQUEST']._serialized_start=2814
-  _globals['_RECEIVESHAREREQUEST']._serialized_end=2969
-  _globals['_PARAMETERSERVER']._serialized_start=3046
-  _globals['_PARAMETERSERVER']._serialized_end=4165
+  _globals['_CLOCKREQUEST']._serialized_start=1234
+  _globals['_CLOCKREQUEST']._serialized_end=1375
+  _globals['_CLOCKRESPONSE']._serialized_start=1377
+  _globals['_CLOCKRESPONSE']._serialized_end=1423
+  _globals['_STOPREQUEST']._serialized_start=1425
+  _globals['_STOPREQUEST']._serialized_end=1460
+  _globals['_SAVEREQUEST']._serialized_start=1463
+  _globals['_SAVEREQUEST']._serialized_end=1602
+  _globals['_DENSEINDEX']._serialized_start=1604
+  _globals['_DENSEINDEX']._serialized_end=1649
+  _globals['_FILEDIGEST']._serialized_start=1651
+  _globals['_FILEDIGEST']._serialized_end=1707
+  _globals['_SAVERESPONSE']._serialized_start=1709
+  _globals['_SAVERESPONSE']._serialized_end=1759
+  _globals['_LOADREQUEST']._serialized_start=1761
+  _globals['_LOADREQUEST']._serialized_end=1869
+  _globals['_STATSREQUEST']._serialized_start=1871
+  _globals['_STATSREQUEST']._serialized_end=1885
+  _globals['_TABLESTATS']._serialized_start=1888
+  _globals['_TABLESTATS']._serialized_end=2214
+  _globals['_STATSRESPONSE']._serialized_start=2216
+  _globals['_STATSRESPONSE']._serialized_end=2286
+  _globals['_SHRINKREQUEST']._serialized_start=2288
+  _globals['_SHRINKREQUEST']._serialized_end=2378
+  _globals['_SHRINKRESPONSE']._serialized_start=2380
+  _globals['_SHRINKRESPONSE']._serialized_end=2413
+  _globals['_AGEONEDAYREQUEST']._serialized_start=2415
+  _globals['_AGEONEDAYREQUEST']._serialized_end=2508
+  _globals['_SHAREMAPMESSAGE']._serialized_start=2511
+  _globals['_SHAREMAPMESSAGE']._serialized_end=2649
+  _globals['_REPLICASREQUEST']._serialized_start=2651
+  _globals['_REPLICASREQUEST']._serialized_end=2767
+  _globals['_FAILOVERREQUEST']._serialized_start=2769
+  _globals['_FAILOVERREQUEST']._serialized_end=2839
+  _globals['_REJOINREQUEST']._serialized_start=2841
+  _globals['_REJOINREQUEST']._serialized_end=2891
+  _globals['_COPYSHAREREQUEST']._serialized_start=2893
+  _globals['_COPYSHAREREQUEST']._serialized_end=2961
+  _globals['_SHAREDFILE']._serialized_start=2963
+  _globals['_SHAREDFILE']._serialized_end=3003
+  _globals['_RECEIVESHAREREQUEST']._serialized_start=3006
+  _globals['_RECEIVESHAREREQUEST']._serialized_end=3161
+  _globals['_PARAMETERSERVER']._serialized_start=3289
+  _globals['_PARAMETERSERVER']._serialized_end=4464
 # @@protoc_insertion_point(module_scope)

@@ -14,11 +14,20 @@ class PushMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DELTA: _ClassVar[PushMode]
     ROW_DELTA: _ClassVar[PushMode]
     AGGREGATE: _ClassVar[PushMode]
+
+class Parking(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KEEP_PARKING: _ClassVar[Parking]
+    PARK: _ClassVar[Parking]
+    RESUME: _ClassVar[Parking]
 APPLY: PushMode
 SYNC: PushMode
 DELTA: PushMode
 ROW_DELTA: PushMode
 AGGREGATE: PushMode
+KEEP_PARKING: Parking
+PARK: Parking
+RESUME: Parking
 
 class Empty(_message.Message):
     __slots__ = ()
@@ -171,6 +180,30 @@ class BarrierResponse(_message.Message):
     DONE_FIELD_NUMBER: _ClassVar[int]
     done: bool
     def __init__(self, done: _Optional[bool] = ...) -> None: ...
+
+class ClockRequest(_message.Message):
+    __slots__ = ("worker_index", "worker_num", "incarnation", "steps", "parking", "need")
+    WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    WORKER_NUM_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    PARKING_FIELD_NUMBER: _ClassVar[int]
+    NEED_FIELD_NUMBER: _ClassVar[int]
+    worker_index: int
+    worker_num: int
+    incarnation: int
+    steps: int
+    parking: Parking
+    need: int
+    def __init__(self, worker_index: _Optional[int] = ..., worker_num: _Optional[int] = ..., incarnation: _Optional[int] = ..., steps: _Optional[int] = ..., parking: _Optional[_Union[Parking, str]] = ..., need: _Optional[int] = ...) -> None: ...
+
+class ClockResponse(_message.Message):
+    __slots__ = ("done", "slowest")
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    SLOWEST_FIELD_NUMBER: _ClassVar[int]
+    done: bool
+    slowest: int
+    def __init__(self, done: _Optional[bool] = ..., slowest: _Optional[int] = ...) -> None: ...
 
 class StopRequest(_message.Message):
     __slots__ = ("worker_index",)

@@ -64,6 +64,11 @@ class ParameterServerStub:
                 request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.BarrierRequest.SerializeToString,
                 response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.BarrierResponse.FromString,
                 _registered_method=True)
+        self.Clock = channel.unary_unary(
+                '/psfleet.ParameterServer/Clock',
+                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ClockRequest.SerializeToString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ClockResponse.FromString,
+                _registered_method=True)
         self.Save = channel.unary_unary(
                 '/psfleet.ParameterServer/Save',
                 request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.SaveRequest.SerializeToString,
@@ -160,6 +165,12 @@ class ParameterServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Barrier(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Clock(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -275,6 +286,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Barrier,
                     request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.BarrierRequest.FromString,
                     response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.BarrierResponse.SerializeToString,
+            ),
+            'Clock': grpc.unary_unary_rpc_method_handler(
+                    servicer.Clock,
+                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ClockRequest.FromString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ClockResponse.SerializeToString,
             ),
             'Save': grpc.unary_unary_rpc_method_handler(
                     servicer.Save,
@@ -499,6 +515,33 @@ class ParameterServer:
             '/psfleet.ParameterServer/Barrier',
             psfleet_dot_rpc_dot_psfleet__pb2.BarrierRequest.SerializeToString,
             psfleet_dot_rpc_dot_psfleet__pb2.BarrierResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Clock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psfleet.ParameterServer/Clock',
+            psfleet_dot_rpc_dot_psfleet__pb2.ClockRequest.SerializeToString,
+            psfleet_dot_rpc_dot_psfleet__pb2.ClockResponse.FromString,
             options,
             channel_credentials,
             insecure,

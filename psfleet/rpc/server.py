@@ -120,6 +120,7 @@ class ServiceHandler(Protocol):
     def PullDense(self, request: pb.PullDenseRequest) -> Message: ...  # noqa: N802
     def PushDense(self, request: pb.PushDenseRequest) -> Message: ...  # noqa: N802
     def Barrier(self, request: pb.BarrierRequest) -> Message: ...  # noqa: N802
+    def Clock(self, request: pb.ClockRequest) -> Message: ...  # noqa: N802
     def Save(self, request: pb.SaveRequest) -> Message: ...  # noqa: N802
     def Load(self, request: pb.LoadRequest) -> Message: ...  # noqa: N802
     def Stats(self, request: pb.StatsRequest) -> Message: ...  # noqa: N802

@@ -24,6 +24,7 @@ import numpy as np
 
 from psfleet.errors import FatalError
 from psfleet.ps.client import PushHandle, TableClient
+from psfleet.ps.communicator.staleness_bound import StalenessBound
 from psfleet.ps.communicator.types import AsyncConfig, Communicator
 from psfleet.ps.merge import merge_pushes
 from psfleet.ps.routing import RoutedKeys
@@ -97,16 +98,24 @@ class AsyncCommunicator(Communicator):
     Rows may be prefetched (``SparseEmbedding.prefetch``): a step may read rows one
     step older than the last push, as async training already allows.
 
+    With ``config.bounded_staleness`` set, a step waits while this worker is too far
+    ahead of the slowest one (SSP, ``psfleet.ps.communicator.staleness_bound``).
+
     Args:
         client: the tables.
-        config: queue size, merge limit and dense pull interval.
+        config: queue size, merge limit, dense pull interval, staleness bound.
+        worker_num: the job's workers.
     """
 
     prefetches = True
 
-    def __init__(self, client: TableClient, config: AsyncConfig | None = None) -> None:
+    def __init__(self, client: TableClient, config: AsyncConfig | None = None,
+                 worker_num: int = 1) -> None:
         super().__init__(client)
         self.config = config or AsyncConfig()
+        self.worker_num = worker_num
+        self.bound = (None if self.config.bounded_staleness is None else
+                      StalenessBound(client, worker_num, self.config.bounded_staleness))
         self._queue: queue.Queue[_Step | None] = queue.Queue(maxsize=self.config.send_queue_size)
         self._open = _Step()
         self._fresh: dict[int, tuple[np.ndarray, int]] = {}  # values, newest step in them
@@ -150,17 +159,23 @@ class AsyncCommunicator(Communicator):
         self._open.dense[table_id].append(grads)
 
     def end_step(self) -> None:
-        """Queue this step's pushes; blocks while ``send_queue_size`` steps wait."""
+        """Queue this step's pushes; blocks while ``send_queue_size`` steps wait, and
+        with ``bounded_staleness`` while this worker is too far ahead of the others."""
+        if self._queue_step() and self.bound is not None:
+            self.bound.before_step(self._steps + 1)
+
+    def _queue_step(self) -> bool:
+        """Queue the open step (False: it is empty). Blocks while the queue is full."""
         self._check()
         if self._open.empty():
-            return
+            return False
         self._steps += 1
         step, self._open = self._open, _Step()
         step.last = self._steps
         while True:
             try:
                 self._queue.put(step, timeout=1.0)
-                return
+                return True
             except queue.Full:
                 self._check()
 
@@ -178,9 +193,14 @@ class AsyncCommunicator(Communicator):
     def flush(self) -> None:
         if not self._threads:
             return
-        self.end_step()
+        self._queue_step()
         self._queue.join()
         self._check()
+        self.park()
+
+    def park(self) -> None:
+        if self.bound is not None and self._threads:
+            self.bound.park()
 
     def stop(self) -> None:
         if not self._threads:
@@ -194,7 +214,8 @@ class AsyncCommunicator(Communicator):
                 thread.join()
             self._threads = []
             logger.info("async communicator: %d sends, %d steps merged into others; "
-                        "dense staleness %s", self._sends, self.merged_steps, self.staleness)
+                        "dense staleness %s%s", self._sends, self.merged_steps, self.staleness,
+                        f"; {self.bound}" if self.bound is not None else "")
 
     def _collect(self) -> list[_Step | None]:
         """The next queued steps to merge: at least one, at most max_merge_var_num."""
@@ -259,6 +280,8 @@ class AsyncCommunicator(Communicator):
             self._sends += 1
             self.merged_steps += steps - 1
             pull = bool(step.dense) and self._sends % self.config.k_steps == 0
+        if self.bound is not None:
+            self.bound.acknowledged(steps)
         if pull:
             for table_id in step.dense:
                 values = self.client.pull_dense(table_id)

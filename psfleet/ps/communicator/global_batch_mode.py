@@ -42,8 +42,7 @@ class GlobalBatchCommunicator(AsyncCommunicator):
     """
 
     def __init__(self, client: TableClient, config: AsyncConfig, worker_num: int) -> None:
-        super().__init__(client, config)
-        self.worker_num = worker_num
+        super().__init__(client, config, worker_num)
         self._table_ids: list[int] = []
 
     def on_sparse_table(self, table_id: int, config: SparseTableConfig) -> None:

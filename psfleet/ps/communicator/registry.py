@@ -39,7 +39,7 @@ MODES: dict[str, Callable[[TableClient, CommunicatorSettings], Communicator]] = 
     "async": lambda client, settings: (
         GlobalBatchCommunicator(client, settings.async_config, settings.worker_num)
         if settings.async_config.global_batch_aggregation
-        else AsyncCommunicator(client, settings.async_config)),
+        else AsyncCommunicator(client, settings.async_config, settings.worker_num)),
     "sync": lambda client, settings: SyncCommunicator(client, settings.worker_num),
     "geo": lambda client, settings: GeoCommunicator(client, settings.geo_step,
                                                     settings.worker_num),

@@ -70,6 +70,10 @@ class AsyncConfig(BaseModel):
         max_staleness: with ``global_batch_aggregation``, a gradient computed on
             values more than this many global batches old is scaled by
             max_staleness / staleness (``psfleet.ps.global_batch``; 0: never) (>= 0).
+        bounded_staleness: SSP (Ho et al. 2013): a worker waits before step ``t``
+            until every worker's steps up to ``t - 1 - bounded_staleness`` are
+            applied on the servers (``psfleet.ps.clocks``; 0: each step reads every
+            worker's earlier steps, as in sync mode); None: no worker waits (>= 0).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -83,6 +87,7 @@ class AsyncConfig(BaseModel):
     momentum_correction: bool = True
     global_batch_aggregation: bool = False
     max_staleness: int = 4
+    bounded_staleness: int | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -94,28 +99,35 @@ class AsyncConfig(BaseModel):
                                  f"the settings are {', '.join(cls.model_fields)}")
         return data
 
-    @field_validator(*_AT_LEAST_ONE, "send_wait_times", "max_staleness")
+    @field_validator(*_AT_LEAST_ONE, "send_wait_times", "max_staleness", "bounded_staleness")
     @classmethod
-    def _in_range(cls, value: int, info: ValidationInfo) -> int:
+    def _in_range(cls, value: int | None, info: ValidationInfo) -> int | None:
         least = 1 if info.field_name in _AT_LEAST_ONE else 0
-        if value < least:
+        if value is not None and value < least:
             raise ValueError(f"strategy.a_sync_configs.{info.field_name}: {value!r} must be "
                              f"an integer >= {least}")
         return value
 
 
 def check_aggregation(mode: str, config: AsyncConfig) -> None:
-    """Refuse global batch aggregation outside async mode, which alone sends its pushes
-    (a setting another mode would silently ignore).
+    """Refuse global batch aggregation and bounded staleness outside async mode, which
+    alone sends its pushes step by step (a setting another mode would silently ignore).
 
     Raises:
-        ValueError: ``config.global_batch_aggregation`` is set and ``mode`` is not
-            ``async`` (the message names the setting and what to change).
+        ValueError: ``config.global_batch_aggregation`` or ``config.bounded_staleness``
+            is set and ``mode`` is not ``async`` (the message names the setting and
+            what to change).
     """
-    if config.global_batch_aggregation and mode != "async":
+    if mode == "async":
+        return
+    if config.global_batch_aggregation:
         raise ValueError(f"a_sync_configs.global_batch_aggregation: gathers the pushes of "
                          f"async mode; mode is {mode!r}: set the mode to async or turn "
                          "the setting off")
+    if config.bounded_staleness is not None:
+        raise ValueError(f"a_sync_configs.bounded_staleness: bounds how far async mode's "
+                         f"workers run ahead of each other; mode is {mode!r}: set the mode "
+                         "to async or remove the setting")
 
 
 class PassConfig(BaseModel):
@@ -238,6 +250,11 @@ class Communicator(ABC):
         Raises:
             RpcError, RemoteError: a send failed (also raised by later pushes).
         """
+
+    def park(self) -> None:
+        """This worker is about to wait for the others (a barrier): it must hold none
+        of them back meanwhile (bounded staleness, ``AsyncConfig.bounded_staleness``).
+        Nothing to do in most modes."""
 
     def stop(self) -> None:
         """Flush and end background work. Idempotent."""

@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 _QUEUED_REPLY: dict[str, Callable[[], Any]] = {
     "CreateTable": msg.CreateTableResponse, "PushSparse": lambda: msg.PushResponse(done=True),
     "PushDense": lambda: msg.PushResponse(done=True), "Barrier": msg.BarrierResponse,
+    "Clock": msg.ClockResponse,
     "Load": msg.Empty, "Shrink": msg.ShrinkResponse, "AgeOneDay": msg.Empty}
 
 
@@ -172,6 +173,9 @@ class ReplicaHost(Rejoining):
 
     def Barrier(self, request: msg.BarrierRequest) -> Any:  # noqa: N802
         return self._write("Barrier", request, forward_first=True)
+
+    def Clock(self, request: msg.ClockRequest) -> Any:  # noqa: N802
+        return self._write("Clock", request, forward_first=True)
 
     def Save(self, request: msg.SaveRequest) -> Any:  # noqa: N802
         return self._read("Save", request)
