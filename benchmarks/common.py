@@ -127,6 +127,22 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def job_process(under: Path, variable: str, value: str) -> Any:
+    """A running process whose command line names ``under`` (a run's config, or a
+    folder holding it) and whose environment has ``variable=value`` (e.g.
+    ``PADDLE_TRAINER_ID=1``): a ``psutil.Process``, or None when there is none."""
+    import psutil  # only the scripts that look for a job's processes need it
+
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if str(under) in " ".join(proc.info["cmdline"] or []) and \
+                    proc.environ().get(variable) == value:
+                return proc
+        except psutil.Error:
+            continue
+    return None
+
+
 def rss_bytes(pid: int | str = "self") -> int:
     """Resident set size of a process now (VmRSS), bytes; 0 if it is gone."""
     return _status_kb(pid, "VmRSS:") * 1024

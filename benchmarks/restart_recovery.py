@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
+from common import job_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,19 +70,6 @@ def _published_batches(folder: Path) -> list[int]:
     for p in folder.glob("ckpt-*/manifest.json"):
         out.append(int(json.loads(p.read_text())["batch"]))
     return out
-
-
-def _victim(config: Path, variable: str, value: str) -> psutil.Process | None:
-    """A process whose command line names ``config`` (or a path under it) and whose
-    environment has ``variable=value``; None when there is none."""
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if str(config) in " ".join(proc.info["cmdline"] or []) and \
-                    proc.environ().get(variable) == value:
-                return proc
-        except psutil.Error:
-            continue
-    return None
 
 
 def _pause_s(run_dir: Path, killed_wall: float) -> int | None:
@@ -126,7 +113,7 @@ def run(work: Path, name: str, train: Path, test: Path, kill_after: int) -> dict
         while job.poll() is None and kill_after not in _published_batches(work / f"ck-{name}"):
             time.sleep(0.2)
         # The job's processes run the run folder's config.yaml (under model_save_path).
-        victim = _victim(work / f"out-{name}", *kill)
+        victim = job_process(work / f"out-{name}", *kill)
         if victim is not None:
             victim.kill()
             killed_at, killed_wall = time.monotonic() - started, time.time()
