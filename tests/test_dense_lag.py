@@ -22,7 +22,7 @@ from psfleet.fleet.dense_lag import LocalStep, OwnStepCompensation
 from psfleet.fleet.runtime import ParameterServerHooks, RuntimeConfig, WorkerRuntime
 from psfleet.fleet.step import StepCollector
 from psfleet.ps import RemoteClient, RuleConfig, SparseTableConfig, TableService, start_server
-from psfleet.ps.client import LocalClient
+from psfleet.ps.clients import LocalClient
 from psfleet.ps.communicator import AsyncCommunicator, AsyncConfig, LocalCommunicator
 from psfleet.ps.communicator.local_mode import simulated_staleness
 from psfleet.ps.rules import make_rule

@@ -19,7 +19,7 @@ from psfleet.errors import ConfigError
 from psfleet.fleet.step import StepCollector
 from psfleet.nn import SparseEmbedding, use_prefetched
 from psfleet.ps import LocalClient, SparseTableConfig, start_server
-from psfleet.ps.client import RemoteClient
+from psfleet.ps.clients import RemoteClient
 from psfleet.ps.communicator import AsyncCommunicator, LocalCommunicator, SyncCommunicator
 from psfleet.rpc import RpcConfig
 

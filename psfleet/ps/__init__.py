@@ -1,6 +1,7 @@
 """The parameter server: tables, rules, routing, server, client and communicator."""
 
-from psfleet.ps.client import LocalClient, PullHandle, RemoteClient, TableClient
+from psfleet.ps.client import PullHandle, TableClient
+from psfleet.ps.clients import LocalClient, RemoteClient
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.lifecycle import LifecycleCounts
 from psfleet.ps.routing import BucketRouter, DenseLayout, bucket_of
