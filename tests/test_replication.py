@@ -3,8 +3,8 @@
 Three in-process servers with replication 2: share ``s`` lives on servers ``s`` and
 ``s+1``. The copies hold the same bytes after concurrent async pushes of two workers
 (values and Adam state: one order of writes on both); a stopped server's shares are
-served by their copies with nothing lost, server 0 included (the one barriers and
-fail-over reports go to first); a share whose every copy is dead is named; a server
+served by their copies with nothing lost, server 0 included (the one barriers,
+bounded staleness's clocks and fail-over reports go to first); a share whose every copy is dead is named; a server
 refuses a second, different layout.
 """
 
@@ -121,6 +121,8 @@ def test_a_dead_server_0_fails_over_with_nothing_lost() -> None:
         _train(clients[0], KEYS, 10, 0)
         rows = clients[0].pull_sparse(SPARSE, KEYS, create=False)
         dense = clients[0].pull_dense(DENSE)
+        clients[0].clock(2, steps=5)  # bounded staleness's clocks (on share 0)
+        clients[1].clock(2, steps=3, parked=True)
         started[0][1].stop(grace_s=0.1)  # barriers and fail-over reports go to it first
 
         np.testing.assert_array_equal(clients[1].pull_sparse(SPARSE, KEYS, create=False), rows)
@@ -135,6 +137,9 @@ def test_a_dead_server_0_fails_over_with_nothing_lost() -> None:
         clients[1].barrier("after", 1, 2)
         other.join(10.0)
         assert crossed == [None]
+        # The clocks were forwarded to the copy: worker 1 is still parked there.
+        assert clients[0].clock(2, steps=5, need=5) == (True, 5)
+        assert clients[1].clock(2, steps=3, parked=False) == (True, 3)
         # Writes after the fail-over land once, on the share's new primary.
         grads = np.ones((KEYS.size, 8), np.float32)
         clients[0].push_sparse(SPARSE, KEYS, grads, mode=PushMode.DELTA)
