@@ -2,7 +2,7 @@
 on 127.0.0.1 with real gRPC.
 
 - Server 0's clocks: a worker waits until every worker's clock reached what it needs;
-  one not heard from counts as 0; a parked one holds no one back; a restarted worker
+  one not heard from, or parked, holds no one back; a restarted worker
   (newer incarnation) continues its predecessor's clock, an older one is refused; a
   wait past the barrier timeout names the workers behind.
 - Two async communicators in threads, worker 1 slowed down: with bound ``s`` worker 0
@@ -46,9 +46,9 @@ pytestmark = pytest.mark.service
 def test_a_worker_waits_for_the_slowest_clock_and_parked_workers_hold_no_one_back() -> None:
     with servers(1, barrier_timeout_s=30.0) as endpoints, \
             worker_client(endpoints, 0) as c0, worker_client(endpoints, 1) as c1:
-        assert c0.clock(2, steps=5) == (True, 0)  # worker 1 not heard from: clock 0
-        assert c0.clock(2, steps=5, need=1) == (False, 0)  # waits (then answers pending)
+        assert c0.clock(2, steps=5) == (True, 5)  # worker 1 not heard from: not counted
         assert c1.clock(2, steps=3) == (True, 3)
+        assert c0.clock(2, steps=5, need=4) == (False, 3)  # waits (then answers pending)
         assert c0.clock(2, steps=5, need=3) == (True, 3)
         assert c0.clock(2, steps=5, need=4)[0] is False
         assert c1.clock(2, steps=3, parked=True) == (True, 5)  # only worker 0 counts
@@ -82,11 +82,14 @@ def test_a_restarted_worker_continues_its_clock_and_a_stale_one_is_refused() -> 
 
 def test_a_wait_past_the_barrier_timeout_names_the_workers_behind() -> None:
     with servers(1, barrier_timeout_s=0.3) as endpoints, \
-            worker_client(endpoints, 0) as c0, \
-            pytest.raises(RemoteError, match=r"workers \[1, 2\] did not reach step 2"):
+            worker_client(endpoints, 0) as c0, worker_client(endpoints, 1) as c1, \
+            worker_client(endpoints, 2) as c2:
+        c1.clock(3, steps=1)
+        c2.clock(3, steps=0)
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            c0.clock(3, steps=4, need=2)
+        with pytest.raises(RemoteError, match=r"workers \[1, 2\] did not reach step 2"):
+            while time.monotonic() < deadline:
+                c0.clock(3, steps=4, need=2)
 
 
 def _run_two_workers(bound: int, steps: tuple[int, int], slow_s: float,

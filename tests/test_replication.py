@@ -4,8 +4,8 @@ Three in-process servers with replication 2: share ``s`` lives on servers ``s`` 
 ``s+1``. The copies hold the same bytes after concurrent async pushes of two workers
 (values and Adam state: one order of writes on both); a stopped server's shares are
 served by their copies with nothing lost, server 0 included (the one barriers,
-bounded staleness's clocks and fail-over reports go to first); a share whose every copy is dead is named; a server
-refuses a second, different layout.
+bounded staleness's clocks and fail-over reports go to first); a share whose every
+copy is dead is named; a server refuses a second, different layout.
 """
 
 from __future__ import annotations

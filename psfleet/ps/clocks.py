@@ -12,8 +12,11 @@ knows it). :class:`WorkerClocks` lives on server 0 (share 0's primary in a repli
 job) and keeps each worker's clock; a worker reports it with every send and asks, as a
 long poll (``psfleet.ps.wait_budget``), until the slowest clock reaches what it needs.
 
-- A worker that has not reported yet counts as clock 0, so none runs ahead of one that
-  starts late.
+- A worker not heard from holds no one back: each reports when its communicator
+  starts, before its first step. After share 0 moved to a server that did not see
+  every report (a rejoined server 0 taking its share back), that server knows each
+  worker again from its next report, and one parked at a barrier meanwhile blocks no
+  one.
 - A *parked* worker (it flushed: the end of an epoch or of its data, a save, its stop)
   holds no one back until it reports again, so a worker waiting at a barrier or done
   with its shard never blocks the others.
@@ -68,22 +71,10 @@ class WorkerClocks:
             self._closed = True
             self._cond.notify_all()
 
-    def slowest(self, worker_num: int) -> int | None:
-        """The lowest clock of the unparked workers of ``0 .. worker_num-1`` (one not
-        heard from: 0); None when every worker is parked."""
-        with self._cond:
-            return self._slowest(worker_num)
-
     def _slowest(self, worker_num: int) -> int | None:
-        clocks = [c for w in range(worker_num) if (c := self._clock_of(w)) is not None]
+        """The lowest clock of the workers heard from and not parked; None: none."""
+        clocks = [c.value for w, c in self._clocks.items() if w < worker_num and not c.parked]
         return min(clocks) if clocks else None
-
-    def _clock_of(self, worker: int) -> int | None:
-        """A worker's clock: 0 when not heard from, None when parked."""
-        clock = self._clocks.get(worker)
-        if clock is None:
-            return 0
-        return None if clock.parked else clock.value
 
     def tick(self, worker_index: int, worker_num: int, incarnation: int, steps: int,
              parked: bool | None, need: int, timeout_s: float) -> tuple[bool, int]:
@@ -105,7 +96,8 @@ class WorkerClocks:
 
         Returns:
             ``(done, slowest)``: done when the slowest clock reached ``need`` (False:
-            call again); the slowest clock (``need`` when every worker is parked).
+            call again); the slowest clock of the workers heard from and not parked
+            (``need`` when there is none).
 
         Raises:
             RemoteError: the slowest workers did not reach ``need`` within
@@ -134,8 +126,8 @@ class WorkerClocks:
             if waited != need:
                 self._waiting_since[worker_index] = (need, time.monotonic())
             elif time.monotonic() - since > timeout_s:
-                behind = [w for w in range(worker_num)
-                          if (clock := self._clock_of(w)) is not None and clock < need]
+                behind = sorted(w for w, c in self._clocks.items()
+                                if w < worker_num and not c.parked and c.value < need)
                 raise RemoteError(
                     f"bounded staleness: workers {behind[:16]} did not reach step {need} "
                     f"within {timeout_s:.0f} s while worker {worker_index} waited for them; "

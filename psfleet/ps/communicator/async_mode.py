@@ -139,6 +139,8 @@ class AsyncCommunicator(Communicator):
                              for i in range(self.config.thread_pool_size)]
             for thread in self._threads:
                 thread.start()
+            if self.bound is not None:
+                self.bound.start()
 
     def _check(self) -> None:
         if self._error is not None:

@@ -56,6 +56,15 @@ class StalenessBound:
         with self._lock:
             return self._acked
 
+    def start(self) -> None:
+        """Tell server 0 this worker trains from now on (before its first step): a
+        worker not heard from holds no one back. Blocks for one call.
+
+        Raises:
+            RpcError, RemoteError: server 0 could not be reached or refused.
+        """
+        self._report(False, 0)
+
     def acknowledged(self, steps: int) -> None:
         """The servers acknowledged ``steps`` more steps of this worker (the send
         thread, after a send): report the clock.
