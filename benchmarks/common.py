@@ -72,6 +72,16 @@ def base_parser(description: str, repeats: int = 3) -> argparse.ArgumentParser:
     return parser
 
 
+def job_parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser for scripts that run ``psfleet train`` jobs: ``--train`` and
+    ``--test`` (data files) and ``--work`` (the runs' folder), made absolute since they
+    go into the jobs' configs."""
+    parser = argparse.ArgumentParser(description=description)
+    for name in ("--train", "--test", "--work"):
+        parser.add_argument(name, type=lambda p: Path(p).resolve(), required=True)
+    return parser
+
+
 # -- machine ------------------------------------------------------------------------------
 
 

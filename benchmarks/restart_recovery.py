@@ -23,7 +23,6 @@ AUC and examples/s against the baseline.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -31,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import job_process
+from common import job_parser, job_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,11 +134,7 @@ def run(work: Path, name: str, train: Path, test: Path, kill_after: int) -> dict
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    # Absolute: the paths go into YAML files written under --work.
-    parser.add_argument("--train", type=lambda p: Path(p).resolve(), required=True)
-    parser.add_argument("--test", type=lambda p: Path(p).resolve(), required=True)
-    parser.add_argument("--work", type=Path, required=True)
+    parser = job_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--kill_after", type=int, default=400)
     parser.add_argument("--runs", default="undisturbed,server_killed,worker_killed",
                         help=f"comma-separated runs to do, of {', '.join(RUNS)} (default: "

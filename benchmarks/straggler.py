@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import psutil
-from common import REPO_ROOT, job_process
+from common import REPO_ROOT, job_parser, job_process
 
 #: run name -> (``psfleet train -o`` overrides, whether worker 1 straggles)
 RUNS: dict[str, tuple[list[str], bool]] = {
@@ -103,11 +103,7 @@ def run(args: argparse.Namespace, name: str) -> dict[str, object]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    # Absolute: the paths go into the job's config.
-    parser.add_argument("--train", type=lambda p: Path(p).resolve(), required=True)
-    parser.add_argument("--test", type=lambda p: Path(p).resolve(), required=True)
-    parser.add_argument("--work", type=lambda p: Path(p).resolve(), required=True)
+    parser = job_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default=",".join(RUNS),
                         help=f"comma-separated runs, of {', '.join(RUNS)} (default: all)")
     parser.add_argument("--servers", type=int, default=1)
