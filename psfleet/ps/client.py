@@ -424,7 +424,7 @@ class TableClient:
         Returns:
             ``(done, slowest)``: whether the slowest clock reached ``need`` (False: call
             again, with this worker's clock as it is then), and the slowest clock of the
-            workers not parked (``need`` when all are parked).
+            workers heard from and not parked (``need`` when there is none).
 
         Raises:
             RemoteError: the slowest workers did not reach ``need`` within the server's

@@ -14,7 +14,6 @@ Parallel Parameter Server" (NIPS).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 
@@ -22,8 +21,6 @@ from psfleet.ps.client import TableClient
 from psfleet.ps.wait_budget import poll_until_done
 
 __all__ = ["StalenessBound"]
-
-logger = logging.getLogger(__name__)
 
 
 class StalenessBound:
