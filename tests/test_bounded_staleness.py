@@ -38,7 +38,7 @@ from psfleet.ps.communicator import (
     CommunicatorSettings,
     make_communicator,
 )
-from psfleet.ps.communicator.types import check_aggregation
+from psfleet.ps.communicator.types import check_async_only
 
 pytestmark = pytest.mark.service
 
@@ -166,5 +166,5 @@ def test_bounded_staleness_errors_name_the_field() -> None:
     with pytest.raises(ValueError, match="a_sync_configs.bounded_staleness: -1"):
         AsyncConfig(bounded_staleness=-1)
     with pytest.raises(ValueError, match="bounded_staleness: bounds how far async mode's"):
-        check_aggregation("geo", AsyncConfig(bounded_staleness=0))
-    check_aggregation("async", AsyncConfig(bounded_staleness=0))
+        check_async_only("geo", AsyncConfig(bounded_staleness=0))
+    check_async_only("async", AsyncConfig(bounded_staleness=0))

@@ -16,7 +16,7 @@ from psfleet.collective.types import BackendChoice
 from psfleet.errors import ConfigError
 from psfleet.fleet.lr_scaling import LrScaling, check_lr_scaling, lr_factor
 from psfleet.ps.communicator import GEO_STEP, AsyncConfig, CommunicatorSettings, PassConfig
-from psfleet.ps.communicator.types import check_aggregation
+from psfleet.ps.communicator.types import check_async_only
 from psfleet.ps.types import SlicingConfig, SplitMethod
 from psfleet.types import Mode
 
@@ -90,7 +90,7 @@ class DistributedStrategy(BaseModel):
     def _mode_specific_settings(self) -> DistributedStrategy:
         if self.dc_asgd and self.mode != "async":
             raise ValueError(f"dc_asgd compensates async delays; mode is {self.mode!r}")
-        check_aggregation(self.mode, self.a_sync_configs)
+        check_async_only(self.mode, self.a_sync_configs)
         check_lr_scaling(self.lr_scaling, self.mode,
                          self.a_sync_configs.global_batch_aggregation)
         return self

@@ -43,7 +43,7 @@ from psfleet.ps.communicator.types import (
     GEO_STEP,
     AsyncConfig,
     PassConfig,
-    check_aggregation,
+    check_async_only,
 )
 from psfleet.ps.types import AccessorConfig, Initializer, OptimizerClass
 from psfleet.rec.cluster_config import ClusterConfig
@@ -284,7 +284,7 @@ class RunnerConfig(_Section):
                               "at pass boundaries only (a pass's rows are on the workers "
                               "until it ends); use runner.checkpoint.epoch_interval")
         try:
-            check_aggregation(self.sync_mode, self.a_sync_configs)
+            check_async_only(self.sync_mode, self.a_sync_configs)
             check_lr_scaling(self.lr_scaling, self.sync_mode,
                              self.a_sync_configs.global_batch_aggregation)
         except ValueError as exc:

@@ -26,7 +26,7 @@ from psfleet.ps.client import PullHandle, TableClient
 from psfleet.ps.routing import RoutedKeys
 from psfleet.ps.types import RuleConfig, SparseTableConfig
 
-__all__ = ["GEO_STEP", "AsyncConfig", "Communicator", "PassConfig", "check_aggregation"]
+__all__ = ["GEO_STEP", "AsyncConfig", "Communicator", "PassConfig", "check_async_only"]
 
 #: Steps between GEO syncs unless set (PaddleRec's default ``geo_step``).
 GEO_STEP = 400
@@ -109,7 +109,7 @@ class AsyncConfig(BaseModel):
         return value
 
 
-def check_aggregation(mode: str, config: AsyncConfig) -> None:
+def check_async_only(mode: str, config: AsyncConfig) -> None:
     """Refuse global batch aggregation and bounded staleness outside async mode, which
     alone sends its pushes step by step (a setting another mode would silently ignore).
 
