@@ -1,10 +1,10 @@
 """Fixtures shared by every test: leak checks, paths, data slices, running the CLI.
 
 - ``_no_leaks`` (autouse) fails a test that leaves behind child processes of pytest, a
-  fleet initialized in the test's process,
-  non-daemon threads, listening sockets or changed environment variables; it kills
-  leftover processes and restores the environment so later tests start clean. Mark a
-  test ``@pytest.mark.allow_leaks`` to skip the check (say why in the test).
+  fleet initialized in the test's process, non-daemon threads, listening sockets or
+  changed environment variables; it kills leftover processes and restores the
+  environment so later tests start clean. Mark a test ``@pytest.mark.allow_leaks`` to
+  skip the check (say why in the test).
 - ``repo_root``, ``criteo_dir``: where the code and the shared Criteo sample are; a test
   that needs ``../shared/data`` FAILS naming it when it is missing (never skips):
   :func:`require_shared_data`.

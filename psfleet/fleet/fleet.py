@@ -410,9 +410,10 @@ class Fleet:
 
     def barrier_worker(self) -> None:
         """Block until every worker reaches this call (collective: every rank)."""
-        role = self.role
-        if self._runtime is not None:
-            self._runtime.communicator.park()
+        if self._runtime is not None:  # which parks the communicator first
+            self._runtime.barrier("barrier_worker")
+            return
+        role = self.role  # before init_worker: collective ranks meet without tables
         self._hooks.barrier("barrier_worker", lambda: self.client.barrier(
             "barrier_worker", role.worker_index, role.worker_num))
 
