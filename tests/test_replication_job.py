@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from conftest import clean_env, run_command, run_folder
 from test_checkpoint_resume import (
@@ -47,10 +49,13 @@ def _config(tmp_path: Path, name: str, train: Path, test: Path, replication: int
 
 
 def _kill_server_1_mid_epoch(tmp_path: Path, config: Path, name: str,
-                             env: dict[str, str] | None = None) -> tuple[Path, str]:
+                             env: dict[str, str] | None = None,
+                             hold_workers: bool = False) -> tuple[Path, str]:
     """Run ``config``'s job (``env`` added to the environment), SIGKILL its server 1 once
     the checkpoint after batch 10 is published, and wait for the job, which must exit 0.
-    Returns (run folder, stderr)."""
+    With ``hold_workers`` the workers are stopped (SIGSTOP) from the kill until the
+    restarted server 1 has started, so its rejoin happens while training goes on however
+    slow the restart is on a loaded machine. Returns (run folder, stderr)."""
     job = subprocess.Popen(_train_argv(config), env=clean_env(env), text=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            start_new_session=True)
@@ -59,7 +64,17 @@ def _kill_server_1_mid_epoch(tmp_path: Path, config: Path, name: str,
                   lambda: any(_manifest(p).get("batch") == 10
                               for p in _checkpoints(tmp_path / f"ck-{name}")), job)
         run = run_folder(tmp_path / f"out-{name}")
-        _job_process(run / "config.yaml", "PSFLEET_SERVER_INDEX", "1").kill()
+        workers = [_job_process(run / "config.yaml", "PADDLE_TRAINER_ID", str(i))
+                   for i in range(2)] if hold_workers else []
+        for worker in workers:
+            worker.suspend()
+        try:
+            _job_process(run / "config.yaml", "PSFLEET_SERVER_INDEX", "1").kill()
+            if workers:
+                _hold(workers, job, lambda: "incarnation 1" in _read(run / "log" / "serverlog.1"))
+        finally:
+            for worker in workers:
+                worker.resume()
         _, err = job.communicate(timeout=240)
     finally:
         if job.poll() is None:
@@ -67,6 +82,35 @@ def _kill_server_1_mid_epoch(tmp_path: Path, config: Path, name: str,
             job.wait()
     assert job.returncode == 0, err[-3000:]
     return run, err
+
+
+def _hold(workers: list[psutil.Process], job: subprocess.Popen[str],
+          until: Callable[[], bool], timeout_s: float = 120.0) -> None:
+    """Keep the stopped ``workers`` stopped until ``until()``, letting them run 0.1 s
+    every 10 s (fleetrun's hang detection kills a child stopped for 30 s)."""
+    deadline = time.monotonic() + timeout_s
+    stopped_at = time.monotonic()
+    while not until():
+        if job.poll() is not None:
+            pytest.fail(f"the job ended (exit {job.returncode}) while its workers were held")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the workers were held {timeout_s:g} s without the condition")
+        if time.monotonic() - stopped_at > 10:
+            for worker in workers:
+                worker.resume()
+            time.sleep(0.1)
+            for worker in workers:
+                worker.suspend()
+            stopped_at = time.monotonic()
+        time.sleep(0.02)
+
+
+def _read(path: Path) -> str:
+    """``path``'s text; empty while it does not exist."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
 
 
 def test_sync_job_survives_a_killed_server_with_every_row_equal(
@@ -106,11 +150,12 @@ def test_async_job_with_a_killed_server_restarted_rejoins(
     config = _config(tmp_path, "rejoin", train, test, replication=2)
     raw = json.loads(config.read_text())
     raw["runner"]["sync_mode"] = "async"
-    raw["runner"]["epochs"] = 3  # training outlasts the restart (a few seconds)
+    raw["runner"]["epochs"] = 3
     raw["cluster"]["max_restarts"] = 1
     config.write_text(json.dumps(raw))
     run, err = _kill_server_1_mid_epoch(tmp_path, config, "rejoin",
-                                        {"PSFLEET_COPY_CHUNK_BYTES": str(64 << 10)})
+                                        {"PSFLEET_COPY_CHUNK_BYTES": str(64 << 10)},
+                                        hold_workers=True)
     assert "restarting it (restart 1 of --max_restarts 1)" in err
     restarted = (run / "log" / "serverlog.1").read_text()
     assert "rejoined: holds shares [0, 1]" in restarted, restarted[-3000:]
