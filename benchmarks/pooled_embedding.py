@@ -36,7 +36,8 @@ import torch
 from common import REPO_ROOT, base_parser, emit, log, machine_info, summarise
 
 from psfleet.data import NUM_SLOTS, parse_lines
-from psfleet.data.jagged import JaggedRows, KeyedJagged
+from psfleet.data.jagged import KeyedJagged
+from psfleet.data.jagged_rows import JaggedRows
 from psfleet.data.types import FeatureSchema
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy, Role, RoleInfo
 from psfleet.fleet.runtime import ParameterServerHooks, RuntimeConfig, WorkerRuntime

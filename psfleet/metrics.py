@@ -20,11 +20,11 @@ so a metric over an unlucky small batch does not stop training.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from psfleet.errors import ConfigError
 
@@ -32,7 +32,8 @@ __all__ = ["auc", "log_loss", "copc", "StreamingAuc"]
 
 
 def _as_1d(name: str, values: Any) -> npt.NDArray[np.float64]:
-    if isinstance(values, torch.Tensor):
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
+    if torch is not None and isinstance(values, torch.Tensor):
         values = values.detach().cpu().numpy()
     array = np.asarray(values, dtype=np.float64)
     if array.ndim != 1:

@@ -118,8 +118,8 @@ def kill_processes(procs: Sequence[psutil.Process]) -> None:
 
 def _fleet_initialized() -> bool:
     """Whether this process's fleet holds a run (fleet.init called, no reset since);
-    False while psfleet.fleet was never imported (no torch import for the check)."""
-    module = sys.modules.get("psfleet.fleet")
+    False while the process-wide Fleet was never made (no torch import for the check)."""
+    module = sys.modules.get("psfleet.fleet._default")
     return module is not None and module._fleet._role is not None
 
 

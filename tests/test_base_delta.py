@@ -37,7 +37,7 @@ import pytest
 
 from psfleet.errors import ConfigError
 from psfleet.export.save import read_saved_rows
-from psfleet.nn.types import check_accessor
+from psfleet.nn.table_checks import check_accessor
 from psfleet.ps import RemoteClient, RuleConfig, SparseTable, SparseTableConfig, start_server
 from psfleet.ps.client import TableClient
 from psfleet.ps.persist_delta import read_tombstones, saved_mode, snapshot_mode

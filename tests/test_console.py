@@ -74,6 +74,26 @@ def test_version_of_fleetrun_without_torch() -> None:
     assert r.stdout.splitlines() == [VERSION, "torch imported: False exit 0"]
 
 
+def test_commands_other_than_train_without_torch(tmp_path: Path) -> None:
+    """``psfleet init``, ``datagen`` and ``k8s render`` only read and write files: they
+    must not pay torch's import (seconds per call)."""
+    script = (
+        "import sys\nfrom psfleet.cli.main import main\n"
+        f"d = {str(tmp_path)!r}\n"
+        "codes = [main(['init', d + '/job']),\n"
+        "         main(['datagen', 'criteo', '--rows', '300', '--seed', '2', '--out', d + '/t.tsv']),\n"
+        "         main(['k8s', 'render', '-m', d + '/job/config.yaml', '--image', 'psfleet:1',\n"
+        "               '--out', d + '/job.yaml'])]\n"
+        "print('exit', codes, 'torch imported:', 'torch' in sys.modules)\n")
+
+    r = run_command([sys.executable, "-c", script], timeout=60)
+
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "exit [0, 0, 0] torch imported: False", r.stdout
+    assert len((tmp_path / "t.tsv").read_text().splitlines()) == 300
+    assert "kind: Service" in (tmp_path / "job.yaml").read_text()
+
+
 @pytest.mark.parametrize("flag", ["-q", "", "-v"])
 def test_fleetrun_quiet_and_verbose(tmp_path: Path, repo_root: Path, flag: str) -> None:
     script = repo_root / "tests" / "launch_scripts" / "ps_job.py"

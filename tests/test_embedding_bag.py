@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 import torch
 
-from psfleet.data.jagged import JaggedRows, KeyedJagged
+from psfleet.data.jagged import KeyedJagged
+from psfleet.data.jagged_rows import JaggedRows
 from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
 from psfleet.fleet import DistributedOptimizer, DistributedStrategy, Role, RoleInfo

@@ -33,7 +33,7 @@ from psfleet.data import (
 from psfleet.data._fields import generic_low_bits
 from psfleet.data._ids import crc32_fields, decimal_low_bits
 from psfleet.data._slot_variable import parse_variable
-from psfleet.data.jagged import JaggedRows
+from psfleet.data.jagged_rows import JaggedRows
 from psfleet.data.libsvm import LibsvmParser
 from psfleet.data.slot_format import SlotParser
 from psfleet.data.types import ParsedChunk, RawChunk

@@ -34,7 +34,8 @@ from psfleet.rec import trainer as trainer_module
 from psfleet.rec import validation as validation_module
 from psfleet.rec.config_load import load_config
 from psfleet.rec.curves import RunRecorder, server_scalars
-from psfleet.rec.reporting import MalformedTally, TrainingInterrupted, write_json_atomic
+from psfleet.rec.json_file import write_json_atomic
+from psfleet.rec.reporting import MalformedTally, TrainingInterrupted
 from psfleet.rpc import messages as msg
 
 pytestmark = pytest.mark.unit

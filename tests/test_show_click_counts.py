@@ -312,7 +312,8 @@ def test_collective_mode_takes_no_counts_and_needs_no_labels() -> None:
 
 def test_feature_embeddings_count_every_feature_of_each_example_through_the_runtime(
         ) -> None:
-    from psfleet.data.jagged import JaggedRows, KeyedJagged
+    from psfleet.data.jagged import KeyedJagged
+    from psfleet.data.jagged_rows import JaggedRows
     from psfleet.data.types import FeatureSchema
     from psfleet.fleet import DistributedStrategy, Role
     from psfleet.fleet.role_maker import RoleInfo

@@ -45,8 +45,8 @@ from psfleet.cli.console import received_signal, signals_interrupt
 from psfleet.errors import ConfigError
 from psfleet.rec import parity
 from psfleet.rec.config_load import load_config
+from psfleet.rec.json_file import write_json_atomic
 from psfleet.rec.parity_plot import PARITY_PNG, plot_parity
-from psfleet.rec.reporting import write_json_atomic
 
 __all__ = ["PARITY_JSON", "register"]
 

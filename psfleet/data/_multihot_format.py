@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from psfleet.data.jagged import repeat_ranges
+from psfleet.data.jagged_rows import repeat_ranges
 
 __all__ = ["format_rows"]
 

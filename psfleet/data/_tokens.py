@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from psfleet.data._fields import byte_windows
-from psfleet.data.jagged import JaggedRows
+from psfleet.data.jagged_rows import JaggedRows
 
 __all__ = ["ChunkTokens", "NameTable", "bags_to_rows", "first_per_group", "rank_in_group",
            "split_tokens"]

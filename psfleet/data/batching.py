@@ -1,4 +1,4 @@
-"""Cutting examples into :class:`~psfleet.data.types.Batch` objects.
+"""Cutting examples into :class:`~psfleet.data.batch.Batch` objects.
 
 :func:`stream_batches` re-cuts a stream of parsed chunks (any sizes) into batches of
 ``batch_size``; :func:`memory_batches` cuts arrays held in memory, optionally in a
@@ -13,7 +13,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from psfleet.data.types import Batch, ParsedChunk
+from psfleet.data.batch import Batch
+from psfleet.data.types import ParsedChunk
 from psfleet.errors import DataError
 
 __all__ = ["batches_per_epoch", "memory_batches", "stream_batches"]
@@ -50,7 +51,7 @@ def stream_batches(chunks: Iterable[ParsedChunk], batch_size: int, *, drop_last:
     def emit(part: ParsedChunk) -> Batch | None:
         nonlocal index
         index += 1
-        return part.to_batch(multi) if index > start_batch else None
+        return Batch.of_chunk(part, multi) if index > start_batch else None
 
     for chunk in chunks:
         size = len(chunk)
@@ -101,6 +102,6 @@ def memory_batches(examples: ParsedChunk, batch_size: int,
     for begin in range(start_batch * batch_size, count * batch_size, batch_size):
         end = min(begin + batch_size, size)
         if order is None:
-            yield examples.slice(begin, end).to_batch(multi)
+            yield Batch.of_chunk(examples.slice(begin, end), multi)
         else:
-            yield examples.take(order[begin:end]).to_batch(multi)
+            yield Batch.of_chunk(examples.take(order[begin:end]), multi)

@@ -49,7 +49,7 @@ from psfleet.data._dense import DenseTransform, check_dense_transform, transform
 from psfleet.data._labels import LabelRule
 from psfleet.data._tokens import bags_to_rows
 from psfleet.data.criteo import binary_keys, slot_prefixes
-from psfleet.data.jagged import JaggedRows
+from psfleet.data.jagged_rows import JaggedRows
 from psfleet.data.malformed import RateLimitedWarner
 from psfleet.data.parsers import Parser, register_parser
 from psfleet.data.types import FeatureSchema, ParsedChunk, RawChunk

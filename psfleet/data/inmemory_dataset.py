@@ -26,12 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from psfleet.data.batch import Batch
 from psfleet.data.batching import batches_per_epoch, memory_batches
 from psfleet.data.dataset_base import DatasetBase
 from psfleet.data.exchange import FileExchange
-from psfleet.data.jagged import JaggedRows
+from psfleet.data.jagged_rows import JaggedRows
 from psfleet.data.parsers import Parser
-from psfleet.data.types import Batch, ParsedChunk
+from psfleet.data.types import ParsedChunk
 from psfleet.errors import ConfigError, FatalError
 
 __all__ = ["InMemoryDataset"]

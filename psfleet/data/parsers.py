@@ -19,6 +19,7 @@ lists the known ones. Parsers are thread safe (chunks are parsed in parallel).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
@@ -67,13 +68,28 @@ class CriteoParser:
 
 _REGISTRY: dict[str, Callable[[Any], Parser]] = {}
 
+#: The modules registering the other built-in parsers. They import this module, so
+#: they are imported on the registry's first use, not here.
+_BUILTIN_MODULES = ("psfleet.data.columnar", "psfleet.data.libsvm", "psfleet.data.slot_format")
+_builtins_loaded = False
+
+
+def _load_builtins() -> None:
+    """Import the modules that register the built-in parsers (once)."""
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        for module in _BUILTIN_MODULES:
+            importlib.import_module(module)
+
 
 def register_parser(name: str, factory: Callable[[Any], Parser]) -> None:
     """Register ``factory(options) -> Parser`` under ``name`` (options may be None).
 
     Raises:
-        ConfigError: ``name`` is already registered.
+        ConfigError: ``name`` is already registered (a built-in name included).
     """
+    _load_builtins()
     if name in _REGISTRY:
         raise ConfigError(f"parser {name!r} is already registered")
     _REGISTRY[name] = factory
@@ -81,6 +97,7 @@ def register_parser(name: str, factory: Callable[[Any], Parser]) -> None:
 
 def parser_names() -> list[str]:
     """The registered parser names, sorted."""
+    _load_builtins()
     return sorted(_REGISTRY)
 
 
@@ -95,6 +112,7 @@ def make_parser(name: str, options: Any = None) -> Parser:
     Raises:
         ConfigError: unknown name (lists the known ones) or options the parser rejects.
     """
+    _load_builtins()
     factory = _REGISTRY.get(name)
     if factory is None:
         raise ConfigError(f"parser: {name!r} is not one of {', '.join(parser_names())}")
@@ -108,4 +126,4 @@ def _criteo(options: Any) -> Parser:
     return CriteoParser()
 
 
-register_parser("criteo", _criteo)
+_REGISTRY["criteo"] = _criteo  # the others register in _BUILTIN_MODULES

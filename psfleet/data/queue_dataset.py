@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from psfleet.data.batch import Batch
 from psfleet.data.batching import batches_per_epoch, stream_batches
 from psfleet.data.dataset_base import DatasetBase
-from psfleet.data.types import Batch
 from psfleet.errors import ConfigError
 
 __all__ = ["QueueDataset"]

@@ -4,7 +4,7 @@ Worker ``k`` of ``worker_num`` reads the lines whose global line number (0-based
 counted across the file list in order) is ``k`` modulo ``worker_num``, so every line
 is read by exactly one worker whatever the file sizes. The worker's share is parsed
 once (:func:`psfleet.data.criteo.parse_lines`) and kept in memory; each epoch yields
-:class:`~psfleet.data.types.Batch` objects, shuffled with ``shuffle_seed + epoch`` when
+:class:`~psfleet.data.batch.Batch` objects, shuffled with ``shuffle_seed + epoch`` when
 a seed is given. A streaming QueueDataset for data that does not fit in memory is a
 separate component.
 """
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from psfleet.data.batch import Batch
 from psfleet.data.batching import batches_per_epoch, memory_batches
 from psfleet.data.compression import open_data_file
 from psfleet.data.criteo import parse_lines
-from psfleet.data.types import Batch, ParsedChunk
+from psfleet.data.types import ParsedChunk
 from psfleet.errors import ConfigError, DataError
 
 __all__ = ["CriteoReader"]

@@ -63,7 +63,7 @@ from psfleet.data._slot_fast import TokenLayout, parse_layout
 from psfleet.data._slot_variable import SlotLayout, VariableRows, parse_variable
 from psfleet.data._tokens import bags_to_rows
 from psfleet.data.criteo import slot_prefixes
-from psfleet.data.jagged import JaggedRows
+from psfleet.data.jagged_rows import JaggedRows
 from psfleet.data.malformed import RateLimitedWarner
 from psfleet.data.parsers import Parser, register_parser
 from psfleet.data.types import FeatureSchema, ParsedChunk, RawChunk

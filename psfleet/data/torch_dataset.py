@@ -1,6 +1,6 @@
 """The ``DataLoader`` reader: psfleet's readers behind torch's IterableDataset.
 
-:class:`CtrIterableDataset` yields the :class:`~psfleet.data.types.Batch` objects of
+:class:`CtrIterableDataset` yields the :class:`~psfleet.data.batch.Batch` objects of
 any psfleet reader (InMemoryDataset, QueueDataset, CriteoReader), so the parsers,
 worker split and shuffling are the same and the torch ecosystem (``DataLoader``,
 ``pin_memory``, samplers that wrap iterables) can be used::
@@ -23,7 +23,8 @@ from typing import Any
 
 import torch.utils.data
 
-from psfleet.data.types import Batch, Reader
+from psfleet.data.batch import Batch
+from psfleet.data.types import Reader
 
 __all__ = ["CtrIterableDataset", "DataLoaderReader"]
 

@@ -1,8 +1,8 @@
-"""Vocabulary of the data layer: the :class:`Batch` every reader yields, the
-:class:`Reader` protocol every training reader implements, and the :class:`RawChunk`
-a source hands to a parser.
-
-A batch holds one mini-batch of CTR examples as CPU tensors:
+"""Vocabulary of the data layer: the :class:`RawChunk` a source hands to a parser, the
+:class:`ParsedChunk` a parser returns, the :class:`FeatureSchema` naming its columns
+and the :class:`Reader` protocol every training reader implements. Readers yield a
+:class:`~psfleet.data.batch.Batch` (its own module: only it needs torch), which holds
+one mini-batch of CTR examples as CPU tensors:
 
 - ``labels``  (Tensor[B], float32): click labels, 0.0 or 1.0.
 - ``dense``   (Tensor[B, num_dense], float32): transformed dense features.
@@ -20,18 +20,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import torch
-from torch import Tensor
 
-from psfleet.data.jagged import JaggedRows, KeyedJagged
-from psfleet.errors import ConfigError
+from psfleet.data.jagged_rows import JaggedRows
 
-__all__ = ["Batch", "FeatureSchema", "ParsedChunk", "RawChunk", "Reader"]
+if TYPE_CHECKING:
+    from psfleet.data.batch import Batch
+
+__all__ = ["FeatureSchema", "ParsedChunk", "RawChunk", "Reader"]
 
 
 @dataclass(frozen=True)
@@ -112,62 +112,6 @@ class ParsedChunk:
                            sum(p.malformed for p in parts),
                            sum(max(p.lines, 0) for p in parts),
                            JaggedRows.concat(jagged) if jagged else None)
-
-    def to_batch(self, multi: Sequence[str] = ()) -> Batch:
-        """These examples as a Batch (tensors share memory where contiguous); ``multi``
-        names the multi-valued features (the schema's)."""
-        return Batch(torch.from_numpy(np.ascontiguousarray(self.labels)),
-                     torch.from_numpy(np.ascontiguousarray(self.dense)),
-                     torch.from_numpy(np.ascontiguousarray(self.sparse).view(np.int64)),
-                     None if self.jagged is None else KeyedJagged.from_rows(multi,
-                                                                             self.jagged))
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One mini-batch of examples (immutable; the tensors are not copied).
-
-    Attributes:
-        labels (Tensor[B], float32): click labels, 0.0 or 1.0.
-        dense (Tensor[B, num_dense], float32): dense features.
-        sparse (Tensor[B, num_slots], int64): keys of the single-valued slots (uint64
-            bits in int64).
-        jagged: the multi-valued slots (stride B), or None.
-
-    Raises:
-        ConfigError: on construction, if the shapes or dtypes do not match the above.
-    """
-
-    labels: Tensor
-    dense: Tensor
-    sparse: Tensor
-    jagged: KeyedJagged | None = None
-
-    def __post_init__(self) -> None:
-        checks = (
-            ("labels", self.labels, 1, torch.float32),
-            ("dense", self.dense, 2, torch.float32),
-            ("sparse", self.sparse, 2, torch.int64),
-        )
-        for name, tensor, ndim, dtype in checks:
-            if tensor.dim() != ndim or tensor.dtype != dtype:
-                raise ConfigError(
-                    f"Batch.{name}: expected a {ndim}-D {dtype} tensor, got shape "
-                    f"{tuple(tensor.shape)} dtype {tensor.dtype}"
-                )
-        size = self.labels.shape[0]
-        if self.dense.shape[0] != size or self.sparse.shape[0] != size:
-            raise ConfigError(
-                f"Batch: labels, dense and sparse must have the same batch size; got "
-                f"{size}, {self.dense.shape[0]} and {self.sparse.shape[0]}"
-            )
-        if self.jagged is not None and self.jagged.stride != size:
-            raise ConfigError(f"Batch: jagged has stride {self.jagged.stride}, the batch "
-                              f"{size} examples")
-
-    def __len__(self) -> int:
-        """The batch size B."""
-        return int(self.labels.shape[0])
 
 
 @dataclass(frozen=True)

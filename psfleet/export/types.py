@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from psfleet.nn.types import Pooling
+from psfleet.nn.table_checks import Pooling
 from psfleet.ps.types import Initializer
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST_FILE", "DENSE_MODEL_FILE", "TensorSpec",

@@ -1,59 +1,70 @@
-"""The fleet API: one process-wide Fleet and its methods as module functions."""
+"""The fleet API: one process-wide Fleet and its methods as module functions.
 
-from psfleet.checkpoint import CheckpointConfig
-from psfleet.fleet.fleet import Fleet
-from psfleet.fleet.optimizer import DistributedOptimizer, rule_from_optimizer, rule_of_class
-from psfleet.fleet.role_maker import (
-    MPIRoleMaker,
-    PaddleCloudRoleMaker,
-    Role,
-    RoleInfo,
-    RoleMaker,
-    SlurmRoleMaker,
-    UserDefinedRoleMaker,
-)
-from psfleet.fleet.strategy import AsyncSettings, DistributedStrategy, StrategyFactory
-from psfleet.fleet.transpiler import (
-    DistributeTranspiler,
-    Executor,
-    PServerProgram,
-    PServerStartupProgram,
-    TrainerProgram,
-)
-from psfleet.fleet.transpiler_config import DistributeTranspilerConfig
+The names below are imported on first use (:mod:`psfleet._lazy`), so a module of the
+package (``psfleet.fleet.lr_scaling``, read by config checks) can be imported without
+torch; the Fleet itself is made on the first read of a module function
+(:mod:`psfleet.fleet._default`).
+"""
 
-_fleet = Fleet()
+from typing import TYPE_CHECKING
 
-init = _fleet.init
-is_server = _fleet.is_server
-is_worker = _fleet.is_worker
-is_first_worker = _fleet.is_first_worker
-worker_index = _fleet.worker_index
-worker_num = _fleet.worker_num
-server_num = _fleet.server_num
-server_endpoints = _fleet.server_endpoints
-init_server = _fleet.init_server
-run_server = _fleet.run_server
-init_worker = _fleet.init_worker
-stop_worker = _fleet.stop_worker
-reset = _fleet.reset
-barrier_worker = _fleet.barrier_worker
-server_stats = _fleet.server_stats
-distributed_optimizer = _fleet.distributed_optimizer
-distributed_model = _fleet.distributed_model
-join = _fleet.join
-is_collective = _fleet.is_collective
-flush = _fleet.flush
-begin_pass = _fleet.begin_pass
-end_pass = _fleet.end_pass
-sub_passes = _fleet.sub_passes
-save_persistables = _fleet.save_persistables
-load_model = _fleet.load_model
-save_checkpoint = _fleet.save_checkpoint
-load_checkpoint = _fleet.load_checkpoint
-save_inference_model = _fleet.save_inference_model
-shrink = _fleet.shrink
-set_date = _fleet.set_date
+from psfleet._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from psfleet.checkpoint import CheckpointConfig
+    from psfleet.fleet._default import (
+        _fleet,  # noqa: F401 (the Fleet itself, for tests and benchmarks)
+        barrier_worker,
+        begin_pass,
+        distributed_model,
+        distributed_optimizer,
+        end_pass,
+        flush,
+        init,
+        init_server,
+        init_worker,
+        is_collective,
+        is_first_worker,
+        is_server,
+        is_worker,
+        join,
+        load_checkpoint,
+        load_model,
+        reset,
+        run_server,
+        save_checkpoint,
+        save_inference_model,
+        save_persistables,
+        server_endpoints,
+        server_num,
+        server_stats,
+        set_date,
+        shrink,
+        stop_worker,
+        sub_passes,
+        worker_index,
+        worker_num,
+    )
+    from psfleet.fleet.fleet import Fleet
+    from psfleet.fleet.optimizer import DistributedOptimizer, rule_from_optimizer, rule_of_class
+    from psfleet.fleet.role_maker import (
+        MPIRoleMaker,
+        PaddleCloudRoleMaker,
+        Role,
+        RoleInfo,
+        RoleMaker,
+        SlurmRoleMaker,
+        UserDefinedRoleMaker,
+    )
+    from psfleet.fleet.strategy import AsyncSettings, DistributedStrategy, StrategyFactory
+    from psfleet.fleet.transpiler import (
+        DistributeTranspiler,
+        Executor,
+        PServerProgram,
+        PServerStartupProgram,
+        TrainerProgram,
+    )
+    from psfleet.fleet.transpiler_config import DistributeTranspilerConfig
 
 __all__ = [
     "AsyncSettings",
@@ -108,3 +119,58 @@ __all__ = [
     "worker_index",
     "worker_num",
 ]
+
+__getattr__ = lazy_exports(__name__, {
+    "AsyncSettings": "psfleet.fleet.strategy",
+    "CheckpointConfig": "psfleet.checkpoint",
+    "DistributeTranspiler": "psfleet.fleet.transpiler",
+    "DistributeTranspilerConfig": "psfleet.fleet.transpiler_config",
+    "DistributedOptimizer": "psfleet.fleet.optimizer",
+    "DistributedStrategy": "psfleet.fleet.strategy",
+    "Executor": "psfleet.fleet.transpiler",
+    "Fleet": "psfleet.fleet.fleet",
+    "MPIRoleMaker": "psfleet.fleet.role_maker",
+    "PServerProgram": "psfleet.fleet.transpiler",
+    "PServerStartupProgram": "psfleet.fleet.transpiler",
+    "PaddleCloudRoleMaker": "psfleet.fleet.role_maker",
+    "Role": "psfleet.fleet.role_maker",
+    "RoleInfo": "psfleet.fleet.role_maker",
+    "RoleMaker": "psfleet.fleet.role_maker",
+    "SlurmRoleMaker": "psfleet.fleet.role_maker",
+    "StrategyFactory": "psfleet.fleet.strategy",
+    "TrainerProgram": "psfleet.fleet.transpiler",
+    "UserDefinedRoleMaker": "psfleet.fleet.role_maker",
+    "_fleet": "psfleet.fleet._default",
+    "barrier_worker": "psfleet.fleet._default",
+    "begin_pass": "psfleet.fleet._default",
+    "distributed_model": "psfleet.fleet._default",
+    "distributed_optimizer": "psfleet.fleet._default",
+    "end_pass": "psfleet.fleet._default",
+    "flush": "psfleet.fleet._default",
+    "init": "psfleet.fleet._default",
+    "init_server": "psfleet.fleet._default",
+    "init_worker": "psfleet.fleet._default",
+    "is_collective": "psfleet.fleet._default",
+    "is_first_worker": "psfleet.fleet._default",
+    "is_server": "psfleet.fleet._default",
+    "is_worker": "psfleet.fleet._default",
+    "join": "psfleet.fleet._default",
+    "load_checkpoint": "psfleet.fleet._default",
+    "load_model": "psfleet.fleet._default",
+    "reset": "psfleet.fleet._default",
+    "rule_from_optimizer": "psfleet.fleet.optimizer",
+    "rule_of_class": "psfleet.fleet.optimizer",
+    "run_server": "psfleet.fleet._default",
+    "save_checkpoint": "psfleet.fleet._default",
+    "save_inference_model": "psfleet.fleet._default",
+    "save_persistables": "psfleet.fleet._default",
+    "server_endpoints": "psfleet.fleet._default",
+    "server_num": "psfleet.fleet._default",
+    "server_stats": "psfleet.fleet._default",
+    "set_date": "psfleet.fleet._default",
+    "shrink": "psfleet.fleet._default",
+    "stop_worker": "psfleet.fleet._default",
+    "sub_passes": "psfleet.fleet._default",
+    "worker_index": "psfleet.fleet._default",
+    "worker_num": "psfleet.fleet._default",
+})

@@ -23,7 +23,8 @@ from torch.nn.functional import embedding_bag
 
 from psfleet.errors import ConfigError
 from psfleet.nn.sparse_embedding import SparseEmbedding
-from psfleet.nn.types import AccessorSpec, Pooling, Prefetch, check_pooling
+from psfleet.nn.table_checks import AccessorSpec, Pooling, check_pooling
+from psfleet.nn.types import Prefetch
 from psfleet.ps.types import Initializer, RuleConfig
 
 __all__ = ["SparseEmbeddingBag", "bag_weights"]

@@ -32,23 +32,23 @@ one row.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Sequence
-from typing import Protocol
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from psfleet.data.batch import Batch
 from psfleet.data.criteo import slot_prefixes
 from psfleet.data.jagged import KeyedJagged
-from psfleet.data.types import Batch, FeatureSchema
+from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
 from psfleet.nn.embedding_bag import SparseEmbeddingBag
 from psfleet.nn.sparse_embedding import SparseEmbedding
+from psfleet.nn.table_checks import check_table_features
 from psfleet.nn.types import EmbeddingTableSpec, Prefetch
 
-__all__ = ["FeatureEmbeddings", "NamedFeatures", "check_table_features", "pass_ids"]
+__all__ = ["FeatureEmbeddings", "pass_ids"]
 
 _ID_MASK = int(slot_prefixes(1)[0]) - 1  # the low 33 bits: the id without its slot prefix
 
@@ -298,56 +298,3 @@ def pass_ids(model: nn.Module, batches: Iterable[Batch]) -> dict[str, np.ndarray
             for name, ids in module.batch_ids(batch.sparse, batch.jagged).items():
                 parts.setdefault(name, []).append(ids.numpy().view(np.uint64))
     return {name: np.unique(np.concatenate(p)) for name, p in parts.items()}
-
-
-class NamedFeatures(Protocol):
-    """A table as the check below reads it: a name and the features it holds."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def features(self) -> Sequence[str]: ...
-
-
-def check_table_features(schema: FeatureSchema, tables: Sequence[NamedFeatures]) -> None:
-    """Every feature of ``schema`` is in exactly one of ``tables``, every feature a table
-    names exists, and table names are distinct (the rule of FeatureEmbeddings and of
-    the runner's ``hyper_parameters.tables``).
-
-    Raises:
-        ConfigError: the first problem, naming the table and the feature (with the
-            closest feature name for a misspelt one).
-    """
-    if not tables:
-        raise ConfigError("no tables; give at least one")
-    names = [t.name for t in tables]
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise ConfigError(f"table names {repeated} are used more than once; give each table "
-                          "a distinct name")
-    known = schema.features
-    owner: dict[str, str] = {}
-    for table in tables:
-        unknown = [f for f in table.features if f not in known]
-        if unknown:
-            close = difflib.get_close_matches(unknown[0], known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"table {table.name!r} names features {unknown} that are not in "
-                              f"the schema{hint}; its features are {_listing(known)}")
-        for feature in table.features:
-            if feature in owner:
-                raise ConfigError(f"feature {feature!r} is in tables {owner[feature]!r} and "
-                                  f"{table.name!r}; put it in one")
-            owner[feature] = table.name
-    unread = [f for f in known if f not in owner]
-    if unread:
-        raise ConfigError(f"features {_listing(unread)} of the schema are in no table; add "
-                          "them to a table's features (every sparse feature needs one)")
-
-
-def _listing(names: Sequence[str], most: int = 30) -> str:
-    """``names`` as a list, the first ``most`` of them when there are more."""
-    if len(names) <= most:
-        return repr(list(names))
-    return f"{list(names[:most])!r} and {len(names) - most} more"

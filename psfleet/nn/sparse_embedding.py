@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from psfleet.errors import ConfigError, FatalError
-from psfleet.nn.types import AccessorSpec, Occurrences, Prefetch, RowAccess, check_accessor
+from psfleet.nn.table_checks import AccessorSpec, check_accessor
+from psfleet.nn.types import Occurrences, Prefetch, RowAccess
 from psfleet.ps.types import Initializer, RuleConfig, SparseTableConfig
 
 __all__ = ["SparseEmbedding", "live_embeddings", "use_prefetched"]

@@ -10,80 +10,22 @@ the rows whose gradients the step pushes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
-from pydantic import ValidationError
 
 from psfleet.errors import ConfigError
+from psfleet.nn.table_checks import AccessorSpec, Pooling, check_accessor, check_pooling
 from psfleet.ps.client import PullHandle
 from psfleet.ps.routing import RoutedKeys
-from psfleet.ps.types import AccessorConfig, Initializer, RuleConfig
+from psfleet.ps.types import Initializer, RuleConfig
 
 if TYPE_CHECKING:
     from psfleet.nn.sparse_embedding import SparseEmbedding
 
-__all__ = ["POOLINGS", "AccessorSpec", "EmbeddingTableSpec", "Occurrences", "Pooling",
-           "Prefetch", "RowAccess", "check_accessor", "check_pooling"]
-
-#: An embedding's accessor as given: the config, its fields as a dict (YAML), or None
-#: (the table without statistics, ``AccessorConfig()``).
-AccessorSpec = AccessorConfig | Mapping[str, Any] | None
-
-#: How a bag of ids (one feature of one example) becomes one vector, with ``w`` the ids'
-#: weights (1 without weights) and ``e`` their rows: ``sum`` = sum(w*e); ``mean`` =
-#: sum(w*e) / sum(w); ``sqrtn`` = sum(w*e) / sqrt(sum(w^2)). An empty bag (or a zero
-#: denominator) pools to zeros. torch.nn.EmbeddingBag's ``sum`` / ``mean``, Paddle's
-#: ``sequence_pool`` SUM / AVERAGE / SQRT, TensorFlow's
-#: ``safe_embedding_lookup_sparse`` combiners ``sum`` / ``mean`` / ``sqrtn``.
-Pooling = Literal["sum", "mean", "sqrtn"]
-POOLINGS: tuple[Pooling, ...] = get_args(Pooling)
-
-
-def check_pooling(pooling: str, where: str) -> Pooling:
-    """``pooling`` if it is one of :data:`POOLINGS`.
-
-    Raises:
-        ConfigError: it is not (names ``where`` and the allowed values).
-    """
-    if pooling not in POOLINGS:
-        raise ConfigError(f"{where}: pooling {pooling!r} is not one of "
-                          f"{', '.join(POOLINGS)}")
-    return pooling  # type: ignore[return-value]
-
-
-def check_accessor(accessor: AccessorSpec, where: str) -> AccessorConfig:
-    """``accessor`` as an :class:`~psfleet.ps.types.AccessorConfig` (None: the default,
-    no statistics; a mapping is validated field by field).
-
-    Raises:
-        ConfigError: a field is unknown or out of range, or ``accessor`` is neither a
-            config, a mapping nor None (names ``where`` and ``accessor.<field>``).
-    """
-    if accessor is None:
-        return AccessorConfig()
-    if isinstance(accessor, AccessorConfig):
-        return accessor
-    if not isinstance(accessor, Mapping):
-        raise ConfigError(f"{where}: accessor must be an AccessorConfig, a dict of its "
-                          f"fields or None, got {type(accessor).__name__}")
-    try:
-        return AccessorConfig.model_validate(dict(accessor))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
-        if not field:  # a rule over several fields: its message names them
-            raise ConfigError(f"{where}: {first['msg'].removeprefix('Value error, ')}"
-                              ) from None
-        if first["type"] == "extra_forbidden":
-            raise ConfigError(f"{where}: accessor.{field}: unknown field; the fields are "
-                              f"{', '.join(AccessorConfig.model_fields)}") from None
-        raise ConfigError(f"{where}: accessor.{field}: {first['msg']} (got "
-                          f"{first.get('input')!r})") from None
-
+__all__ = ["EmbeddingTableSpec", "Occurrences", "Prefetch", "RowAccess"]
 
 class RowAccess(Protocol):
     """The worker runtime as a SparseEmbedding sees it."""

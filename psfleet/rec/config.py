@@ -37,8 +37,7 @@ from psfleet.data.slot_format import SlotFormatConfig
 from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
 from psfleet.fleet.lr_scaling import LrScaling, check_lr_scaling
-from psfleet.nn.features import check_table_features
-from psfleet.nn.types import Pooling
+from psfleet.nn.table_checks import Pooling, check_table_features
 from psfleet.ps.communicator.types import (
     GEO_STEP,
     AsyncConfig,

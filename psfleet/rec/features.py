@@ -14,7 +14,8 @@ from typing import Any
 
 from torch import nn
 
-from psfleet.data.types import Batch, FeatureSchema
+from psfleet.data.batch import Batch
+from psfleet.data.types import FeatureSchema
 from psfleet.nn import EmbeddingTableSpec, FeatureEmbeddings, SparseEmbedding
 from psfleet.ps.types import RuleConfig
 from psfleet.rec.config import HyperParameters, OptimizerConfig, TrainConfig, parser_schema

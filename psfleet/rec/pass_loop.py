@@ -16,7 +16,8 @@ import numpy as np
 from torch import nn
 
 from psfleet import fleet
-from psfleet.data.types import Batch, Reader
+from psfleet.data.batch import Batch
+from psfleet.data.types import Reader
 from psfleet.nn import pass_ids
 
 __all__ = ["pass_batches"]

@@ -44,7 +44,7 @@ from psfleet.data.compression import (
 from psfleet.data.split import plan_share
 from psfleet.errors import ConfigError, DataError
 from psfleet.fleet import rule_of_class
-from psfleet.nn.types import check_accessor
+from psfleet.nn.table_checks import check_accessor
 from psfleet.ps import SparseTable, SparseTableConfig
 from psfleet.ps.communicator.local_mode import simulated_staleness
 from psfleet.rec.config import TrainConfig, parser_kind, parser_options, parser_schema

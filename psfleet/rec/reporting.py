@@ -19,7 +19,7 @@ else per sparse table at the end of training, summed over the servers: ``rows``,
 ``bytes`` and the lifecycle counts ``admitted``, ``rejected``, ``evicted``,
 ``deleted``). It is written
 under a temporary name and renamed, so a reader never sees a partial file; NaN and
-infinities become null.
+infinities become null (:mod:`psfleet.rec.json_file`).
 
 On Ctrl-C the trainer raises :class:`TrainingInterrupted` (a ``KeyboardInterrupt``)
 carrying the epoch and step reached, the metrics file and the newest complete
@@ -28,13 +28,9 @@ checkpoint (:func:`newest_checkpoint`).
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,57 +46,16 @@ from psfleet.metrics import auc, copc, log_loss
 from psfleet.rec.config import TrainConfig
 from psfleet.rec.curves import CURVES_NAME, RunRecorder, plot_curves
 from psfleet.rec.features import model_inputs
+from psfleet.rec.json_file import write_json_atomic
 from psfleet.rec.passes import sparse_table_names, table_totals
 from psfleet.rec.predict import export_trained_model
 
 __all__ = ["METRICS_NAME", "MalformedTally", "Progress", "TrainingInterrupted", "evaluate",
-           "finish_run", "finite", "newest_checkpoint", "record_interrupt", "run_metrics",
-           "write_json_atomic"]
+           "finish_run", "newest_checkpoint", "record_interrupt", "run_metrics"]
 
 logger = logging.getLogger(__name__)
 
 METRICS_NAME = "metrics.json"
-
-
-def finite(value: Any) -> Any:
-    """``value`` with every NaN or infinite float replaced by None, recursively (strict
-    JSON has no NaN: a train AUC of one class is undefined, not a number)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(v) for v in value]
-    return value
-
-
-def _temporary(path: Path) -> Path:
-    """A hidden name beside ``path``, distinct per process (for write-then-rename)."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def write_json_atomic(path: Path, value: Any) -> Path:
-    """Write ``value`` as indented JSON to ``path`` atomically: to a temporary name in
-    the same folder, flushed to disk, then renamed over ``path`` (``os.replace``). A
-    reader sees the old file or the new one, never a partial one. Creates the folder.
-
-    Raises:
-        OSError: the folder cannot be created or written (the temporary file is
-            removed; an existing ``path`` is untouched).
-        TypeError: ``value`` holds something JSON cannot encode.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(finite(value), indent=2) + "\n"
-    tmp = _temporary(path)
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 class MalformedTally:

@@ -49,6 +49,7 @@ from psfleet.rec.config import TrainConfig
 from psfleet.rec.curves import TENSORBOARD_DIR, RunRecorder
 from psfleet.rec.early_stopping import EarlyStopping
 from psfleet.rec.features import build_runner_model, model_inputs, prefetchers
+from psfleet.rec.json_file import finite
 from psfleet.rec.pass_loop import pass_batches
 from psfleet.rec.passes import (
     PassBook,
@@ -63,7 +64,6 @@ from psfleet.rec.reporting import (
     TrainingInterrupted,
     evaluate,
     finish_run,
-    finite,
     record_interrupt,
 )
 from psfleet.rec.resume import CheckpointTally, agreed_share, resume_cursor

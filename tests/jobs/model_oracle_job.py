@@ -42,7 +42,8 @@ from torch import nn
 
 from psfleet import fleet
 from psfleet.data import Batch, CriteoReader
-from psfleet.data.jagged import JaggedRows, KeyedJagged
+from psfleet.data.jagged import KeyedJagged
+from psfleet.data.jagged_rows import JaggedRows
 from psfleet.data.types import FeatureSchema
 from psfleet.metrics import auc
 from psfleet.nn import EmbeddingTableSpec, FeatureEmbeddings, SparseEmbedding

@@ -10,7 +10,7 @@ mode beside this file, chosen by name through :func:`make_communicator`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import (
@@ -22,9 +22,11 @@ from pydantic import (
     model_validator,
 )
 
-from psfleet.ps.client import PullHandle, TableClient
 from psfleet.ps.routing import RoutedKeys
 from psfleet.ps.types import RuleConfig, SparseTableConfig
+
+if TYPE_CHECKING:  # the client imports the tables (and torch); a config check needs neither
+    from psfleet.ps.client import PullHandle, TableClient
 
 __all__ = ["GEO_STEP", "AsyncConfig", "Communicator", "PassConfig", "check_async_only"]
 
