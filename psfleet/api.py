@@ -28,10 +28,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from psfleet.errors import ConfigError, FatalError
-from psfleet.export import InferenceModel, load_inference_model
 from psfleet.rec.config import TrainConfig
 from psfleet.rec.config_load import config_from_mapping, read_yaml
 from psfleet.rec.run_folder import (
@@ -41,6 +40,9 @@ from psfleet.rec.run_folder import (
     name_run,
     open_run_folder,
 )
+
+if TYPE_CHECKING:
+    from psfleet.export import InferenceModel
 
 __all__ = ["JobFailedError", "TrainResult", "job_launcher", "predict", "prepare", "train"]
 
@@ -197,10 +199,10 @@ def train(config: ConfigSource, overrides: Sequence[str] = (),
     runner = run_config.runner
     launch = job_launcher(run_config)
     if launch is None:
-        from psfleet.rec.trainer import train as train_here
+        from psfleet.rec.roles import run
 
         try:
-            train_here(run_config)
+            run(run_config)
         finally:
             fleet.reset()
     else:
@@ -213,6 +215,8 @@ def train(config: ConfigSource, overrides: Sequence[str] = (),
         metrics = json.loads(metrics_path.read_text())
     except (OSError, ValueError) as exc:
         raise FatalError(f"the run ended but {metrics_path} cannot be read: {exc}") from None
+    from psfleet.export import load_inference_model  # torch: once the run is over
+
     model = load_inference_model(runner.model_dir) if runner.export_model else None
     return TrainResult(runner.run_dir, metrics, model, run_config)
 

@@ -81,7 +81,8 @@ def test_commands_other_than_train_without_torch(tmp_path: Path) -> None:
         "import sys\nfrom psfleet.cli.main import main\n"
         f"d = {str(tmp_path)!r}\n"
         "codes = [main(['init', d + '/job']),\n"
-        "         main(['datagen', 'criteo', '--rows', '300', '--seed', '2', '--out', d + '/t.tsv']),\n"
+        "         main(['datagen', 'criteo', '--rows', '300', '--seed', '2',\n"
+        "               '--out', d + '/t.tsv']),\n"
         "         main(['k8s', 'render', '-m', d + '/job/config.yaml', '--image', 'psfleet:1',\n"
         "               '--out', d + '/job.yaml'])]\n"
         "print('exit', codes, 'torch imported:', 'torch' in sys.modules)\n")

@@ -177,7 +177,7 @@ def test_psfleet_train_under_mpirun_with_the_wrong_rank_count_exits_2(tmp_path: 
 def test_replication_under_mpirun_is_refused_naming_the_key(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from psfleet.rec.config_load import load_config
-    from psfleet.rec.trainer import role_maker_of
+    from psfleet.rec.roles import role_maker_of
 
     config = load_config(CONFIG, ["cluster.server_num=2", "cluster.replication=2"])
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")

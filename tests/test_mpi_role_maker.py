@@ -334,12 +334,12 @@ def test_default_role_maker_errors(environ: dict[str, str], pattern: str) -> Non
 
 @pytest.fixture
 def fleet_log() -> Iterator[list[str]]:
-    """INFO messages of psfleet.fleet.fleet (its own handler: psfleet's logger may not
+    """INFO messages of psfleet.fleet.process_role (its own handler: psfleet's logger may not
     propagate to pytest's)."""
     messages: list[str] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
-    log = logging.getLogger("psfleet.fleet.fleet")
+    log = logging.getLogger("psfleet.fleet.process_role")
     log.addHandler(handler)
     try:
         yield messages

@@ -139,14 +139,14 @@ def _train(args: argparse.Namespace) -> int:
             console.end_line()
             return report_interrupt(config, args.config, overrides, code - 128, started)
         return code
-    from psfleet.rec.trainer import train
+    from psfleet.rec.roles import run
 
     if not in_job and not args.quiet:
         print(f"{start_summary(config, 'in this process (cluster.server_num 0)')}; run "
               f"folder {run_dir}", flush=True)
     try:
         with quiet_stderr(args.quiet and not in_job):
-            metrics = train(config)
+            metrics = run(config)
     except KeyboardInterrupt as exc:
         signum = received_signal(exc)
         if in_job:  # the launcher reports it; this process's log says why it stopped

@@ -24,25 +24,24 @@ nothing, so one script runs in both.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from psfleet import env, logs
+from psfleet import logs
 from psfleet.checkpoint import CheckpointConfig, Cursor
 from psfleet.collective import CollectiveHooks
 from psfleet.errors import ConfigError, FatalError
 from psfleet.export import InferenceManifest
 from psfleet.fleet.optimizer import DistributedOptimizer
-from psfleet.fleet.persistence import Persistence, restart_num
-from psfleet.fleet.role_maker import Role, RoleInfo, RoleMaker, default_role_maker
+from psfleet.fleet.persistence import Persistence
+from psfleet.fleet.process_role import ProcessRole
+from psfleet.fleet.role_info import restart_num
+from psfleet.fleet.role_maker import Role, RoleInfo, RoleMaker
 from psfleet.fleet.runtime import (
     ParameterServerHooks,
     RuntimeConfig,
@@ -52,11 +51,8 @@ from psfleet.fleet.runtime import (
 from psfleet.fleet.server_wait import server_wait_timeout_s
 from psfleet.fleet.strategy import DistributedStrategy
 from psfleet.nn import SparseEmbedding, live_embeddings
-from psfleet.ps import TableClient, run_server
-from psfleet.ps.replica.host import Layout
+from psfleet.ps import TableClient
 from psfleet.ps.types import RuleConfig, SaveMode
-from psfleet.replication import replication_from_env
-from psfleet.rpc import RpcConfig, parse_endpoint
 from psfleet.rpc import messages as msg
 
 __all__ = ["Fleet"]
@@ -64,8 +60,10 @@ __all__ = ["Fleet"]
 logger = logging.getLogger(__name__)
 
 
-class Fleet:
-    """The seeds' ``fleet`` object: role, strategy, and a shell over the worker runtime.
+class Fleet(ProcessRole):
+    """The seeds' ``fleet`` object: role, strategy and the server side
+    (:class:`~psfleet.fleet.process_role.ProcessRole`), and a shell over the worker
+    runtime.
 
     Before ``init_worker`` it gathers what the runtime is built from (role, strategy,
     optimizer, model); ``init_worker`` builds the :class:`WorkerRuntime`, and the
@@ -74,31 +72,22 @@ class Fleet:
     (``psfleet.collective.CollectiveHooks``), chosen once at :meth:`init`.
     """
 
-    def __init__(self) -> None:
-        self._clear()
-
     def _clear(self) -> None:
-        self._role: RoleInfo | None = None
-        self.strategy = DistributedStrategy()
-        self.rpc_config = RpcConfig()
+        super()._clear()
         self._hooks: WorkerHooks = ParameterServerHooks()
         self._optimizer: DistributedOptimizer | None = None
         self._model: nn.Module | None = None
         self._runtime: WorkerRuntime | None = None
         self._persistence: Persistence | None = None
-        self._preload_dir: Path | None = None
-        self._checkpoint_dir: str | None = None
 
     # -- role -------------------------------------------------------------------------
     def init(self, role_maker: RoleMaker | None = None,
              strategy: DistributedStrategy | None = None, is_collective: bool = False) -> None:
         """Decide this process's role (from the environment by default).
 
-        With no ``role_maker``, :func:`~psfleet.fleet.role_maker.default_role_maker`
-        chooses: MPIRoleMaker inside an ``mpirun`` job (MPI rank variables set, no
-        ``TRAINING_ROLE``), else PaddleCloudRoleMaker; the choice and why is logged
-        (INFO). An MPIRoleMaker that exchanges the server list is collective: every
-        rank must call init.
+        The parameter-server modes: as :meth:`ProcessRole.init
+        <psfleet.fleet.process_role.ProcessRole.init>` (the role maker chosen when none
+        is given, and the role logged).
 
         Collective mode (``is_collective=True`` or ``strategy.mode == "collective"``):
         no servers; this process is a rank of a torch.distributed process group
@@ -112,34 +101,11 @@ class Fleet:
             FatalError: collective mode: the rendezvous endpoint cannot be reached
                 within PSFLEET_COLLECTIVE_CONNECT_TIMEOUT_S (names it).
         """
-        if self._role is not None:
-            raise ConfigError("fleet.init() was already called in this process; call "
-                              "fleet.reset() first to start another run")
         if is_collective or (strategy is not None and strategy.mode == "collective"):
+            self._refuse_second_init()
             self._init_collective(role_maker, strategy)
             return
-        why = None
-        if role_maker is None:
-            role_maker, why = default_role_maker()
-        self._role = role = role_maker.generate_role()
-        self.strategy = strategy or self.strategy
-        self.rpc_config = RpcConfig.from_env()
-        if role.auth_token is not None and self.rpc_config.auth_token is None:
-            # The token the MPI ranks shared: this process's calls carry it, and so do
-            # those of code that builds its config from the environment (the runner's
-            # readers) and of child processes, as fleetrun's children get theirs.
-            self.rpc_config = dataclasses.replace(self.rpc_config, auth_token=role.auth_token)
-            os.environ["PSFLEET_AUTH_TOKEN"] = role.auth_token
-        logs.setup_logging()
-        logs.set_role(f"server:{role.server_index}" if role.role is Role.SERVER
-                      else f"worker:{role.worker_index}")
-        if why is not None:
-            logger.info("fleet.init: role maker %s (%s)", type(role_maker).__name__, why)
-        # The effective settings, once, in the log (a console shows them with -v).
-        where = (f"server {role.server_index}, binds {role.bind_endpoint}"
-                 if role.role is Role.SERVER else f"worker {role.worker_index} of "
-                 f"{role.worker_num}, servers {','.join(role.server_endpoints) or 'none'}")
-        logger.info("fleet.init: %s; strategy %s", where, self.strategy.model_dump())
+        super().init(role_maker, strategy)
 
     def _init_collective(self, role_maker: RoleMaker | None,
                          strategy: DistributedStrategy | None) -> None:
@@ -160,96 +126,6 @@ class Fleet:
     def is_collective(self) -> bool:
         """Whether this process trains in collective mode (after :meth:`init`)."""
         return self._hooks.is_collective
-
-    @property
-    def role(self) -> RoleInfo:
-        """This process's role. Raises FatalError before :meth:`init`."""
-        if self._role is None:
-            raise FatalError("call fleet.init() first")
-        return self._role
-
-    def is_server(self) -> bool:
-        return self.role.role is Role.SERVER
-
-    def is_worker(self) -> bool:
-        return self.role.role is Role.WORKER
-
-    def is_first_worker(self) -> bool:
-        return self.is_worker() and self.role.worker_index == 0
-
-    def worker_index(self) -> int:
-        return self.role.worker_index
-
-    def worker_num(self) -> int:
-        return self.role.worker_num
-
-    def server_num(self) -> int:
-        return len(self.role.server_endpoints)
-
-    def server_endpoints(self) -> list[str]:
-        return list(self.role.server_endpoints)
-
-    # -- server -----------------------------------------------------------------------
-    def init_server(self, dirname: str | None = None,
-                    checkpoint_dir: str | None = None,
-                    storage_roots: Sequence[str | Path] = ()) -> None:
-        """Prepare the server. Tables are created by the workers at init_worker.
-
-        Args:
-            dirname: a save (``save_persistables``) to load every table from when the
-                workers create it; this server keeps its share (any server count).
-            checkpoint_dir: where the job's checkpoints are (``CheckpointConfig``;
-                default ``PSFLEET_CHECKPOINT_DIR``). A server the launcher restarted
-                (``PSFLEET_RESTART_NUM`` > 0) re-creates its tables from the newest
-                complete checkpoint there before it listens. Its Save and Load may
-                use this folder besides ``PSFLEET_STORAGE_ROOTS`` (docs/security.md).
-            storage_roots: more folders (paths or fsspec URL prefixes) the workers'
-                Save and Load may use on this server, e.g. the job's model folder
-                (``save_persistables``); besides ``PSFLEET_STORAGE_ROOTS`` (default:
-                the working folder) and ``checkpoint_dir``.
-
-        Raises:
-            ConfigError: this process is not a server, or ``dirname`` has no manifest.
-        """
-        if not self.is_server():
-            raise ConfigError("init_server() called on a worker")
-        if dirname is not None:
-            if not (Path(dirname) / "manifest.json").is_file():
-                raise ConfigError(f"init_server(dirname={dirname!r}): no manifest.json there; "
-                                  "pass a folder written by fleet.save_persistables()")
-            self._preload_dir = Path(dirname)
-        self._checkpoint_dir = checkpoint_dir or env.read("PSFLEET_CHECKPOINT_DIR")
-        # The workers' checkpoint and model Saves go there (psfleet.rpc.access).
-        extra = [*map(str, storage_roots), *([str(self._checkpoint_dir)]
-                                             if self._checkpoint_dir is not None else [])]
-        if extra:
-            self.rpc_config = self.rpc_config.with_storage_roots(*extra)
-
-    def run_server(self) -> None:
-        """Serve tables until a worker's stop_worker() (or SIGTERM). Blocks."""
-        role = self.role
-        if role.bind_endpoint is None:
-            raise ConfigError("run_server() called on a worker")
-        host, port = parse_endpoint(role.bind_endpoint, "POD_IP:PADDLE_PORT")
-        recover = rejoin = None
-        replication = replication_from_env(len(role.server_endpoints))
-        if restart_num() > 0 and replication > 1:  # the others fill it (psfleet.ps.replica)
-            if not role.server_endpoints:
-                raise ConfigError("PADDLE_PSERVERS_IP_PORT_LIST: a server restarted in a "
-                                  "replicated job (PSFLEET_REPLICATION > 1) needs every "
-                                  "server's endpoint to rejoin")
-            rejoin = (Layout(tuple(role.server_endpoints), role.server_index, replication),
-                      restart_num())
-        elif restart_num() > 0:
-            if self._checkpoint_dir is None:
-                logger.warning("restarted server without a checkpoint_dir: it starts with "
-                               "no tables; workers' calls to it will fail")
-            else:
-                recover = (self._checkpoint_dir, role.server_index)
-        # The worker count is not passed: a server's environment may not give it (the
-        # seeds' variables default to 1); the first Barrier or sync push fixes it.
-        run_server(host, port, self.rpc_config, role.endpoint_file, self._preload_dir,
-                   recover, server_index=role.server_index, rejoin=rejoin)
 
     # -- worker -----------------------------------------------------------------------
     def distributed_model(self, model: nn.Module) -> nn.Module:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from psfleet import env
 from psfleet.checkpoint import (
     CheckpointConfig,
     CheckpointError,
@@ -42,18 +41,9 @@ from psfleet.ps.persist import FORMAT_VERSION
 from psfleet.ps.persist_delta import check_save_mode
 from psfleet.ps.types import SaveMode
 
-__all__ = ["Persistence", "restart_num"]
+__all__ = ["Persistence"]
 
 logger = logging.getLogger(__name__)
-
-
-def restart_num() -> int:
-    """How many times the launcher restarted this process (``PSFLEET_RESTART_NUM``)."""
-    raw = env.read("PSFLEET_RESTART_NUM") or "0"
-    try:
-        return max(int(raw), 0)
-    except ValueError:
-        raise ConfigError(f"PSFLEET_RESTART_NUM: {raw!r} is not an integer") from None
 
 
 def _warn_if_none_usable(store: CheckpointStore, none_usable: bool) -> None:

@@ -53,6 +53,9 @@ class _RankRoleMaker(RoleMaker):
         raise ConfigError(f"{type(self).__name__}: none of {looked} is set: start the job "
                           f"with {self._LAUNCHER}")
 
+    def serves(self) -> bool:
+        return self._rank_and_size()[0] < self._resolve_server_num()[0]
+
     def _resolve_server_num(self) -> tuple[int, str]:
         if self._server_num is not None:
             if isinstance(self._server_num, bool) or not isinstance(self._server_num, int):

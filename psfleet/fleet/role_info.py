@@ -7,9 +7,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from psfleet import env
+from psfleet.errors import ConfigError
 from psfleet.types import Role
 
-__all__ = ["RoleInfo", "RoleMaker"]
+__all__ = ["RoleInfo", "RoleMaker", "restart_num"]
 
 
 @dataclass(frozen=True)
@@ -53,3 +55,22 @@ class RoleMaker(ABC):
     @abstractmethod
     def generate_role(self) -> RoleInfo:
         """Return the role. Raises ConfigError naming what is missing or wrong."""
+
+    def serves(self) -> bool:
+        """Whether this process is a server, decided before the role is generated, from
+        what is cheap to read (no MPI exchange): the runner starts a server without
+        torch (``psfleet.rec.roles``). This default generates the role.
+
+        Raises:
+            ConfigError: as :meth:`generate_role`.
+        """
+        return self.generate_role().role is Role.SERVER
+
+
+def restart_num() -> int:
+    """How many times the launcher restarted this process (``PSFLEET_RESTART_NUM``)."""
+    raw = env.read("PSFLEET_RESTART_NUM") or "0"
+    try:
+        return max(int(raw), 0)
+    except ValueError:
+        raise ConfigError(f"PSFLEET_RESTART_NUM: {raw!r} is not an integer") from None

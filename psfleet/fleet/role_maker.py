@@ -100,6 +100,9 @@ class PaddleCloudRoleMaker(RoleMaker):
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self._env = dict(os.environ if environ is None else environ)
 
+    def serves(self) -> bool:
+        return _role(self._env)[0] is Role.SERVER
+
     def generate_role(self) -> RoleInfo:
         """Return the role.
 
@@ -230,6 +233,9 @@ class UserDefinedRoleMaker(RoleMaker):
     def __init__(self, current_id: int, role: Role, worker_num: int,
                  server_endpoints: Sequence[str]) -> None:
         self._args = (current_id, role, worker_num, tuple(server_endpoints))
+
+    def serves(self) -> bool:
+        return self._args[1] is Role.SERVER
 
     def generate_role(self) -> RoleInfo:
         current_id, role, worker_num, endpoints = self._args

@@ -15,8 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from psfleet.collective.types import BackendChoice
 from psfleet.errors import ConfigError
 from psfleet.fleet.lr_scaling import LrScaling, check_lr_scaling, lr_factor
-from psfleet.ps.communicator import GEO_STEP, AsyncConfig, CommunicatorSettings, PassConfig
-from psfleet.ps.communicator.types import check_async_only
+from psfleet.ps.communicator.types import (
+    GEO_STEP,
+    AsyncConfig,
+    CommunicatorSettings,
+    PassConfig,
+    check_async_only,
+)
 from psfleet.ps.types import SlicingConfig, SplitMethod
 from psfleet.types import Mode
 

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import overload
 
 import numpy as np
-import torch
 
 from psfleet.ps.routing import RoutedKeys, keys_of
 
@@ -90,6 +89,10 @@ def merge_pushes(keys: Sequence[np.ndarray | RoutedKeys], grads: Sequence[np.nda
 def sum_equal_keys(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct ``keys`` (uint64[N], sorted on return) with the ``values``
     (float32[N, dim]) of equal keys summed: (uint64[U], float32[U, dim])."""
+    # torch's index_add_ is 2-3x faster than numpy's add.at and sums in the same order.
+    # Imported here: a server (psfleet.rec.serve) imports torch only once it merges.
+    import torch
+
     uniq, inverse = np.unique(keys, return_inverse=True)
     summed = np.zeros((uniq.size, values.shape[1]), dtype=np.float32)
     source = values if values.flags.writeable else values.copy()  # torch wants writable

@@ -19,29 +19,32 @@ row the server would have computed.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 import numpy as np
-import torch
 
 from psfleet.errors import ConfigError
 from psfleet.ps.types import RuleConfig
 
 __all__ = ["Rule", "SgdRule", "AdagradRule", "AdamRule", "make_rule", "RULES", "Rows"]
 
-#: What a rule updates: numpy arrays (servers) or torch tensors (any device).
-Rows = np.ndarray | torch.Tensor
+if TYPE_CHECKING:
+    import torch
+
+#: What a rule updates: numpy arrays (servers, which never import torch) or torch
+#: tensors (any device).
+Rows: TypeAlias = "np.ndarray | torch.Tensor"
 
 
 def _sqrt(x: Rows) -> Rows:
-    return x.sqrt() if isinstance(x, torch.Tensor) else np.sqrt(x)
+    return np.sqrt(x) if isinstance(x, np.ndarray) else x.sqrt()
 
 
 def _as(x: Rows, dtype: type[np.floating]) -> Rows:
     """``x`` as float32 or float64, numpy or torch alike."""
-    if isinstance(x, torch.Tensor):
-        return x.to(torch.float64 if dtype is np.float64 else torch.float32)
-    return x.astype(dtype)
+    if isinstance(x, np.ndarray):
+        return x.astype(dtype)
+    return x.double() if dtype is np.float64 else x.float()
 
 
 class Rule(ABC):

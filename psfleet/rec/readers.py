@@ -89,7 +89,7 @@ def _exchange(runner: RunnerConfig, config: TrainConfig, worker_index: int,
     directory = exchange_dir(runner) / tag if tag else exchange_dir(runner)
     endpoints = fleet.server_endpoints()
     if endpoints:
-        from psfleet.fleet.persistence import restart_num
+        from psfleet.fleet.role_info import restart_num
         from psfleet.ps import RemoteClient
         from psfleet.rpc import RpcConfig
 

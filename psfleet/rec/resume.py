@@ -13,7 +13,7 @@ import logging
 from psfleet import fleet
 from psfleet.checkpoint import CheckpointConfig, CheckpointStore, Cursor
 from psfleet.data import Reader
-from psfleet.fleet.persistence import restart_num
+from psfleet.fleet.role_info import restart_num
 
 __all__ = ["CheckpointTally", "agreed_share", "resume_cursor"]
 

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from psfleet.errors import ConfigError
-from psfleet.fleet.persistence import restart_num
+from psfleet.fleet.role_info import restart_num
 from psfleet.rec.config import TrainConfig
 from psfleet.rec.config_load import dump_config
 

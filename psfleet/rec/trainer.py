@@ -34,14 +34,11 @@ from tqdm import tqdm
 from psfleet import fleet
 from psfleet.checkpoint import Cursor
 from psfleet.data import Batch, Reader
-from psfleet.errors import ConfigError, DataError
-from psfleet.fleet import DistributedOptimizer, DistributedStrategy, rule_of_class
-from psfleet.fleet.persistence import restart_num
+from psfleet.errors import DataError
+from psfleet.fleet import DistributedOptimizer, rule_of_class
+from psfleet.fleet.role_info import restart_num
 from psfleet.fleet.role_maker import (
-    MPIRoleMaker,
     RoleMaker,
-    default_role_maker,
-    mpi_world_size,
 )
 from psfleet.metrics import StreamingAuc
 from psfleet.nn import FeatureEmbeddings, Prefetch, SparseEmbedding, use_prefetched
@@ -67,10 +64,11 @@ from psfleet.rec.reporting import (
     record_interrupt,
 )
 from psfleet.rec.resume import CheckpointTally, agreed_share, resume_cursor
+from psfleet.rec.roles import strategy_of
 from psfleet.rec.run_folder import open_run_folder
 from psfleet.rec.validation import finish_pass, record_valid, valid_reader, validate_between
 
-__all__ = ["train", "evaluate", "strategy_of"]
+__all__ = ["train", "evaluate"]
 
 logger = logging.getLogger(__name__)
 
@@ -175,58 +173,15 @@ def _recorder(config: TrainConfig, first: bool) -> RunRecorder:
     return RunRecorder(folder, None if fleet.is_collective() else fleet.server_stats)
 
 
-def strategy_of(config: TrainConfig) -> DistributedStrategy:
-    """The fleet strategy a runner config describes: ``runner.sync_mode``,
-    ``geo_step``, ``lr_scaling``, ``a_sync_configs``, ``pass_configs`` and
-    ``cluster.server_wait_timeout_s`` (None: the environment's); collective mode on
-    the CPU (gloo)."""
-    runner = config.runner
-    return DistributedStrategy(
-        mode=runner.sync_mode, geo_step=runner.geo_step, lr_scaling=runner.lr_scaling,
-        a_sync_configs=runner.a_sync_configs, pass_configs=runner.pass_configs,
-        server_wait_timeout_s=config.cluster.server_wait_timeout_s,
-        collective_backend="gloo" if runner.sync_mode == "collective" else "auto")
+def train(config: TrainConfig, role_maker: RoleMaker | None = None) -> dict[str, Any] | None:
+    """Train: this process's part of the job described by ``config`` as a worker, or
+    alone against in-process tables when there is no job. Servers do not come here
+    (:func:`psfleet.rec.roles.run` serves them without torch).
 
-
-def role_maker_of(config: TrainConfig) -> RoleMaker | None:
-    """This process's role maker under ``mpirun`` (from the rank, ``cluster.server_num``
-    ranks serving); None otherwise: ``fleet.init`` then reads the role from the
-    environment (fleetrun's or the seeds' variables, torchrun's in collective mode).
-
-    Raises:
-        ConfigError: under ``mpirun``, the rank count is not ``cluster.server_num +
-            cluster.worker_num`` (names both keys and the count), or
-            ``cluster.replication`` is above 1.
-    """
-    cluster = config.cluster
-    if config.runner.sync_mode == "collective":
-        return None
-    role_maker, why = default_role_maker(server_num=cluster.server_num or None)
-    if not isinstance(role_maker, MPIRoleMaker):
-        return None
-    logger.info("role maker %s (%s)", type(role_maker).__name__, why)
-    ranks = mpi_world_size()
-    if (cluster.replication or 1) > 1:
-        raise ConfigError(
-            f"cluster.replication: {cluster.replication} under mpirun: a rank that dies ends "
-            "every rank, so a second copy of a share cannot keep the job going; set "
-            "cluster.replication: 1, or run the job with fleetrun or psfleet train "
-            "(docs/fault-tolerance.md)")
-    if ranks != cluster.server_num + cluster.worker_num:
-        raise ConfigError(
-            f"mpirun started {ranks} ranks but cluster.server_num + cluster.worker_num is "
-            f"{cluster.server_num} + {cluster.worker_num}: start that many (mpirun -np "
-            f"{cluster.server_num + cluster.worker_num}) or override them (-o "
-            "cluster.server_num=S -o cluster.worker_num=W)")
-    return role_maker
-
-
-def train(config: TrainConfig) -> dict[str, Any] | None:
-    """Run this process's part of the job described by ``config``.
-
-    The role comes from the environment (``fleet.init``): a server serves until the
-    workers stop it; a worker trains; with no job environment the process trains
-    alone against in-process tables.
+    Args:
+        config: the checked runner config.
+        role_maker: :func:`~psfleet.rec.roles.role_maker_of` ``(config)``; None: the
+            environment's (``fleet.init``).
 
     Returns:
         On worker 0, the metrics written to ``<run folder>/metrics.json``;
@@ -241,15 +196,7 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
     torch.set_num_threads(runner.thread_num)
     torch.manual_seed(runner.seed)
     # The config was checked before the job started (runner.use_gpu is false: CPU).
-    fleet.init(role_maker_of(config), strategy=strategy_of(config))
-    if fleet.is_server():
-        # No model or optimizer: the workers create the tables (fleet.init_worker).
-        # Saves and loads go to the checkpoint folder and this run's folders only.
-        checkpoint = runner.checkpoint
-        fleet.init_server(checkpoint_dir=checkpoint.checkpoint_dir if checkpoint else None,
-                          storage_roots=[str(runner.model_save_path), str(runner.model_dir)])
-        fleet.run_server()
-        return None
+    fleet.init(role_maker, strategy=strategy_of(config))
     model = build_runner_model(config)
     # hyper_parameters.optimizer.class names a torch.optim class whose rule the tables run.
     optimizer = fleet.distributed_optimizer(

@@ -15,9 +15,15 @@ if TYPE_CHECKING:
     from psfleet.ps.communicator.global_batch_mode import GlobalBatchCommunicator
     from psfleet.ps.communicator.local_mode import LocalCommunicator
     from psfleet.ps.communicator.pass_mode import PassCommunicator
-    from psfleet.ps.communicator.registry import MODES, CommunicatorSettings, make_communicator
+    from psfleet.ps.communicator.registry import MODES, make_communicator
     from psfleet.ps.communicator.sync_mode import SyncCommunicator
-    from psfleet.ps.communicator.types import GEO_STEP, AsyncConfig, Communicator, PassConfig
+    from psfleet.ps.communicator.types import (
+        GEO_STEP,
+        AsyncConfig,
+        Communicator,
+        CommunicatorSettings,
+        PassConfig,
+    )
     from psfleet.ps.merge import merge_sparse
 
 __all__ = [
@@ -43,7 +49,7 @@ __getattr__ = lazy_exports(__name__, {
     "AsyncConfig": "psfleet.ps.communicator.types",
     "CollectiveCommunicator": "psfleet.ps.communicator.collective_mode",
     "Communicator": "psfleet.ps.communicator.types",
-    "CommunicatorSettings": "psfleet.ps.communicator.registry",
+    "CommunicatorSettings": "psfleet.ps.communicator.types",
     "GEO_STEP": "psfleet.ps.communicator.types",
     "GeoCommunicator": "psfleet.ps.communicator.geo_mode",
     "GlobalBatchCommunicator": "psfleet.ps.communicator.global_batch_mode",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from psfleet.errors import ConfigError
 from psfleet.ps.client import TableClient
@@ -14,24 +13,9 @@ from psfleet.ps.communicator.global_batch_mode import GlobalBatchCommunicator
 from psfleet.ps.communicator.local_mode import LocalCommunicator, simulated_staleness
 from psfleet.ps.communicator.pass_mode import PassCommunicator
 from psfleet.ps.communicator.sync_mode import SyncCommunicator
-from psfleet.ps.communicator.types import GEO_STEP, AsyncConfig, Communicator, PassConfig
+from psfleet.ps.communicator.types import Communicator, CommunicatorSettings
 
-__all__ = ["CommunicatorSettings", "make_communicator", "MODES"]
-
-
-@dataclass(frozen=True)
-class CommunicatorSettings:
-    """What the modes' constructors need: async settings, geo_step, worker count, pass
-    mode's settings, and for collective mode the step's example count
-    (``ExampleCounter.take``) and the device of collective tensors (``cpu`` or
-    ``cuda:N``)."""
-
-    async_config: AsyncConfig = AsyncConfig()
-    geo_step: int = GEO_STEP
-    worker_num: int = 1
-    example_count: Callable[[], int] | None = None
-    device: str = "cpu"
-    pass_config: PassConfig = PassConfig()
+__all__ = ["make_communicator", "MODES"]
 
 
 MODES: dict[str, Callable[[TableClient, CommunicatorSettings], Communicator]] = {

@@ -10,6 +10,8 @@ mode beside this file, chosen by name through :func:`make_communicator`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -28,7 +30,8 @@ from psfleet.ps.types import RuleConfig, SparseTableConfig
 if TYPE_CHECKING:  # the client imports the tables (and torch); a config check needs neither
     from psfleet.ps.client import PullHandle, TableClient
 
-__all__ = ["GEO_STEP", "AsyncConfig", "Communicator", "PassConfig", "check_async_only"]
+__all__ = ["GEO_STEP", "AsyncConfig", "Communicator", "CommunicatorSettings", "PassConfig",
+           "check_async_only"]
 
 #: Steps between GEO syncs unless set (PaddleRec's default ``geo_step``).
 GEO_STEP = 400
@@ -261,3 +264,18 @@ class Communicator(ABC):
     def stop(self) -> None:
         """Flush and end background work. Idempotent."""
         self.flush()
+
+
+@dataclass(frozen=True)
+class CommunicatorSettings:
+    """What the modes' constructors need: async settings, geo_step, worker count, pass
+    mode's settings, and for collective mode the step's example count
+    (``ExampleCounter.take``) and the device of collective tensors (``cpu`` or
+    ``cuda:N``)."""
+
+    async_config: AsyncConfig = AsyncConfig()
+    geo_step: int = GEO_STEP
+    worker_num: int = 1
+    example_count: Callable[[], int] | None = None
+    device: str = "cpu"
+    pass_config: PassConfig = PassConfig()

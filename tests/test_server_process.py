@@ -1,0 +1,61 @@
+"""A runner job's server process holds tables, not torch (real job, real processes).
+
+``psfleet train`` decides each process's role before importing torch
+(``psfleet.rec.roles``): a server of an async job never loads it, so it starts in about
+a second (a restarted server serves sooner) and holds no torch memory. A sync job's
+servers load it at start, as their rounds merge pushes with it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import clean_env, run_folder
+from test_checkpoint_resume import _checkpoints, _job_process, _manifest, _train_argv, _wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _loads_torch(process: psutil.Process) -> bool:
+    return any("libtorch" in m.path for m in process.memory_maps())
+
+
+@pytest.mark.parametrize("mode, server_torch", [("async", False), ("sync", True)])
+def test_server_loads_torch_only_where_its_rounds_merge(
+        tmp_path: Path, data_slice: Callable[..., Path], mode: str, server_torch: bool) -> None:
+    config = tmp_path / "job.yaml"
+    config.write_text(json.dumps({
+        "runner": {"train_data_dir": str(data_slice(800)), "epochs": 1, "batch_size": 8,
+                   "sync_mode": mode, "model_save_path": str(tmp_path / "out"),
+                   "export_model": False,
+                   "checkpoint": {"checkpoint_dir": str(tmp_path / "ck"), "step_interval": 10}},
+        "hyper_parameters": {"fc_sizes": [16]},
+        "cluster": {"server_num": 1, "worker_num": 1},
+    }))
+    job = subprocess.Popen(_train_argv(config), env=clean_env(), text=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           start_new_session=True)
+    try:
+        _wait_for("the checkpoint after batch 10",
+                  lambda: any(_manifest(p).get("batch") == 10
+                              for p in _checkpoints(tmp_path / "ck")), job)
+        run = run_folder(tmp_path / "out") / "config.yaml"
+        worker = _job_process(run, "PADDLE_TRAINER_ID", "0")
+        server = _job_process(run, "PSFLEET_SERVER_INDEX", "0")
+        worker.suspend()  # the job must not end while its processes are looked at
+        try:
+            assert _loads_torch(worker)
+            assert _loads_torch(server) == server_torch
+        finally:
+            worker.resume()
+        _, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, err[-3000:]
