@@ -66,6 +66,13 @@ def _wait_for(what: str, condition: Callable[[], bool], job: subprocess.Popen[st
         time.sleep(0.02)
 
 
+def _wait_for_checkpoint(job: subprocess.Popen[str], folder: Path, batch: int) -> None:
+    """Wait until ``job`` published the checkpoint after ``batch`` batches in ``folder``."""
+    _wait_for(f"the checkpoint after batch {batch}",
+              lambda: any(_manifest(p).get("batch") == batch for p in _checkpoints(folder)),
+              job)
+
+
 def _checkpoints(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("ckpt-*") if (p / "manifest.json").is_file())
 
@@ -127,9 +134,7 @@ def test_sync_job_killed_after_a_checkpoint_resumes_exactly(
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)
     try:
-        _wait_for("a checkpoint in the middle of the first epoch",
-                  lambda: any(_manifest(p).get("batch") == 20
-                              for p in _checkpoints(tmp_path / "ck-cut")), job)
+        _wait_for_checkpoint(job, tmp_path / "ck-cut", 20)
     finally:
         everything = [psutil.Process(job.pid), *psutil.Process(job.pid).children(True)]
         kill_processes(everything)  # SIGKILL: the launcher, servers and workers

@@ -26,7 +26,7 @@ from test_checkpoint_resume import (
     _job_process,
     _manifest,
     _train_argv,
-    _wait_for,
+    _wait_for_checkpoint,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -60,9 +60,7 @@ def _kill_server_1_mid_epoch(tmp_path: Path, config: Path, name: str,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            start_new_session=True)
     try:
-        _wait_for("a checkpoint in the middle of the epoch",
-                  lambda: any(_manifest(p).get("batch") == 10
-                              for p in _checkpoints(tmp_path / f"ck-{name}")), job)
+        _wait_for_checkpoint(job, tmp_path / f"ck-{name}", 10)
         run = run_folder(tmp_path / f"out-{name}")
         workers = [_job_process(run / "config.yaml", "PADDLE_TRAINER_ID", str(i))
                    for i in range(2)] if hold_workers else []

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import clean_env, run_folder
-from test_checkpoint_resume import _checkpoints, _job_process, _manifest, _train_argv, _wait_for
+from test_checkpoint_resume import _job_process, _train_argv, _wait_for_checkpoint
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -41,9 +41,7 @@ def test_server_loads_torch_only_where_its_rounds_merge(
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            start_new_session=True)
     try:
-        _wait_for("the checkpoint after batch 10",
-                  lambda: any(_manifest(p).get("batch") == 10
-                              for p in _checkpoints(tmp_path / "ck")), job)
+        _wait_for_checkpoint(job, tmp_path / "ck", 10)
         run = run_folder(tmp_path / "out") / "config.yaml"
         worker = _job_process(run, "PADDLE_TRAINER_ID", "0")
         server = _job_process(run, "PSFLEET_SERVER_INDEX", "0")
