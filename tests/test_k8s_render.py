@@ -122,6 +122,7 @@ def test_checkpoint_and_run_folders_on_volumes(capsys: pytest.CaptureFixture[str
 @pytest.mark.parametrize(("args", "named"), [
     (["-o", "cluster.server_num=0", "-o", "cluster.worker_num=1"], "cluster.server_num: 0"),
     (["-o", "runner.bogus=1"], "runner.bogus: unknown key"),
+    (["-o", "runner.model=dnnx"], "runner.model: 'dnnx' is not one of dcn_v2, deepfm, dnn"),
     (["-o", "runner.sync_mode=collective", "-o", "cluster.server_num=0"],
      "runner.sync_mode: collective"),
     (["-o", "cluster.tls=self-signed"], "cluster.tls"),

@@ -123,11 +123,12 @@ def load_cluster_job(config_file: Path, overrides: Sequence[str] = (), *,
         launcher: the route, for messages (``psfleet k8s render``).
 
     Raises:
-        ConfigError: the config is invalid (as ``psfleet train`` says), its mode has no
-            servers (collective, or ``cluster.server_num`` 0), ``cluster.tls:
-            self-signed`` is set (a local job's certificate), ``cluster.replication``
-            above 1 (not on these routes yet), or the name, workdir or
-            port is malformed; each message names the flag or key.
+        ConfigError: the config is invalid (as ``psfleet train`` says), its model is
+            unknown or rejects the tables, its mode has no servers (collective, or
+            ``cluster.server_num`` 0), ``cluster.tls: self-signed`` is set (a local
+            job's certificate), ``cluster.replication`` above 1 (not on these routes
+            yet), or the name, workdir or port is malformed; each message names the
+            flag or key.
     """
     raw, _ = read_yaml(config_file)
     if not PurePosixPath(workdir).is_absolute():
@@ -158,5 +159,8 @@ def load_cluster_job(config_file: Path, overrides: Sequence[str] = (), *,
             "served by their other copy (docs/fault-tolerance.md)")
     job_name = _check_name(name, "--name") if name is not None else _check_name(
         _default_name(config_file), f"--name (from {config_file.name})")
+    from psfleet.rec.preflight import check_model  # builds the model: imports torch
+
+    check_model(config)  # the data files are the cluster's: only the model is checked here
     return ClusterJob(job_name, config, config_file.read_text(), tuple(overrides),
                       workdir, port)

@@ -50,7 +50,7 @@ from psfleet.ps.communicator.local_mode import simulated_staleness
 from psfleet.rec.config import TrainConfig, parser_kind, parser_options, parser_schema
 from psfleet.rec.features import build_runner_model, table_specs
 
-__all__ = ["check_before_start", "check_data_files"]
+__all__ = ["check_before_start", "check_data_files", "check_model"]
 
 _BLOCK_BYTES = 1 << 16
 
@@ -134,8 +134,6 @@ def check_before_start(config: TrainConfig) -> None:
             ``PSFLEET_SIMULATE_STALENESS``.
     """
     simulated_staleness()  # read by single-process training, after the run folder exists
-    from psfleet.rec.models import list_models
-
     runner = config.runner
     parquet = parser_kind(runner) == "parquet"
     if runner.train_passes is not None:  # each pass named: train_passes[k]
@@ -153,9 +151,7 @@ def check_before_start(config: TrainConfig) -> None:
         except ConfigError as exc:
             raise ConfigError(f"runner.{exc} (runner.train_data_dir, cluster.worker_num)"
                               ) from None
-    if runner.model not in list_models():
-        raise ConfigError(f"runner.model: {runner.model!r} is not one of "
-                          f"{', '.join(list_models()) or '(none)'}")
+    check_model(config)
     if runner.pipe_command is None:
         parser = make_parser(runner.parser, parser_options(runner))
         for field, files in (("runner.train_data_dir", train_files),
@@ -163,8 +159,23 @@ def check_before_start(config: TrainConfig) -> None:
                              ("runner.valid_data_dir", valid_files)):
             for file in files:
                 _check_first_lines(parser, field, file)
-    build_runner_model(config)  # a model that rejects the tables names the key
     _check_memory_tiers(config)
+
+
+def check_model(config: TrainConfig) -> None:
+    """``runner.model`` is a registered model and accepts the declared tables: the model
+    is built once (no file is read), so a cluster route can check it too.
+
+    Raises:
+        ConfigError: an unknown model (lists the known ones), or a model that rejects
+            the tables (names the key).
+    """
+    from psfleet.rec.models import list_models
+
+    if config.runner.model not in list_models():
+        raise ConfigError(f"runner.model: {config.runner.model!r} is not one of "
+                          f"{', '.join(list_models()) or '(none)'}")
+    build_runner_model(config)
 
 
 def _check_memory_tiers(config: TrainConfig) -> None:
