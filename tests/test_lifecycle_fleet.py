@@ -36,6 +36,9 @@ def test_set_date_and_shrink_through_the_fleet() -> None:
     model = Model()
     f = Fleet()
     f.init(UserDefinedRoleMaker(0, Role.WORKER, 1, []))
+    # This model's tables only: embeddings other tests left alive in this process
+    # (not yet collected) would otherwise be created too, and their names may clash.
+    f.distributed_model(model)
     with pytest.raises(FatalError, match="init_worker"):
         f.shrink()
     optimizer = f.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))

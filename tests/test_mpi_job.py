@@ -132,7 +132,9 @@ def test_a_failing_rank_ends_the_job_at_once(tmp_path: Path) -> None:
                                  cwd=tmp_path)
     assert result.returncode != 0
     assert "missing" in result.stderr  # the workers' error names the folder
-    assert elapsed < 60, f"took {elapsed:.0f} s"
+    # A hang lasts until the 120 s timeout; alone this job ends in about 15 s, and in a
+    # full parallel test run on 2 cores it took up to 65 s.
+    assert elapsed < 100, f"took {elapsed:.0f} s"
 
 
 @needs_mpi
