@@ -8,6 +8,7 @@ runtime (``fleet.init_worker``) does, so no process-wide fleet state is touched.
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from psfleet.ps.communicator import (
     LocalCommunicator,
     merge_sparse,
 )
+from psfleet.ps.merge import sum_equal_keys
 from psfleet.ps.routing import RoutedKeys, keys_of
 
 pytestmark = pytest.mark.unit
@@ -226,6 +228,19 @@ def test_merge_sparse_sums_equal_keys() -> None:
     assert merged_keys.tolist() == [1, 3, 5, 2**63]
     assert merged.tolist() == [[13.0, 24.0], [101.0, 202.0], [7.0, 8.0], [5.0, 6.0]]
     assert all(g[0, 0] in (1.0, 10.0, 100.0) for g in grads)  # inputs untouched
+
+
+def test_equal_keys_sum_the_same_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server without torch (async, GEO) sums with numpy's add.at: bit for bit what
+    torch's index_add_ gives a worker."""
+    rng = np.random.default_rng(4)
+    keys = rng.integers(0, 300, size=4000).astype(np.uint64)
+    values = rng.normal(size=(4000, 9)).astype(np.float32)
+    with_torch = sum_equal_keys(keys, values)
+    monkeypatch.setitem(sys.modules, "torch", None)  # as in a process that never imported it
+    without = sum_equal_keys(keys, values)
+    assert np.array_equal(with_torch[0], without[0]) and with_torch[0].size == 300  # < 4000
+    np.testing.assert_array_equal(with_torch[1], without[1])
 
 
 def _pushes(seed: int, n: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:

@@ -3,6 +3,7 @@ them the show and click counts of tables with the ``ctr`` accessor."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import overload
 
@@ -88,15 +89,20 @@ def merge_pushes(keys: Sequence[np.ndarray | RoutedKeys], grads: Sequence[np.nda
 
 def sum_equal_keys(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct ``keys`` (uint64[N], sorted on return) with the ``values``
-    (float32[N, dim]) of equal keys summed: (uint64[U], float32[U, dim])."""
-    # torch's index_add_ is 2-3x faster than numpy's add.at and sums in the same order.
-    # Imported here: a server (psfleet.rec.serve) imports torch only once it merges.
-    import torch
+    (float32[N, dim]) of equal keys summed: (uint64[U], float32[U, dim]).
 
+    The sums are added in the order of ``keys``, with torch's ``index_add_`` once torch
+    is imported (workers; servers of sync and GBA jobs) and with numpy's ``add.at``
+    otherwise (an async or GEO server, which merges only keys a client sent twice):
+    the same float32 results, ``add.at`` being 2-3x slower."""
     uniq, inverse = np.unique(keys, return_inverse=True)
     summed = np.zeros((uniq.size, values.shape[1]), dtype=np.float32)
+    torch = sys.modules.get("torch")
+    if torch is None:
+        np.add.at(summed, inverse, values)
+        return uniq, summed
     source = values if values.flags.writeable else values.copy()  # torch wants writable
-    # summed[inverse[i]] += values[i], vectorised (numpy's add.at is far slower).
+    # summed[inverse[i]] += values[i], vectorised.
     torch.from_numpy(summed).index_add_(0, torch.from_numpy(inverse.astype(np.int64)),
                                         torch.from_numpy(np.ascontiguousarray(source)))
     return uniq, summed
