@@ -22,6 +22,7 @@ import pytest
 
 from psfleet.errors import RemoteError
 from psfleet.ps import RemoteClient, TableService, start_server
+from psfleet.ps.coordination import Barrier
 from psfleet.ps.wait_budget import WaitBudget
 from psfleet.rpc import RpcClient, RpcConfig, RunningServer
 from psfleet.rpc import messages as msg
@@ -117,6 +118,20 @@ def test_a_restarted_worker_replaces_its_dead_arrival_and_counts_once() -> None:
         assert _arrive(client, 2, 3, incarnation=0)  # the third worker completes it
         assert _arrive(client, 0, 3, incarnation=0)  # the others learn it on their poll
         assert _arrive(client, 1, 3, incarnation=1)
+
+
+def test_a_crossing_done_before_the_server_stopped_is_still_answered_done() -> None:
+    """Worker 0 completes stop_worker and stops the servers while worker 1 is between
+    two polls: worker 1's next poll must learn its crossing was done, not fail."""
+    barrier = Barrier(WaitBudget(slots=4, max_wait_s=0.05))
+    assert not barrier.arrive("stop_worker", 1, 2, 20.0, seq=1)  # its poll ends undone
+    assert barrier.arrive("stop_worker", 0, 2, 20.0, seq=1)  # worker 0 completes it
+    barrier.close()  # worker 0 went on and stopped the server
+    assert barrier.arrive("stop_worker", 1, 2, 20.0, seq=1)
+    with pytest.raises(RemoteError, match="the server is stopping"):
+        barrier.arrive("stop_worker", 1, 2, 20.0, seq=2)  # a new crossing is refused
+    with pytest.raises(RemoteError, match="the server is stopping"):
+        barrier.arrive("other", 0, 2, 20.0, seq=1)
 
 
 def test_a_restarted_worker_completes_a_barrier_with_worker_0() -> None:

@@ -111,10 +111,16 @@ class Barrier:
                 arrived since (FAILED_PRECONDITION; names both).
         """
         with self._cond:
-            if self._closed:
-                raise RemoteError(f"barrier {name!r}: the server is stopping")
             named = self._names.setdefault(name, _Named())
             mine = named.arrivals.get(worker_index)
+            if self._closed:
+                if (mine is not None and seq != 0 and (incarnation, seq) == (
+                        mine.incarnation, mine.seq) and mine.generation != named.generation):
+                    # Its crossing was done before the server stopped (a worker that
+                    # went on stopped it): only the answer had not reached this one.
+                    mine.answered = True
+                    return True
+                raise RemoteError(f"barrier {name!r}: the server is stopping")
             if mine is not None and incarnation < mine.incarnation:
                 raise RemoteError(self._stale(name, worker_index, incarnation, mine))
             if (mine is None or incarnation > mine.incarnation or seq == 0
