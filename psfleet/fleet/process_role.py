@@ -2,7 +2,7 @@
 
 :class:`ProcessRole` is what ``fleet.init`` decides (role, strategy, rpc settings) and
 all a server needs (``init_server``, ``run_server``). It imports no torch: the YAML
-runner's servers use it alone (``psfleet.rec.serve``), so a server process starts in
+runner's servers use it alone (``psfleet.rec.roles``), so a server process starts in
 about a second and holds its tables without torch's memory.
 :class:`~psfleet.fleet.fleet.Fleet` extends it with collective mode and the worker side.
 """

@@ -67,8 +67,8 @@ def serve(config: TrainConfig, server: ProcessRole) -> None:
     """
     runner = config.runner
     if runner.sync_mode == "sync" or runner.a_sync_configs.global_batch_aggregation:
-        # Their rounds merge the workers' pushes with torch (psfleet.ps.merge): import
-        # it now, not while the workers' first round waits.
+        # Their rounds merge the workers' pushes, with torch's index_add_ once torch is
+        # imported (2-3x faster than numpy's add.at, psfleet.ps.merge): import it now.
         importlib.import_module("torch")
     checkpoint = runner.checkpoint
     server.init_server(checkpoint_dir=checkpoint.checkpoint_dir if checkpoint else None,
