@@ -8,6 +8,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 
 def test_objects_alive_at_exit_are_frozen_and_other_handlers_run(tmp_path: Path) -> None:
     out = tmp_path / "at_exit.txt"
@@ -15,9 +19,12 @@ def test_objects_alive_at_exit_are_frozen_and_other_handlers_run(tmp_path: Path)
     # out); the one registered after psfleet's runs before it.
     script = textwrap.dedent(f"""
         import atexit, gc
-        atexit.register(lambda: open({str(out)!r}, "a").write(f"last {{gc.get_freeze_count()}}\\n"))
+        def note(name):
+            with open({str(out)!r}, "a") as f:
+                f.write(f"{{name}} {{gc.get_freeze_count()}}\\n")
+        atexit.register(note, "last")
         import psfleet
-        atexit.register(lambda: open({str(out)!r}, "a").write(f"first {{gc.get_freeze_count()}}\\n"))
+        atexit.register(note, "first")
         cycle = [None]
         cycle[0] = cycle
     """)
