@@ -106,8 +106,6 @@ def prepare(config: ConfigSource, overrides: Sequence[str] = (),
         ConfigError, DataError: the config, its data files or the run folder (a
             finished run's) at fault, named.
     """
-    from psfleet.rec.preflight import check_before_start
-
     if isinstance(config, TrainConfig):
         if overrides or sections:
             raise ConfigError("overrides and sections apply to a YAML path or a mapping; "
@@ -122,6 +120,10 @@ def prepare(config: ConfigSource, overrides: Sequence[str] = (),
         loaded = config_from_mapping(_merge(raw, sections or {}), base, source, overrides)
     named = name_run(loaded)
     check_run_folder(named)
+    # Imported here, after the config is read: a mistake in it is named in about a
+    # second, before the data parsers and the model's torch are imported.
+    from psfleet.rec.preflight import check_before_start
+
     check_before_start(named)
     return named
 

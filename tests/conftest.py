@@ -63,14 +63,41 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, cores + cores // 2)
 
 
+#: Seconds the longest test modules took in a full run (3 test processes on 2 cores,
+#: README's Test command with ``--durations=0``, the module's setup, call and teardown
+#: times summed; 2026-11-29). Only their order matters: longest first.
+MODULE_SECONDS = {
+    "test_dataset_examples": 231, "test_collective_e2e": 223, "test_train_e2e": 212,
+    "test_checkpoint_resume": 198, "test_curves": 198, "test_model_sync_oracle": 192,
+    "test_run_folders": 186, "test_fuzz_server": 185, "test_mpi_job": 182,
+    "test_bad_input": 172, "test_online_passes": 168, "test_starter": 163,
+    "test_replication_job": 160, "test_launch_gang_jobs": 156, "test_console": 150,
+    "test_fleet_minimal": 140, "test_checkpoint_failures": 116, "test_slurm_job": 112,
+    "test_k8s_job": 107, "test_export_predict": 104, "test_parity": 101,
+    "test_sync_oracle": 93, "test_datagen": 92, "test_disk_tier_job": 86,
+    "test_user_schema": 80, "test_launch_multinode": 78, "test_transpiler": 73,
+    "test_server_process": 68, "test_pass_mode_job": 64, "test_security_jobs": 64,
+}
+#: A module not in MODULE_SECONDS with a ``slow`` test, seconds (a guess: after the
+#: listed ones, before the modules of fast tests only).
+SLOW_MODULE_SECONDS = 30
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules with ``slow`` tests first: ``--dist loadscope`` hands each module to
-    the next free test process in this order, so the long job modules start early and
-    the many short ones fill the end of the run instead of one long module running
+    """The longest modules first (:data:`MODULE_SECONDS`), then the other modules with
+    ``slow`` tests, then the rest: ``--dist loadscope`` hands each module whole to the
+    next free test process in this order (pyproject.toml passes
+    ``--no-loadscope-reorder``, which keeps it), so the long job modules start early
+    and the many short ones fill the end of the run instead of one long module running
     alone there."""
     slow = {item.module.__name__ for item in items  # type: ignore[attr-defined]
             if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.module.__name__ not in slow)  # type: ignore[attr-defined]
+
+    def seconds(item: pytest.Item) -> int:
+        module = item.module.__name__  # type: ignore[attr-defined]
+        return MODULE_SECONDS.get(module, SLOW_MODULE_SECONDS if module in slow else 0)
+
+    items.sort(key=lambda item: -seconds(item))
 
 
 # -- leak check -------------------------------------------------------------------------

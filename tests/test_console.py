@@ -76,21 +76,25 @@ def test_version_of_fleetrun_without_torch() -> None:
 
 def test_commands_other_than_train_without_torch(tmp_path: Path) -> None:
     """``psfleet init``, ``datagen`` and ``example`` only read and write files: they must
-    not pay torch's import (seconds per call). (``k8s render`` builds the model once to
-    check it, so it does import torch.)"""
+    not pay torch's import (seconds per call); nor does ``psfleet train`` that refuses a
+    config value or a missing data file (the model, checked last, imports it). (``k8s
+    render`` builds the model once to check it, so it does import torch.)"""
     script = (
         "import sys\nfrom psfleet.cli.main import main\n"
         f"d = {str(tmp_path)!r}\n"
         "codes = [main(['init', d + '/job']),\n"
         "         main(['datagen', 'criteo', '--rows', '300', '--seed', '2',\n"
         "               '--out', d + '/t.tsv']),\n"
-        "         main(['example', 'deepfm', '--out', d + '/deepfm'])]\n"
+        "         main(['example', 'deepfm', '--out', d + '/deepfm']),\n"
+        "         main(['train', '-m', d + '/job/config.yaml', '-o', 'runner.epochs=x']),\n"
+        "         main(['train', '-m', d + '/job/config.yaml'])]\n"  # no data made
         "print('exit', codes, 'torch imported:', 'torch' in sys.modules)\n")
 
     r = run_command([sys.executable, "-c", script], timeout=60)
 
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-1] == "exit [0, 0, 0] torch imported: False", r.stdout
+    assert r.stdout.splitlines()[-1] == "exit [0, 0, 0, 2, 2] torch imported: False", r.stdout
+    assert "runner.epochs" in r.stderr and "runner.train_data_dir" in r.stderr, r.stderr
     assert len((tmp_path / "t.tsv").read_text().splitlines()) == 300
     assert (tmp_path / "job" / "config.yaml").is_file()
     assert (tmp_path / "deepfm" / "config.yaml").is_file()

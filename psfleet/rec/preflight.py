@@ -18,7 +18,9 @@ cheaply, by each process of the job):
   training files (each worker reads whole files);
 - the first lines of every data file parse with the configured parser (a column
   the config names that the file's header lacks is a ConfigError naming it);
-- ``runner.model`` is a registered model and builds over the declared tables;
+- ``runner.model`` is a registered model and builds over the declared tables (checked
+  after the data: building it imports torch, seconds, so the other mistakes are
+  named sooner);
 - ``PSFLEET_SIMULATE_STALENESS``, when set, is a valid value;
 - a table with a disk tier (``memory_rows`` / ``memory_budget_bytes``) holds one
   request's keys in memory.
@@ -43,12 +45,10 @@ from psfleet.data.compression import (
 )
 from psfleet.data.split import plan_share
 from psfleet.errors import ConfigError, DataError
-from psfleet.fleet import rule_of_class
 from psfleet.nn.table_checks import check_accessor
 from psfleet.ps import SparseTable, SparseTableConfig
 from psfleet.ps.communicator.local_mode import simulated_staleness
 from psfleet.rec.config import TrainConfig, parser_kind, parser_options, parser_schema
-from psfleet.rec.features import build_runner_model, table_specs
 
 __all__ = ["check_before_start", "check_data_files", "check_model"]
 
@@ -151,7 +151,6 @@ def check_before_start(config: TrainConfig) -> None:
         except ConfigError as exc:
             raise ConfigError(f"runner.{exc} (runner.train_data_dir, cluster.worker_num)"
                               ) from None
-    check_model(config)
     if runner.pipe_command is None:
         parser = make_parser(runner.parser, parser_options(runner))
         for field, files in (("runner.train_data_dir", train_files),
@@ -159,6 +158,8 @@ def check_before_start(config: TrainConfig) -> None:
                              ("runner.valid_data_dir", valid_files)):
             for file in files:
                 _check_first_lines(parser, field, file)
+    # Last: the model imports torch (seconds), so every other mistake is named sooner.
+    check_model(config)
     _check_memory_tiers(config)
 
 
@@ -170,6 +171,7 @@ def check_model(config: TrainConfig) -> None:
         ConfigError: an unknown model (lists the known ones), or a model that rejects
             the tables (names the key).
     """
+    from psfleet.rec.features import build_runner_model
     from psfleet.rec.models import list_models
 
     if config.runner.model not in list_models():
@@ -185,6 +187,9 @@ def _check_memory_tiers(config: TrainConfig) -> None:
     that, so that an uneven spread over the shards fits too. A multi-valued feature
     counts as one id here (its lists' lengths are the data's): a table of them can
     still be refused at run time, by the server, with the size its request needed."""
+    from psfleet.fleet import rule_of_class
+    from psfleet.rec.features import table_specs
+
     hp, runner = config.hyper_parameters, config.runner
     schema = parser_schema(runner)
     for k, spec in enumerate(table_specs(hp, schema)):
