@@ -148,11 +148,14 @@ def test_csv_with_header_and_parquet_give_the_same_examples(tmp_path: Path) -> N
         np.testing.assert_allclose(a, c, rtol=1e-6)  # same values as the criteo parser
 
 
-def test_csv_unknown_column_is_named() -> None:
-    config = ColumnsConfig(label="clicked", sparse=["a"])
+def test_csv_unknown_column_is_named_with_its_key() -> None:
     path = PADDLEREC / "raw_tsv" / "part-0"
-    with pytest.raises(ConfigError, match="'clicked' is not a column"):
-        load([path], "csv", config)
+    with pytest.raises(ConfigError, match=r"^columns.label: 'clicked' is not a column"):
+        load([path], "csv", ColumnsConfig(label="clicked", sparse=["a"]))
+    # Read with the default delimiter ",", the tab-separated file has one column.
+    with pytest.raises(ConfigError, match=r"^columns.sparse\[1\]: position 5 is past the "
+                                          r"last column \(1 columns\)"):
+        load([path], "csv", ColumnsConfig(label=0, sparse=[0, 5]))
 
 
 # -- slot format: the vectorised fast path against the per-line reference -------------------

@@ -146,23 +146,25 @@ class ColumnarParser:
     # -- column resolution ------------------------------------------------------------
     def _positions(self, names: list[str] | None, width: int, source: str
                    ) -> tuple[int, list[int], list[int], list[int]]:
-        def find(column: Column) -> int:
+        def find(column: Column, key: str) -> int:
             if isinstance(column, int):
                 if not 0 <= column < width:
-                    raise ConfigError(f"columns: position {column} is past the last column "
-                                      f"({width} columns) of {source}")
+                    raise ConfigError(f"columns.{key}: position {column} is past the last "
+                                      f"column ({width} columns) of {source}")
                 return column
             if names is None:
-                raise ConfigError(f"columns: {column!r} is a name but {source} has no header;"
-                                  " set columns.header: true or use 0-based positions")
+                raise ConfigError(f"columns.{key}: {column!r} is a name but {source} has no "
+                                  "header; set columns.header: true or use 0-based positions")
             if column not in names:
-                raise ConfigError(f"columns: {column!r} is not a column of {source}; its "
+                raise ConfigError(f"columns.{key}: {column!r} is not a column of {source}; its "
                                   f"columns are {names}")
             return names.index(column)
 
         config = self.config
-        return (find(config.label), [find(c) for c in config.dense],
-                [find(c) for c in config.sparse], [find(c) for c in config.multi])
+        return (find(config.label, "label"),
+                [find(c, f"dense[{i}]") for i, c in enumerate(config.dense)],
+                [find(c, f"sparse[{i}]") for i, c in enumerate(config.sparse)],
+                [find(c, f"multi[{i}]") for i, c in enumerate(config.multi)])
 
     # -- parsing ----------------------------------------------------------------------
     def parse(self, chunk: RawChunk, strict: bool) -> ParsedChunk:

@@ -237,5 +237,7 @@ def _check_first_lines(parser: Parser, field: str, file: Path) -> None:
     try:
         parser.parse(RawChunk(str(file), 2 if header is not None else 1, 1, 1, 1, payload,
                               header), strict=False)
-    except ConfigError as exc:
-        raise ConfigError(f"{field}: {exc}") from None
+    except ConfigError as exc:  # a runner.columns key names its file; others the field
+        message = str(exc)
+        raise ConfigError(f"runner.{message}" if message.startswith("columns.")
+                          else f"{field}: {message}") from None
