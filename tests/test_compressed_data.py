@@ -333,7 +333,8 @@ def test_preflight_reads_compressed_files_and_decompresses_only_their_start(
     with pytest.raises(ConfigError, match=f"runner.pipe_command: 'zcat' .*'{cut}'"):
         check_data_files("runner.train_data_dir", cut, "zcat")
     wrong = ColumnsConfig(delimiter="\t", label="clicked", sparse=["c1"])
-    with pytest.raises(ConfigError, match="runner.test_data_dir: .*'clicked'"):
+    with pytest.raises(ConfigError, match=r"^runner.columns.label: 'clicked' is not a column "
+                                          r".*\(runner.test_data_dir\)$"):
         _check_first_lines(make_parser("csv", wrong), "runner.test_data_dir", packed_csv)
 
 

@@ -237,7 +237,7 @@ def _check_first_lines(parser: Parser, field: str, file: Path) -> None:
     try:
         parser.parse(RawChunk(str(file), 2 if header is not None else 1, 1, 1, 1, payload,
                               header), strict=False)
-    except ConfigError as exc:  # a runner.columns key names its file; others the field
+    except ConfigError as exc:  # a runner.columns key first, then the field
         message = str(exc)
-        raise ConfigError(f"runner.{message}" if message.startswith("columns.")
+        raise ConfigError(f"runner.{message} ({field})" if message.startswith("columns.")
                           else f"{field}: {message}") from None
