@@ -22,12 +22,8 @@ import gc
 
 __all__ = ["install"]
 
-_installed = False
-
 
 def install() -> None:
-    """Register :func:`gc.freeze` to run at interpreter exit (once per process)."""
-    global _installed
-    if not _installed:
-        atexit.register(gc.freeze)
-        _installed = True
+    """Register :func:`gc.freeze` to run at interpreter exit (``import psfleet`` does,
+    once; a second registration only freezes again)."""
+    atexit.register(gc.freeze)
