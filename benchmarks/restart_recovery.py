@@ -13,12 +13,14 @@ Each run: ``psfleet train``, async, 1 epoch, batch 512, ``runner.checkpoint`` ev
 batches. The first three: 2 servers x 2 workers, ``cluster.max_restarts: 1``. ``rep1``,
 ``rep2`` and ``rep2_server_killed``: 3 servers x 2 workers, replication 1 / 2 / 2, no
 restarts; ``rep2_server_restarted``: the same kill with ``max_restarts: 1`` (the server
-is restarted and rejoins: filled with copies of its shares while training goes on).
+is restarted and rejoins: filled with copies of its shares while training goes on);
+``rep2_two_servers_killed``: the same kill without restarts, then server 2 killed as
+soon as the live servers hold new copies of server 1's shares (refill).
 The kill comes when the checkpoint after ``--kill_after`` batches is published. Prints
 one line per run (test AUC, examples/s; for a replicated kill, the seconds from the
 kill to the workers' first call on another server, the pause, and for a rejoin the
-seconds from the kill until the restarted server serves its share again), then the
-AUC and examples/s against the baseline.
+seconds from the kill until the restarted server serves its share again, or until its
+shares are refilled), then the AUC and examples/s against the baseline.
 """
 
 from __future__ import annotations
@@ -44,9 +46,15 @@ RUNS: dict[str, tuple[int, int, int, tuple[str, str] | None]] = {
     "rep2": (3, 2, 0, None),
     "rep2_server_killed": (3, 2, 0, ("PSFLEET_SERVER_INDEX", "1")),
     "rep2_server_restarted": (3, 2, 1, ("PSFLEET_SERVER_INDEX", "1")),
+    "rep2_two_servers_killed": (3, 2, 0, ("PSFLEET_SERVER_INDEX", "1")),
 }
+#: run name -> the process killed once the first kill's shares are refilled
+SECOND_KILLS = {"rep2_two_servers_killed": ("PSFLEET_SERVER_INDEX", "2")}
 BASELINES = {"server_killed": "undisturbed", "worker_killed": "undisturbed",
-             "rep2": "rep1", "rep2_server_killed": "rep2", "rep2_server_restarted": "rep2"}
+             "rep2": "rep1", "rep2_server_killed": "rep2", "rep2_server_restarted": "rep2",
+             "rep2_two_servers_killed": "rep2"}
+#: how many shares a dead server of a replication-2 job leaves with one copy
+_SHARES_PER_SERVER = 2
 
 
 def _config(work: Path, name: str, train: Path, test: Path) -> Path:
@@ -80,8 +88,7 @@ def _pause_s(run_dir: Path, killed_wall: float) -> int | None:
     for log in run_dir.glob("log/workerlog.*"):
         for line in log.read_text(errors="replace").splitlines():
             if "is dead" in line and "calling server" in line:
-                h, m, sec = (int(x) for x in line[:8].split(":"))
-                firsts.append((h * 3600 + m * 60 + sec - kill_s) % 86400)
+                firsts.append(_log_seconds(line, kill_s))
                 break
     return min(firsts) if firsts else None
 
@@ -94,9 +101,24 @@ def _rejoined_s(run_dir: Path, killed_wall: float) -> int | None:
     log = run_dir / "log" / "serverlog.1"
     for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
         if "now serves share 1" in line:
-            h, m, sec = (int(x) for x in line[:8].split(":"))
-            return (h * 3600 + m * 60 + sec - kill_s) % 86400
+            return _log_seconds(line, kill_s)
     return None
+
+
+def _log_seconds(line: str, kill_s: int) -> int:
+    h, m, sec = (int(x) for x in line[:8].split(":"))
+    return (h * 3600 + m * 60 + sec - kill_s) % 86400
+
+
+def _refilled_s(run_dir: Path, killed_wall: float) -> int | None:
+    """Seconds (whole) from the kill until both shares the dead server 1 held have a
+    second copy again on the live servers (refill); None while they do not."""
+    kill = time.localtime(killed_wall)
+    kill_s = kill.tm_hour * 3600 + kill.tm_min * 60 + kill.tm_sec
+    copied = [_log_seconds(line, kill_s) for log in run_dir.glob("log/serverlog.[02]")
+              for line in log.read_text(errors="replace").splitlines()
+              if "copied share" in line]
+    return max(copied) if len(copied) >= _SHARES_PER_SERVER else None
 
 
 def run(work: Path, name: str, train: Path, test: Path, kill_after: int) -> dict[str, object]:
@@ -116,13 +138,23 @@ def run(work: Path, name: str, train: Path, test: Path, kill_after: int) -> dict
         if victim is not None:
             victim.kill()
             killed_at, killed_wall = time.monotonic() - started, time.time()
-    code = job.wait()
     # The run folder psfleet train wrote under model_save_path (psfleet.rec.run_folder).
     run_dir = (work / f"out-{name}" / "latest").resolve()
+    refilled_after = second_killed_at = None
+    if name in SECOND_KILLS and killed_wall is not None:
+        while job.poll() is None and refilled_after is None:
+            time.sleep(0.2)
+            refilled_after = _refilled_s(run_dir, killed_wall)
+        victim = job_process(work / f"out-{name}", *SECOND_KILLS[name])
+        if victim is not None:
+            victim.kill()
+            second_killed_at = time.monotonic() - started
+    code = job.wait()
     metrics = json.loads((run_dir / "metrics.json").read_text()) if code == 0 else {}
     stderr = (work / f"{name}.stderr").read_text()
     return {"run": name, "exit": code, "killed": f"{kill[0]}={kill[1]}" if kill else None,
             "killed_at_s": killed_at, "restarts": stderr.count("restarting it"),
+            "refilled_after_s": refilled_after, "second_killed_at_s": second_killed_at,
             "failover_pause_s": (_pause_s(run_dir, killed_wall)
                                  if killed_wall is not None and RUNS[name][1] > 1 else None),
             "rejoined_after_s": (_rejoined_s(run_dir, killed_wall)

@@ -312,6 +312,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         "limit. An integer >= 1024, below 1 GiB.",
     ),
     EnvVar(
+        "PSFLEET_REFILL_DELAY_S",
+        "10",
+        "In a replicated job, how long after a server is declared dead the shares it held "
+        "wait, with one copy fewer, for a restarted server to rejoin before a live server "
+        "takes a new copy of each (docs/fault-tolerance.md, refill), seconds. An integer "
+        ">= 0.",
+    ),
+    EnvVar(
         "PSFLEET_CHECKPOINT_DIR",
         None,
         "Checkpoint folder (path or fsspec URL) a restarted server recovers its tables from "

@@ -7,23 +7,25 @@ index; a *member* is one process serving it, ``(host, incarnation)``, the incarn
 being its restart number (``PSFLEET_RESTART_NUM``).
 
 :class:`ShareMap` is everything the job knows about its members, and only grows:
-which incarnations of each host are dead, and which restarted members were filled with
-a copy of a share (rejoined). Two maps merge by union (the highest dead incarnation
-per host, the union of the joins), so every process that has heard the same facts
-routes the same way, whoever decided them. A share's holders are its live members
-ordered by their host's rank in its placement (``s`` first), so a member that
-rejoined on its own host serves its share again.
+which incarnations of each host are dead, which members were filled with a copy of a
+share while training went on (a restarted member rejoining, or a live one refilled
+after a death), and which of those copies were released again. Two maps merge by
+union (the highest dead incarnation per host, the union of the joins and of the
+releases), so every process that has heard the same facts routes the same way,
+whoever decided them. A share's holders are its live members ordered by their host's
+rank in its placement (``s`` first, hosts outside the placement last), so a member
+that rejoined on its own host serves its share again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from psfleet import env
 from psfleet.errors import ConfigError
 
-__all__ = ["Member", "ShareMap", "hosts_of", "lost_shares", "check_replication",
+__all__ = ["Member", "ShareMap", "hosts_of", "check_replication",
            "replication_from_env", "SUSPECT_RETRIES"]
 
 #: One process serving a host: (host index, incarnation).
@@ -41,13 +43,6 @@ def hosts_of(share: int, host_num: int, replication: int) -> list[int]:
     return [(share + i) % host_num for i in range(replication)]
 
 
-def lost_shares(host_num: int, replication: int, down: Iterable[int]) -> list[int]:
-    """The shares every host of which has no process up (``down``): a launcher's view,
-    which knows processes, not which copies a restarted server was filled with."""
-    gone = set(down)
-    return [s for s in range(host_num) if set(hosts_of(s, host_num, replication)) <= gone]
-
-
 @dataclass(frozen=True)
 class ShareMap:
     """Where the shares of a job of ``host_num`` servers with ``replication`` live.
@@ -56,14 +51,18 @@ class ShareMap:
         host_num: servers of the job.
         replication: hosts per share, in ``[1, host_num]``.
         dead: host -> its highest dead incarnation (every lower one is dead too).
-        joined: ``(share, host, incarnation)``: a restarted member holding a full copy
-            of the share (filled from the share's primary while training went on).
+        joined: ``(share, host, incarnation)``: a member holding a full copy of the
+            share, filled from the share's primary while training went on (a restarted
+            member, or a live one refilled: :meth:`refill_target`).
+        released: ``(share, host, incarnation)``: a joined copy the share no longer
+            needs (:meth:`excess`); it is no holder from then on.
     """
 
     host_num: int
     replication: int
     dead: Mapping[int, int] = field(default_factory=dict)
     joined: frozenset[tuple[int, int, int]] = frozenset()
+    released: frozenset[tuple[int, int, int]] = frozenset()
 
     def is_dead(self, member: Member) -> bool:
         host, incarnation = member
@@ -75,13 +74,42 @@ class ShareMap:
         incarnation first."""
         members = [(h, 0) for h in hosts_of(share, self.host_num, self.replication)]
         members += [(h, k) for s, h, k in self.joined if s == share]
-        live = {m for m in members if not self.is_dead(m)}
+        live = {m for m in members
+                if not self.is_dead(m) and (share, *m) not in self.released}
         return sorted(live, key=lambda m: ((m[0] - share) % self.host_num, -m[1]))
 
     def primary(self, share: int) -> Member | None:
         """The member serving ``share`` now; None when every copy is dead."""
         holders = self.holders(share)
         return holders[0] if holders else None
+
+    def live_hosts(self) -> list[int]:
+        """The hosts whose newest member this map knows is alive, in index order."""
+        return [h for h in range(self.host_num) if not self.is_dead(self.latest(h))]
+
+    def refill_target(self, share: int) -> int | None:
+        """The live host that should take a new copy of ``share``: None unless the
+        share has fewer than ``replication`` holders but at least one. Of the live
+        hosts holding no copy of it (nor one released), the one holding the fewest
+        shares, then the one nearest after the share in placement order; every process
+        with the same map picks the same host."""
+        holders = self.holders(share)
+        if not holders or len(holders) >= self.replication:
+            return None
+        held = {h for h, _ in holders}
+        candidates = [h for h in self.live_hosts()
+                      if h not in held and (share, *self.latest(h)) not in self.released]
+        if not candidates:
+            return None
+        load = {h: sum(self.latest(h) in self.holders(s) for s in range(self.host_num))
+                for h in candidates}
+        return min(candidates, key=lambda h: (load[h], (h - share) % self.host_num))
+
+    def excess(self, share: int) -> list[Member]:
+        """The holders of ``share`` beyond ``replication`` (the lowest ranked: copies
+        refilled outside its placement, after its own host's restarted member came
+        back)."""
+        return self.holders(share)[self.replication:]
 
     def lost(self) -> list[int]:
         """The shares every copy of which is dead (their rows are gone)."""
@@ -97,26 +125,31 @@ class ShareMap:
         dead = dict(self.dead)
         for host, incarnation in members:
             dead[host] = max(dead.get(host, -1), incarnation)
-        return ShareMap(self.host_num, self.replication, dead, self.joined)
+        return replace(self, dead=dead)
 
     def with_joined(self, share: int, member: Member) -> ShareMap:
         """This map with ``member`` holding a copy of ``share``."""
-        return ShareMap(self.host_num, self.replication, self.dead,
-                        self.joined | {(share, *member)})
+        return replace(self, joined=self.joined | {(share, *member)})
+
+    def with_released(self, share: int, members: Iterable[Member]) -> ShareMap:
+        """This map with the copies of ``share`` on ``members`` released."""
+        return replace(self, released=self.released | {(share, *m) for m in members})
 
     def merged(self, other: ShareMap) -> ShareMap:
         """The union of what both maps know."""
-        dead = self.with_dead(other.dead.items()).dead
-        return ShareMap(self.host_num, self.replication, dead, self.joined | other.joined)
+        return replace(self, dead=self.with_dead(other.dead.items()).dead,
+                       joined=self.joined | other.joined,
+                       released=self.released | other.released)
 
     def describe(self) -> str:
-        """``dead hosts [1 (incarnations <= 0)], rejoined: share 1 on host 1 incarnation 1``,
+        """``dead hosts [1 (incarnations <= 0)], filled: share 1 on host 1 incarnation 1``,
         for logs."""
         dead = [f"{h} (incarnations <= {k})" for h, k in sorted(self.dead.items())]
-        joined = [f"share {s} on host {h} incarnation {k}" for s, h, k in sorted(self.joined)]
+        joined = [f"share {s} on host {h} incarnation {k}" for s, h, k in sorted(self.joined)
+                  if (s, h, k) not in self.released]
         lost = self.lost()
         return (f"dead hosts [{', '.join(dead)}]"
-                + (f", rejoined: {', '.join(joined)}" if joined else "")
+                + (f", filled: {', '.join(joined)}" if joined else "")
                 + (f"; shares {lost} have no copy left" if lost else ""))
 
 

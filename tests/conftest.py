@@ -71,7 +71,7 @@ MODULE_SECONDS = {
     "test_checkpoint_resume": 198, "test_curves": 198, "test_model_sync_oracle": 192,
     "test_run_folders": 186, "test_fuzz_server": 185, "test_mpi_job": 182,
     "test_bad_input": 172, "test_online_passes": 168, "test_starter": 163,
-    "test_replication_job": 160, "test_launch_gang_jobs": 156, "test_console": 150,
+    "test_replication_job": 200, "test_launch_gang_jobs": 156, "test_console": 150,
     "test_fleet_minimal": 140, "test_checkpoint_failures": 116, "test_slurm_job": 112,
     "test_k8s_job": 107, "test_export_predict": 104, "test_parity": 101,
     "test_sync_oracle": 93, "test_datagen": 92, "test_disk_tier_job": 86,

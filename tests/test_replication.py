@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from psfleet.ps import RemoteClient, TableService, start_server
 from psfleet.ps.replica.copy import chunk_bytes, join_parts, split_parts
 from psfleet.ps.replica.host import Layout, ReplicaHost
 from psfleet.ps.types import PushMode, RuleConfig, SparseTableConfig
-from psfleet.replication import ShareMap, hosts_of, lost_shares, replication_from_env
+from psfleet.replication import ShareMap, hosts_of, replication_from_env
 from psfleet.rpc import RpcClient, RpcConfig, RunningServer
 from psfleet.rpc import messages as msg
 
@@ -215,6 +216,96 @@ def test_a_restarted_server_rejoins_while_training_goes_on(
             running.stop(grace_s=0.1)
 
 
+def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not within {timeout_s:g} s"
+        time.sleep(0.05)
+
+
+def _hosts(started: list[tuple[TableService, RunningServer]]) -> list[ReplicaHost]:
+    hosts = [r.handler for _, r in started]
+    assert all(isinstance(h, ReplicaHost) for h in hosts)
+    return hosts  # type: ignore[return-value]
+
+
+def test_a_second_dead_server_loses_nothing_once_the_first_ones_shares_are_refilled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Server 1 dies and is not restarted: shares 0 and 1 are left with one copy each.
+    While a worker keeps pushing, the live servers take new copies (share 0 on server
+    2, share 1 on server 0: the map decides, the same on both), holding the same bytes
+    as the primaries. Then server 2 dies too, and server 0 serves every share with
+    nothing lost."""
+    monkeypatch.setenv("PSFLEET_REFILL_DELAY_S", "0")
+    with servers() as started:
+        client = _client(started, 0)
+        _train(client, KEYS, 10, 0)
+        host_0, _, host_2 = _hosts(started)
+        started[1][1].stop(grace_s=0.1)
+        _train(client, KEYS, 3, 1)  # fails shares 0 and 1 over
+        training = threading.Thread(target=_train, args=(client, KEYS, 20, 2))
+        training.start()
+        _wait_for(lambda: sorted(host_0._shares) == sorted(host_2._shares) == [0, 1, 2],
+                  "the refill of shares 0 and 1")
+        training.join()
+        assert client._directory is not None
+        client._directory.refresh()
+        assert client._directory.map.joined == {(0, 2, 0), (1, 0, 0)}
+        for share in range(3):
+            _assert_copies_equal(host_0._shares[share], host_2._shares[share])
+        rows = client.pull_sparse(SPARSE, KEYS, create=False)
+        dense = client.pull_dense(DENSE)
+
+        started[2][1].stop(grace_s=0.1)
+        np.testing.assert_array_equal(client.pull_sparse(SPARSE, KEYS, create=False), rows)
+        np.testing.assert_array_equal(client.pull_dense(DENSE), dense)
+        assert [client._directory.primary(s) for s in range(3)] == [0, 0, 0]
+        client.push_sparse(SPARSE, KEYS, np.ones((KEYS.size, 8), np.float32),
+                           mode=PushMode.DELTA)
+        np.testing.assert_allclose(client.pull_sparse(SPARSE, KEYS, create=False),
+                                   rows + 1.0, rtol=0, atol=1e-6)
+        client.close()
+
+
+def test_a_refilled_copy_is_released_when_the_dead_server_rejoins(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Server 1 dies, shares 0 and 1 are refilled on servers 2 and 0; then server 1 is
+    restarted and rejoins: each share is back on its own two servers, and the refilled
+    copies are released (dropped from the map and from memory)."""
+    monkeypatch.setenv("PSFLEET_REFILL_DELAY_S", "0")
+    with servers() as started:
+        endpoints = [r.endpoint for _, r in started]
+        client = _client(started, 0)
+        _train(client, KEYS, 5, 0)
+        host_0, _, host_2 = _hosts(started)
+        started[1][1].stop(grace_s=0.1)
+        _train(client, KEYS, 3, 1)
+        _wait_for(lambda: sorted(host_0._shares) == sorted(host_2._shares) == [0, 1, 2],
+                  "the refill of shares 0 and 1")
+        port = int(endpoints[1].rpartition(":")[2])
+        _, running = start_server(HOST, port, CONFIG, layout=Layout(tuple(endpoints), 1, 2),
+                                  incarnation=1)
+        try:
+            rejoined = running.handler
+            assert isinstance(rejoined, ReplicaHost)
+            rejoined.rejoin()
+            _wait_for(lambda: sorted(host_0._shares) == [0, 2] and
+                      sorted(host_2._shares) == [1, 2], "the release of the refilled copies")
+            _train(client, KEYS, 3, 2)
+            assert sorted(rejoined._shares) == [0, 1]
+            share_map = rejoined._map
+            assert share_map is not None
+            assert [share_map.holders(s) for s in range(3)] == [
+                [(0, 0), (1, 1)], [(1, 1), (2, 0)], [(2, 0), (0, 0)]]
+            assert share_map.released == {(0, 2, 0), (1, 0, 0)}
+            _assert_copies_equal(rejoined._shares[1], host_2._shares[1])
+            _assert_copies_equal(host_0._shares[0], rejoined._shares[0])
+        finally:
+            client.close()
+            running.handler.close()
+            running.stop(grace_s=0.1)
+
+
 def test_a_copy_is_cut_into_parts_within_the_limit_and_joined_again() -> None:
     rng = np.random.default_rng(0)
     files = [msg.SharedFile(path=f"server-1/f{i}", data=rng.bytes(size))
@@ -267,8 +358,6 @@ def test_a_second_different_layout_is_refused() -> None:
 
 def test_placement_and_settings() -> None:
     assert [hosts_of(s, 3, 2) for s in range(3)] == [[0, 1], [1, 2], [2, 0]]
-    assert lost_shares(3, 2, {1}) == [] and lost_shares(3, 2, {1, 2}) == [1]
-    assert lost_shares(4, 2, {0, 2}) == []
     # Host 1 dies; restarted as incarnation 1 and filled with shares 0 and 1, it ranks
     # first for its own share again and second for share 0.
     dead = ShareMap(3, 2).with_dead([(1, 0)])
@@ -277,6 +366,25 @@ def test_placement_and_settings() -> None:
     assert back.holders(1) == [(1, 1), (2, 0)] and back.holders(0) == [(0, 0), (1, 1)]
     assert back.merged(ShareMap(3, 2).with_dead([(2, 0)])).holders(1) == [(1, 1)]
     assert dead.with_dead([(2, 0)]).lost() == [1]
+    # Refill: a share with a copy fewer goes to the live host holding the fewest
+    # shares, then the nearest after it in placement order; never to a host holding
+    # or released from it; a share with every copy, or none, is not refilled.
+    assert [dead.refill_target(s) for s in range(3)] == [2, 0, None]
+    four = ShareMap(4, 2).with_dead([(1, 0)])
+    assert [four.refill_target(s) for s in range(4)] == [2, 3, None, None]
+    assert four.with_joined(0, (3, 0)).refill_target(1) == 0  # host 3 holds 3 now
+    assert dead.with_dead([(2, 0)]).refill_target(1) is None  # lost
+    refilled = dead.with_joined(0, (2, 0)).with_joined(1, (0, 0))
+    assert [refilled.refill_target(s) for s in range(3)] == [None] * 3
+    assert refilled.holders(1) == [(2, 0), (0, 0)]  # outside the placement: last
+    # Host 1 rejoins: the refilled copies are the excess, and released.
+    full = refilled.with_joined(1, (1, 1)).with_joined(0, (1, 1))
+    assert full.excess(1) == [(0, 0)] and full.excess(0) == [(2, 0)]
+    released = full.with_released(1, [(0, 0)]).with_released(0, [(2, 0)])
+    assert [released.holders(s) for s in range(3)] == [[(0, 0), (1, 1)], [(1, 1), (2, 0)],
+                                                       [(2, 0), (0, 0)]]
+    assert released.with_dead([(1, 1)]).refill_target(1) is None  # host 0: released
+    assert ShareMap(3, 2).merged(released) == released
     assert replication_from_env(3, {}) == 1
     with pytest.raises(ConfigError, match="PSFLEET_REPLICATION: 4 copies of each share "
                        "need at least 4 servers; the job has 3"):

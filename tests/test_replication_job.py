@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from test_checkpoint_resume import (
     _job_process,
     _manifest,
     _train_argv,
+    _wait_for,
     _wait_for_checkpoint,
 )
 
@@ -166,4 +168,56 @@ def test_async_job_with_a_killed_server_restarted_rejoins(
         assert int(messages) == int(size) // (64 << 10) + 1, copies
     assert re.search(r"filled share 0: \{0: [1-9]\d*, ", restarted), restarted[-3000:]
     metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["test"]["auc"] > 0.6
+
+
+def test_async_job_survives_two_dead_servers_one_after_the_other(
+        tmp_path: Path, data_slice: Callable[..., Path]) -> None:
+    """Async, replication 2, no restarts: server 1 is SIGKILLed mid-epoch and the live
+    servers take new copies of its shares (refill, ``PSFLEET_REFILL_DELAY_S=0``); then
+    server 2 is SIGKILLed too. Server 0 serves every share, the job trains to its end,
+    and every row the job had before the kills is in its last checkpoint."""
+    train, test = data_slice(3000), data_slice(400, source="dev.csv")
+    config = _config(tmp_path, "twice", train, test, replication=2)
+    raw = json.loads(config.read_text())
+    raw["runner"]["sync_mode"] = "async"
+    raw["runner"]["epochs"] = 2
+    raw["runner"]["checkpoint"].update(step_interval=20, max_num_checkpoints=1000)
+    config.write_text(json.dumps(raw))
+    checkpoints = tmp_path / "ck-twice"
+    job = subprocess.Popen(_train_argv(config), env=clean_env({"PSFLEET_REFILL_DELAY_S": "0"}),
+                           text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           start_new_session=True)
+    try:
+        _wait_for_checkpoint(job, checkpoints, 20)
+        logs = run_folder(tmp_path / "out-twice") / "log"
+        _job_process(logs.parent / "config.yaml", "PSFLEET_SERVER_INDEX", "1").kill()
+        _wait_for("the refill of shares 0 and 1", lambda: re.search(
+            r"copied share 0 ", _read(logs / "serverlog.0")) is not None and re.search(
+            r"copied share 1 ", _read(logs / "serverlog.2")) is not None, job)
+        assert job.poll() is None, "the job ended before its second server died"
+        second_kill_at = max(int(_manifest(p)["batch"]) for p in _checkpoints(checkpoints))  # type: ignore[call-overload]
+        _job_process(logs.parent / "config.yaml", "PSFLEET_SERVER_INDEX", "2").kill()
+        _, err = job.communicate(timeout=240)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, err[-3000:]
+    assert err.count("not restarted (replication 2)") == 2, err[-3000:]
+    assert "takes a new one from host 0" in _read(logs / "serverlog.2")  # share 0
+    server_0 = _read(logs / "serverlog.0")
+    assert "takes a new one from host 2" in server_0  # share 1
+    assert "now serves share 2" in server_0
+    batches = [int(_manifest(p)["batch"]) for p in _checkpoints(checkpoints)]  # type: ignore[call-overload]
+    assert max(batches) > second_kill_at + 20, "no training after the second kill"
+
+    early = tmp_path / "ck-early"
+    first = next(p for p in _checkpoints(checkpoints) if _manifest(p)["batch"] == 20)
+    shutil.copytree(first, early / first.name)
+    early_keys, _, _ = _final_parameters(early)
+    keys, _, _ = _final_parameters(checkpoints)
+    assert early_keys.size > 500
+    assert np.isin(early_keys, keys).all(), "rows created before the kills were lost"
+    metrics = json.loads((logs.parent / "metrics.json").read_text())
     assert metrics["test"]["auc"] > 0.6

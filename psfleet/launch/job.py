@@ -28,7 +28,6 @@ from psfleet.launch.process import ChildProcess, read_tail
 from psfleet.launch.restarts import Action, RestartPolicy, cause_of
 from psfleet.launch.specs import server_spec, worker_spec
 from psfleet.launch.types import LaunchConfig, ProcessSpec, Role
-from psfleet.replication import lost_shares
 
 __all__ = ["Job", "EXIT_FAILURE"]
 
@@ -360,8 +359,13 @@ class Job:
     def _on_replicated_server_failure(self, child: ChildProcess, cause: str | None,
                                       workers_done: bool) -> int | None:
         """A server of a replicated job failed: restarted (``process`` policy, restarts
-        left) or left down while every share has a server up (None: the job goes on),
-        else the failure reported."""
+        left) or left down while another server is up (None: the job goes on), else the
+        failure reported.
+
+        Whether a share lost every copy is the servers' knowledge, not the launcher's:
+        live servers take new copies of a dead one's shares (refill), so placement
+        alone does not tell. A worker calling a share with no copy left fails, naming
+        it, and the job fails with that worker."""
         replication = self.config.replication or 1
         if (self._restarts.policy == "process" and not workers_done
                 and self._restarts.can_restart(child.spec)):
@@ -369,15 +373,15 @@ class Job:
             return None
         dead = [s.spec.index for s in self.servers
                 if s.returncode is not None and s.returncode != 0]
-        lost = lost_shares(len(self._endpoints) or len(self.servers), replication, dead)
-        if lost:
+        if len(dead) == len(self.servers):
             return self._report_failure(
-                child, "", f"{cause_of(child, cause)}; shares {lost} have no live copy "
-                f"left (replication {replication}, dead servers {sorted(dead)})")
+                child, "", f"{cause_of(child, cause)}; every server of the job is dead "
+                f"(replication {replication})")
         child.flush_log()
         logger.warning("fleetrun: %s %s; not restarted (replication %d): the servers "
-                       "holding its shares' other copies serve them, and the job goes on "
-                       "(dead servers %s). Its log: %s", self._who(child), cause_of(child, cause),
+                       "holding its shares' other copies serve them, live servers take new "
+                       "copies after PSFLEET_REFILL_DELAY_S, and the job goes on (dead "
+                       "servers %s). Its log: %s", self._who(child), cause_of(child, cause),
                        replication, sorted(dead), child.spec.log_path)
         return None
 

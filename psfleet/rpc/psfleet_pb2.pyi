@@ -338,18 +338,24 @@ class AgeOneDayRequest(_message.Message):
     def __init__(self, all_tables: _Optional[bool] = ..., table_id: _Optional[int] = ..., request_id: _Optional[_Union[PushId, _Mapping]] = ...) -> None: ...
 
 class ShareMapMessage(_message.Message):
-    __slots__ = ("dead_hosts", "dead_incarnations", "joined_shares", "joined_hosts", "joined_incarnations")
+    __slots__ = ("dead_hosts", "dead_incarnations", "joined_shares", "joined_hosts", "joined_incarnations", "released_shares", "released_hosts", "released_incarnations")
     DEAD_HOSTS_FIELD_NUMBER: _ClassVar[int]
     DEAD_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
     JOINED_SHARES_FIELD_NUMBER: _ClassVar[int]
     JOINED_HOSTS_FIELD_NUMBER: _ClassVar[int]
     JOINED_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_SHARES_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
     dead_hosts: _containers.RepeatedScalarFieldContainer[int]
     dead_incarnations: _containers.RepeatedScalarFieldContainer[int]
     joined_shares: _containers.RepeatedScalarFieldContainer[int]
     joined_hosts: _containers.RepeatedScalarFieldContainer[int]
     joined_incarnations: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, dead_hosts: _Optional[_Iterable[int]] = ..., dead_incarnations: _Optional[_Iterable[int]] = ..., joined_shares: _Optional[_Iterable[int]] = ..., joined_hosts: _Optional[_Iterable[int]] = ..., joined_incarnations: _Optional[_Iterable[int]] = ...) -> None: ...
+    released_shares: _containers.RepeatedScalarFieldContainer[int]
+    released_hosts: _containers.RepeatedScalarFieldContainer[int]
+    released_incarnations: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dead_hosts: _Optional[_Iterable[int]] = ..., dead_incarnations: _Optional[_Iterable[int]] = ..., joined_shares: _Optional[_Iterable[int]] = ..., joined_hosts: _Optional[_Iterable[int]] = ..., joined_incarnations: _Optional[_Iterable[int]] = ..., released_shares: _Optional[_Iterable[int]] = ..., released_hosts: _Optional[_Iterable[int]] = ..., released_incarnations: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReplicasRequest(_message.Message):
     __slots__ = ("endpoints", "host_index", "replication", "map")

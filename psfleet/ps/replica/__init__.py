@@ -5,12 +5,14 @@ to that index and its dense blocks. With ``replication`` R > 1 each share lives 
 hosts (server processes): the first live one is its primary, which serves pulls and
 forwards every write to the others before answering. When a host dies the next one
 of each of its shares becomes primary and training goes on; a restarted server is
-filled with copies of its shares while training goes on, and serves its own again.
+filled with copies of its shares while training goes on, and serves its own again;
+when none comes back, live servers take new copies of its shares (refill).
 
 - ``psfleet.replication``: where shares are placed, the share map (which members are
   dead, which rejoined), the ``PSFLEET_REPLICATION`` setting.
 - ``members``: a server's layout, map and fail-over decisions.
-- ``rejoin`` and ``copy``: filling a restarted server with copies of its shares.
+- ``rejoin`` and ``copy``: filling a restarted server with copies of its shares;
+  ``refill``: a live server taking a copy of a share a dead one held.
 - ``host``: :class:`~psfleet.ps.replica.host.ReplicaHost`, what a server serves:
   its shares behind one endpoint, forwarding writes.
 - ``directory``: the worker's side: which host serves a share, and calls that follow

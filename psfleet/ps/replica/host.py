@@ -18,7 +18,8 @@ R > 1:
   that does not serve the share is refused with ``MovedError`` (ABORTED), and the
   worker learns the map again.
 - a member restarted in the job is filled while training goes on
-  (``psfleet.ps.replica.rejoin``).
+  (``psfleet.ps.replica.rejoin``), and a share a dead server held is copied to a live
+  one when no restarted server takes it back (``psfleet.ps.replica.refill``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 from psfleet.errors import MovedError, RemoteError, RpcError, ServerUnavailableError
 from psfleet.ps.replica.members import Layout
-from psfleet.ps.replica.rejoin import Rejoining
+from psfleet.ps.replica.refill import Refilling
 from psfleet.replication import Member
 from psfleet.rpc import call_route
 from psfleet.rpc import messages as msg
@@ -46,7 +47,7 @@ _QUEUED_REPLY: dict[str, Callable[[], Any]] = {
     "Load": msg.Empty, "Shrink": msg.ShrinkResponse, "AgeOneDay": msg.Empty}
 
 
-class ReplicaHost(Rejoining):
+class ReplicaHost(Refilling):
     """Every share one server holds, behind its endpoint. Thread safe.
 
     One method per rpc of ``psfleet.proto``. A call is for the share its
@@ -199,7 +200,8 @@ class ReplicaHost(Rejoining):
 
     def close(self) -> None:
         """Fail every call waiting in any share (the server is stopping); close the
-        connections to the other hosts."""
+        connections to the other hosts; end the refill thread."""
+        self.stop_refill()
         with self._lock:
             services = {id(s): s for s in [self.own, *self._shares.values()]}
         for service in services.values():

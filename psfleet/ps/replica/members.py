@@ -167,7 +167,16 @@ class ShareMembers:
                 logger.info("share %d is now served by %s; this copy follows it", share,
                             merged.primary(share))
             service.wait_budget.slots = self._wait_slots if primary else 0
+        for share in [s for s in self._shares if (s, *self._me) in merged.released]:
+            del self._shares[share]  # a copy no longer needed: its memory is freed
+            logger.warning("this server's copy of share %d was released (the share has "
+                           "%d copies without it)", share, merged.replication)
         logger.warning("share map: %s (replication %d)", merged.describe(), merged.replication)
+        self._map_changed()
+
+    def _map_changed(self) -> None:
+        """Called after every change of the map, with ``_lock`` held (subclasses act on
+        it; ``psfleet.ps.replica.refill``)."""
 
     def MergeMap(self, request: msg.ShareMapMessage) -> msg.ShareMapMessage:  # noqa: N802
         """Merge another host's map (a union: it only grows); returns this host's."""

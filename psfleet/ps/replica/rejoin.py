@@ -143,7 +143,8 @@ class Rejoining(ShareMembers):
             self._filling[share].remove(member)
             with self._lock:
                 assert self._map is not None
-                self._merge(self._map.with_joined(share, member))
+                joined = self._map.with_joined(share, member)
+                self._merge(joined.with_released(share, joined.excess(share)))
             self._broadcast()
         logger.warning("copied share %d (%d bytes in %d messages) to host %d incarnation %d",
                        share, sum(len(f.data) for f in files), number + 1, *member)
