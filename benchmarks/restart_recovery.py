@@ -15,7 +15,8 @@ batches. The first three: 2 servers x 2 workers, ``cluster.max_restarts: 1``. ``
 restarts; ``rep2_server_restarted``: the same kill with ``max_restarts: 1`` (the server
 is restarted and rejoins: filled with copies of its shares while training goes on);
 ``rep2_two_servers_killed``: the same kill without restarts, then server 2 killed as
-soon as the live servers hold new copies of server 1's shares (refill).
+soon as the live servers hold new copies of server 1's shares (refill);
+``rep2_server_drained``: server 1 removed by ``psfleet drain`` instead of killed.
 The kill comes when the checkpoint after ``--kill_after`` batches is published. Prints
 one line per run (test AUC, examples/s; for a replicated kill, the seconds from the
 kill to the workers' first call on another server, the pause, and for a rejoin the
@@ -47,12 +48,15 @@ RUNS: dict[str, tuple[int, int, int, tuple[str, str] | None]] = {
     "rep2_server_killed": (3, 2, 0, ("PSFLEET_SERVER_INDEX", "1")),
     "rep2_server_restarted": (3, 2, 1, ("PSFLEET_SERVER_INDEX", "1")),
     "rep2_two_servers_killed": (3, 2, 0, ("PSFLEET_SERVER_INDEX", "1")),
+    "rep2_server_drained": (3, 2, 0, ("PSFLEET_SERVER_INDEX", "1")),
 }
+#: runs whose "kill" is ``psfleet drain --server N`` instead of a SIGKILL
+DRAINS = {"rep2_server_drained"}
 #: run name -> the process killed once the first kill's shares are refilled
 SECOND_KILLS = {"rep2_two_servers_killed": ("PSFLEET_SERVER_INDEX", "2")}
 BASELINES = {"server_killed": "undisturbed", "worker_killed": "undisturbed",
              "rep2": "rep1", "rep2_server_killed": "rep2", "rep2_server_restarted": "rep2",
-             "rep2_two_servers_killed": "rep2"}
+             "rep2_two_servers_killed": "rep2", "rep2_server_drained": "rep2"}
 #: how many shares a dead server of a replication-2 job leaves with one copy
 _SHARES_PER_SERVER = 2
 
@@ -136,8 +140,16 @@ def run(work: Path, name: str, train: Path, test: Path, kill_after: int) -> dict
         # The job's processes run the run folder's config.yaml (under model_save_path).
         victim = job_process(work / f"out-{name}", *kill)
         if victim is not None:
-            victim.kill()
             killed_at, killed_wall = time.monotonic() - started, time.time()
+            if name in DRAINS:
+                drain = subprocess.run(
+                    [sys.executable, "-m", "psfleet.cli.main", "drain", str(work / f"out-{name}"),
+                     "--server", kill[1]], env=env, capture_output=True, text=True)
+                drained_s = round(time.monotonic() - started - killed_at, 1)
+                print(f"{name}: psfleet drain exited {drain.returncode} after {drained_s} s: "
+                      f"{(drain.stdout + drain.stderr).strip()}", flush=True)
+            else:
+                victim.kill()
     # The run folder psfleet train wrote under model_save_path (psfleet.rec.run_folder).
     run_dir = (work / f"out-{name}" / "latest").resolve()
     refilled_after = second_killed_at = None

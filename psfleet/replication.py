@@ -56,6 +56,8 @@ class ShareMap:
             member, or a live one refilled: :meth:`refill_target`).
         released: ``(share, host, incarnation)``: a joined copy the share no longer
             needs (:meth:`excess`); it is no holder from then on.
+        leaving: members being drained (``psfleet drain``): they serve until they are
+            dead, but count as no copy, so their shares are refilled elsewhere first.
     """
 
     host_num: int
@@ -63,6 +65,7 @@ class ShareMap:
     dead: Mapping[int, int] = field(default_factory=dict)
     joined: frozenset[tuple[int, int, int]] = frozenset()
     released: frozenset[tuple[int, int, int]] = frozenset()
+    leaving: frozenset[Member] = frozenset()
 
     def is_dead(self, member: Member) -> bool:
         host, incarnation = member
@@ -94,11 +97,12 @@ class ShareMap:
         shares, then the one nearest after the share in placement order; every process
         with the same map picks the same host."""
         holders = self.holders(share)
-        if not holders or len(holders) >= self.replication:
+        if not holders or len(self.staying(share)) >= self.replication:
             return None
         held = {h for h, _ in holders}
         candidates = [h for h in self.live_hosts()
-                      if h not in held and (share, *self.latest(h)) not in self.released]
+                      if h not in held and self.latest(h) not in self.leaving
+                      and (share, *self.latest(h)) not in self.released]
         if not candidates:
             return None
         load = {h: sum(self.latest(h) in self.holders(s) for s in range(self.host_num))
@@ -106,10 +110,14 @@ class ShareMap:
         return min(candidates, key=lambda h: (load[h], (h - share) % self.host_num))
 
     def excess(self, share: int) -> list[Member]:
-        """The holders of ``share`` beyond ``replication`` (the lowest ranked: copies
-        refilled outside its placement, after its own host's restarted member came
-        back)."""
-        return self.holders(share)[self.replication:]
+        """The holders of ``share`` beyond ``replication`` that are not leaving (the
+        lowest ranked: copies refilled outside its placement, after its own host's
+        restarted member came back)."""
+        return self.staying(share)[self.replication:]
+
+    def staying(self, share: int) -> list[Member]:
+        """The holders of ``share`` that are not leaving, primary first."""
+        return [m for m in self.holders(share) if m not in self.leaving]
 
     def lost(self) -> list[int]:
         """The shares every copy of which is dead (their rows are gone)."""
@@ -135,11 +143,16 @@ class ShareMap:
         """This map with the copies of ``share`` on ``members`` released."""
         return replace(self, released=self.released | {(share, *m) for m in members})
 
+    def with_leaving(self, member: Member) -> ShareMap:
+        """This map with ``member`` being drained."""
+        return replace(self, leaving=self.leaving | {member})
+
     def merged(self, other: ShareMap) -> ShareMap:
         """The union of what both maps know."""
         return replace(self, dead=self.with_dead(other.dead.items()).dead,
                        joined=self.joined | other.joined,
-                       released=self.released | other.released)
+                       released=self.released | other.released,
+                       leaving=self.leaving | other.leaving)
 
     def describe(self) -> str:
         """``dead hosts [1 (incarnations <= 0)], filled: share 1 on host 1 incarnation 1``,
@@ -148,7 +161,10 @@ class ShareMap:
         joined = [f"share {s} on host {h} incarnation {k}" for s, h, k in sorted(self.joined)
                   if (s, h, k) not in self.released]
         lost = self.lost()
+        leaving = [f"{h} (incarnation {k})" for h, k in sorted(self.leaving)
+                   if not self.is_dead((h, k))]
         return (f"dead hosts [{', '.join(dead)}]"
+                + (f", leaving: {', '.join(leaving)}" if leaving else "")
                 + (f", filled: {', '.join(joined)}" if joined else "")
                 + (f"; shares {lost} have no copy left" if lost else ""))
 

@@ -8,6 +8,7 @@ Usage::
     psfleet predict --model RUN_FOLDER --data FILE|DIR [--out SCORES.tsv]
     psfleet predict -m CONFIG.yaml --model MODEL_DIR --data FILE|DIR [--out SCORES.tsv]
     psfleet status RUN_FOLDER | LOG_DIR | ENDPOINT[,ENDPOINT...]
+    psfleet drain RUN_FOLDER | LOG_DIR | ENDPOINT[,ENDPOINT...] --server N
     psfleet init [--model dnn|wide_deep|deepfm|dcn_v2] [--data criteo|multihot] [--force] DIR
     psfleet example NAME [--out DIR] [--force] | psfleet example --list
     psfleet k8s render|submit -m CONFIG.yaml --image IMAGE [--volume CLAIM:PATH ...] [--out FILE]
@@ -47,7 +48,9 @@ writes ``label<TAB>probability`` per example. Given a run folder (or the
 :mod:`psfleet.cli.slurm`, docs/cluster.md).
 
 ``status`` prints, per server and table of a running job, rows, memory and pull/push
-rates (docs/monitoring.md).
+rates (docs/monitoring.md). ``drain`` removes a server from a running replicated job:
+its shares are copied to the other servers first, so nothing is lost
+(:mod:`psfleet.cli.drain`, docs/fault-tolerance.md).
 
 ``datagen criteo`` writes synthetic raw Criteo TSV from a hidden model with a known
 optimum (:mod:`psfleet.data.synthetic`), prints the optimum AUC and positive rate of
@@ -75,7 +78,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from psfleet import env, logs
-from psfleet.cli import k8s, parity, slurm, starter
+from psfleet.cli import drain, k8s, parity, slurm, starter
 from psfleet.cli import status as status_cli
 from psfleet.cli.console import (
     close_progress_bars,
@@ -274,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     status_cli.add_arguments(commands.add_parser(
         "status", help="rows, memory and request rates of a running job's servers",
         description=status_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    drain.register(commands)
     starter.register(commands)
     parity.register(commands)
     k8s.register(commands)

@@ -41,7 +41,7 @@ from psfleet.rpc import RpcClient, RpcConfig, parse_endpoint
 from psfleet.rpc import messages as msg
 from psfleet.rpc.endpoint_file import read_endpoint_file
 
-__all__ = ["add_arguments", "run", "ServerTarget", "find_servers"]
+__all__ = ["add_arguments", "run", "ServerTarget", "find_servers", "job_servers"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,23 @@ def _endpoints(text: str, what: str) -> list[str]:
     for entry in entries:
         parse_endpoint(entry, what)
     return entries
+
+
+def job_servers(target: str, deadline_s: float) -> tuple[str, list[ServerTarget], RpcConfig]:
+    """The log folder (or endpoint list) ``target`` names, its servers, and how to call
+    them: calls of at most ``deadline_s`` seconds, not retried, with the job's token and
+    certificate when ``target`` is a folder (the same user's), else
+    ``PSFLEET_AUTH_TOKEN`` and ``PSFLEET_TLS_*``.
+
+    Raises:
+        ConfigError: as :func:`find_servers`.
+    """
+    folder = _log_folder(target)
+    servers = find_servers(folder)
+    config = dataclasses.replace(RpcConfig.from_env(), deadline_s=deadline_s, max_retries=0)
+    if Path(folder).is_dir():
+        config = job_client_config(Path(folder), config)
+    return folder, servers, config
 
 
 def _log_folder(target: str) -> str:
@@ -174,12 +191,7 @@ def run(args: argparse.Namespace) -> int:
     ``args.timeout_s`` per server that does not answer)."""
     try:
         _check(args)
-        target = _log_folder(args.target)
-        servers = find_servers(target)
-        config = dataclasses.replace(RpcConfig.from_env(), deadline_s=args.timeout_s,
-                                     max_retries=0)
-        if Path(target).is_dir():  # the job's own token and certificate (same user)
-            config = job_client_config(Path(target), config)
+        target, servers, config = job_servers(args.target, args.timeout_s)
     except ConfigError as exc:
         print(f"psfleet status: error: {exc}", file=sys.stderr)
         return 2

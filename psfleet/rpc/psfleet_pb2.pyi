@@ -338,7 +338,7 @@ class AgeOneDayRequest(_message.Message):
     def __init__(self, all_tables: _Optional[bool] = ..., table_id: _Optional[int] = ..., request_id: _Optional[_Union[PushId, _Mapping]] = ...) -> None: ...
 
 class ShareMapMessage(_message.Message):
-    __slots__ = ("dead_hosts", "dead_incarnations", "joined_shares", "joined_hosts", "joined_incarnations", "released_shares", "released_hosts", "released_incarnations")
+    __slots__ = ("dead_hosts", "dead_incarnations", "joined_shares", "joined_hosts", "joined_incarnations", "released_shares", "released_hosts", "released_incarnations", "leaving_hosts", "leaving_incarnations")
     DEAD_HOSTS_FIELD_NUMBER: _ClassVar[int]
     DEAD_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
     JOINED_SHARES_FIELD_NUMBER: _ClassVar[int]
@@ -347,6 +347,8 @@ class ShareMapMessage(_message.Message):
     RELEASED_SHARES_FIELD_NUMBER: _ClassVar[int]
     RELEASED_HOSTS_FIELD_NUMBER: _ClassVar[int]
     RELEASED_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
     dead_hosts: _containers.RepeatedScalarFieldContainer[int]
     dead_incarnations: _containers.RepeatedScalarFieldContainer[int]
     joined_shares: _containers.RepeatedScalarFieldContainer[int]
@@ -355,7 +357,9 @@ class ShareMapMessage(_message.Message):
     released_shares: _containers.RepeatedScalarFieldContainer[int]
     released_hosts: _containers.RepeatedScalarFieldContainer[int]
     released_incarnations: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, dead_hosts: _Optional[_Iterable[int]] = ..., dead_incarnations: _Optional[_Iterable[int]] = ..., joined_shares: _Optional[_Iterable[int]] = ..., joined_hosts: _Optional[_Iterable[int]] = ..., joined_incarnations: _Optional[_Iterable[int]] = ..., released_shares: _Optional[_Iterable[int]] = ..., released_hosts: _Optional[_Iterable[int]] = ..., released_incarnations: _Optional[_Iterable[int]] = ...) -> None: ...
+    leaving_hosts: _containers.RepeatedScalarFieldContainer[int]
+    leaving_incarnations: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dead_hosts: _Optional[_Iterable[int]] = ..., dead_incarnations: _Optional[_Iterable[int]] = ..., joined_shares: _Optional[_Iterable[int]] = ..., joined_hosts: _Optional[_Iterable[int]] = ..., joined_incarnations: _Optional[_Iterable[int]] = ..., released_shares: _Optional[_Iterable[int]] = ..., released_hosts: _Optional[_Iterable[int]] = ..., released_incarnations: _Optional[_Iterable[int]] = ..., leaving_hosts: _Optional[_Iterable[int]] = ..., leaving_incarnations: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReplicasRequest(_message.Message):
     __slots__ = ("endpoints", "host_index", "replication", "map")
@@ -376,6 +380,12 @@ class FailoverRequest(_message.Message):
     host: int
     map: ShareMapMessage
     def __init__(self, host: _Optional[int] = ..., map: _Optional[_Union[ShareMapMessage, _Mapping]] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("timeout_s",)
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    timeout_s: float
+    def __init__(self, timeout_s: _Optional[float] = ...) -> None: ...
 
 class RejoinRequest(_message.Message):
     __slots__ = ("host", "incarnation")

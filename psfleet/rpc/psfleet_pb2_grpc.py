@@ -129,6 +129,11 @@ class ParameterServerStub:
                 request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ReceiveShareRequest.SerializeToString,
                 response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/psfleet.ParameterServer/Drain',
+                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.DrainRequest.SerializeToString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -254,6 +259,13 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """psfleet drain, to the server
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -351,6 +363,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.ReceiveShare,
                     request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ReceiveShareRequest.FromString,
                     response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.Empty.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.DrainRequest.FromString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -866,6 +883,33 @@ class ParameterServer:
             '/psfleet.ParameterServer/ReceiveShare',
             psfleet_dot_rpc_dot_psfleet__pb2.ReceiveShareRequest.SerializeToString,
             psfleet_dot_rpc_dot_psfleet__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psfleet.ParameterServer/Drain',
+            psfleet_dot_rpc_dot_psfleet__pb2.DrainRequest.SerializeToString,
+            psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
             options,
             channel_credentials,
             insecure,

@@ -12,7 +12,8 @@ when none comes back, live servers take new copies of its shares (refill).
   dead, which rejoined), the ``PSFLEET_REPLICATION`` setting.
 - ``members``: a server's layout, map and fail-over decisions.
 - ``rejoin`` and ``copy``: filling a restarted server with copies of its shares;
-  ``refill``: a live server taking a copy of a share a dead one held.
+  ``refill``: a live server taking a copy of a share a dead one held; ``drain``: a
+  server leaving the job once its shares are copied to the others.
 - ``host``: :class:`~psfleet.ps.replica.host.ReplicaHost`, what a server serves:
   its shares behind one endpoint, forwarding writes.
 - ``directory``: the worker's side: which host serves a share, and calls that follow

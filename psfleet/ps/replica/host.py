@@ -19,7 +19,8 @@ R > 1:
   worker learns the map again.
 - a member restarted in the job is filled while training goes on
   (``psfleet.ps.replica.rejoin``), and a share a dead server held is copied to a live
-  one when no restarted server takes it back (``psfleet.ps.replica.refill``).
+  one when no restarted server takes it back (``psfleet.ps.replica.refill``); a server
+  leaves the job once its shares are copied to the others (``psfleet.ps.replica.drain``).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from psfleet.errors import MovedError, RemoteError, RpcError, ServerUnavailableError
+from psfleet.ps.replica.drain import Draining
 from psfleet.ps.replica.members import Layout
-from psfleet.ps.replica.refill import Refilling
 from psfleet.replication import Member
 from psfleet.rpc import call_route
 from psfleet.rpc import messages as msg
@@ -47,7 +48,7 @@ _QUEUED_REPLY: dict[str, Callable[[], Any]] = {
     "Load": msg.Empty, "Shrink": msg.ShrinkResponse, "AgeOneDay": msg.Empty}
 
 
-class ReplicaHost(Refilling):
+class ReplicaHost(Draining):
     """Every share one server holds, behind its endpoint. Thread safe.
 
     One method per rpc of ``psfleet.proto``. A call is for the share its

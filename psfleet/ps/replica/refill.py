@@ -82,20 +82,26 @@ class Refilling(Rejoining):
         while not self._refill_stop.is_set():
             self._refill_wake.wait()
             self._refill_wake.clear()
+            drained = self._refill_round(draining_only=True)  # nobody to wait for
             if self._refill_stop.wait(self._refill_delay_s):
                 return
-            if not self._refill_round() and not self._refill_stop.wait(_RETRY_S):
+            if not (self._refill_round() and drained) and \
+                    not self._refill_stop.wait(_RETRY_S):
                 self._refill_wake.set()
 
-    def _refill_round(self) -> bool:
-        """Take a copy of every share the map says this server should take. False when
-        one failed for a passing reason (to be tried again)."""
+    def _refill_round(self, draining_only: bool = False) -> bool:
+        """Take a copy of every share the map says this server should take
+        (``draining_only``: of the shares a leaving server holds,
+        ``psfleet.ps.replica.drain``). False when one failed for a passing reason (to be
+        tried again)."""
         with self._lock:
             share_map = self._map
             assert share_map is not None
             wanted = [s for s in range(share_map.host_num)
                       if share_map.refill_target(s) == self._me[0] and s not in self._shares
-                      and s not in self._pending and s not in self._refused]
+                      and s not in self._pending and s not in self._refused
+                      and (not draining_only
+                           or len(share_map.staying(s)) < len(share_map.holders(s)))]
         if wanted and self.own.has_sync_rounds():
             logger.warning("shares %s have a copy fewer, but this is a sync-mode job: rounds "
                            "in flight are not part of a copy, so they are not refilled", wanted)

@@ -18,7 +18,9 @@ def map_to_message(share_map: ShareMap) -> msg.ShareMapMessage:
         joined_incarnations=[k for _, _, k in joined],
         released_shares=[s for s, _, _ in released],
         released_hosts=[h for _, h, _ in released],
-        released_incarnations=[k for _, _, k in released])
+        released_incarnations=[k for _, _, k in released],
+        leaving_hosts=[h for h, _ in sorted(share_map.leaving)],
+        leaving_incarnations=[k for _, k in sorted(share_map.leaving)])
 
 
 def map_from_message(message: msg.ShareMapMessage, host_num: int,
@@ -29,4 +31,6 @@ def map_from_message(message: msg.ShareMapMessage, host_num: int,
                     frozenset(zip(message.joined_shares, message.joined_hosts,
                                   message.joined_incarnations, strict=True)),
                     frozenset(zip(message.released_shares, message.released_hosts,
-                                  message.released_incarnations, strict=True)))
+                                  message.released_incarnations, strict=True)),
+                    frozenset(zip(message.leaving_hosts, message.leaving_incarnations,
+                                  strict=True)))
