@@ -375,8 +375,8 @@ class Job:
                 if s.returncode is not None and s.returncode != 0]
         if len(dead) == len(self.servers):
             return self._report_failure(
-                child, "", f"{cause_of(child, cause)}; every server of the job is dead "
-                f"(replication {replication})")
+                child, "", f"{cause_of(child, cause)}; every server this launcher started "
+                f"is dead (replication {replication})")
         child.flush_log()
         logger.warning("fleetrun: %s %s; not restarted (replication %d): the servers "
                        "holding its shares' other copies serve them, live servers take new "

@@ -9,7 +9,8 @@ filled with copies of its shares while training goes on, and serves its own agai
 when none comes back, live servers take new copies of its shares (refill).
 
 - ``psfleet.replication``: where shares are placed, the share map (which members are
-  dead, which rejoined), the ``PSFLEET_REPLICATION`` setting.
+  dead, filled with a copy, released from one, or leaving), the ``PSFLEET_REPLICATION``
+  setting.
 - ``members``: a server's layout, map and fail-over decisions.
 - ``rejoin`` and ``copy``: filling a restarted server with copies of its shares;
   ``refill``: a live server taking a copy of a share a dead one held; ``drain``: a

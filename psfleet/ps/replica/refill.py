@@ -118,10 +118,10 @@ class Refilling(Rejoining):
             if primary is None:  # lost meanwhile
                 return True
             self._pending[share] = []
-            left = len(self._map.holders(share))
+            left, replication = len(self._map.staying(share)), self._map.replication
         logger.warning("share %d has %d of its %d copies left; this server (host %d) takes "
-                       "a new one from host %d", share, left, self._map.replication,
-                       self._me[0], primary[0])
+                       "a new one from host %d", share, left, replication, self._me[0],
+                       primary[0])
         try:
             reply = self._peer(primary, None).call("CopyShare", msg.CopyShareRequest(
                 share=share, host=self._me[0], incarnation=self._me[1]))
