@@ -4,7 +4,7 @@ Three in-process servers with replication 2. ``psfleet drain ENDPOINTS --server 
 (the real command, a child process) while a worker keeps pushing: server 1's shares
 are copied to the other two at once (no ``PSFLEET_REFILL_DELAY_S`` wait), server 1
 leaves and is told to stop, and the job's rows are all on servers 0 and 2, their copies
-equal. A drain that cannot be done is refused with the reason, and nothing changes.
+equal (``psfleet status`` shows which server holds and serves which share). A drain that cannot be done is refused with the reason, and nothing changes.
 """
 
 from __future__ import annotations
@@ -53,6 +53,13 @@ def test_a_drained_server_leaves_after_its_shares_are_copied_nothing_lost() -> N
         assert sorted(host_0._shares) == sorted(host_2._shares) == [0, 1, 2]
         for share in range(3):
             _assert_copies_equal(host_0._shares[share], host_2._shares[share])
+        # psfleet status shows where each share is now.
+        r = run_command([sys.executable, "-m", "psfleet.cli.main", "status",
+                         f"{endpoints[0]},{endpoints[2]}", "--interval_s", "0"], timeout=60)
+        assert r.returncode == 0, r.stderr
+        shares = [line.split() for line in r.stdout.split("\n\n")[1].splitlines()[1:]]
+        assert shares == [["0", endpoints[0], "0,1,2", "0"],
+                          ["1", endpoints[2], "0,1,2", "1,2"]], r.stdout
         rows = client.pull_sparse(SPARSE, KEYS, create=False)
         started[1][1].stop(grace_s=0.1)  # its process exits once it left
         np.testing.assert_array_equal(client.pull_sparse(SPARSE, KEYS, create=False), rows)

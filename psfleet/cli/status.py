@@ -15,7 +15,11 @@ memory, pulls/s and pushes/s (requests per second over ``--interval_s`` seconds,
 samples that far apart; ``--interval_s 0``: the average since the server started)
 and the server's uptime, all from the gRPC ``Stats`` call (with
 ``PSFLEET_AUTH_TOKEN``, as every call). The same numbers are on each server's
-Prometheus ``/metrics`` (docs/monitoring.md).
+Prometheus ``/metrics`` (docs/monitoring.md). The numbers are of the server's own
+share (its index's part of the tables). In a replicated job (``cluster.replication``
+>= 2) a second table gives, per server, the shares it holds a copy of and those it
+serves as their primary: after a fail-over, a refill or a drain, where each share is
+(docs/fault-tolerance.md).
 
 Environment: ``PSFLEET_AUTH_TOKEN`` (the job's token; with a folder, a token the
 launcher generated is read from it, as is its self-signed certificate).
@@ -32,6 +36,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,11 +176,24 @@ _HEADER = ["server", "endpoint", "table_id", "table", "rows", "memory", "disk_ro
            "disk", "pulls/s", "pushes/s", "uptime"]
 
 
-def _print_table(lines: list[list[str]]) -> None:
-    widths = [max(len(row[i]) for row in [_HEADER, *lines]) for i in range(len(_HEADER))]
-    for row in [_HEADER, *lines]:
-        print("  ".join(cell.ljust(w) if i in (1, 3) else cell.rjust(w)
+def _print_table(header: list[str], lines: list[list[str]], left: tuple[int, ...]) -> None:
+    """Columns aligned right, except those in ``left``."""
+    widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
+    for row in [header, *lines]:
+        print("  ".join(cell.ljust(w) if i in left else cell.rjust(w)
                         for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip())
+
+
+def _share_rows(servers: list[ServerTarget], last: dict[int, msg.StatsResponse]
+                ) -> list[list[str]]:
+    """Per server of a replicated job: the shares it holds a copy of and those it serves
+    (is the primary of); empty when the job is not replicated."""
+    def names(shares: Iterable[int]) -> str:
+        return ",".join(str(s) for s in shares) or "-"
+
+    return [[str(s.index), s.endpoint, names(last[s.index].shares_held),
+             names(last[s.index].shares_served)]
+            for s in servers if s.index in last and last[s.index].shares_held]
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -201,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
     def sample(into: dict[int, msg.StatsResponse], among: list[ServerTarget]) -> None:
         for server in among:
             try:
-                into[server.index] = clients[server.index].call("Stats", msg.StatsRequest())
+                into[server.index] = clients[server.index].call(
+                    "Stats", msg.StatsRequest(host_view=True))
             except PsfleetError as exc:
                 failed[server.index] = str(exc)
 
@@ -218,7 +237,10 @@ def run(args: argparse.Namespace) -> int:
     lines = [row for s in servers if s.index in last and s.index not in failed
              for row in _rows(s, first[s.index], last[s.index])]
     if lines:
-        _print_table(lines)
+        _print_table(_HEADER, lines, (1, 3))
+    if shares := _share_rows([s for s in servers if s.index not in failed], last):
+        print()
+        _print_table(["server", "endpoint", "holds shares", "serves shares"], shares, (1, 2, 3))
     for server in servers:
         if server.index in failed:
             print(f"psfleet status: error: server {server.index} at {server.endpoint}: "

@@ -186,7 +186,20 @@ class ReplicaHost(Draining):
         return self._write("Load", request)
 
     def Stats(self, request: msg.StatsRequest) -> Any:  # noqa: N802
-        return self._read("Stats", request)
+        """A share's statistics from its primary; with ``host_view`` (``psfleet
+        status``) this server's own share as it holds it, whether it is the primary or
+        not, and the shares it holds and serves."""
+        if not request.host_view or self._layout is None:
+            return self._read("Stats", request)
+        with self._lock:
+            assert self._map is not None
+            service = self._shares.get(self._me[0], self.own)
+            held = sorted(self._shares)
+            served = [s for s in held if self._map.primary(s) == self._me]
+        reply = service.Stats(request)
+        reply.shares_held.extend(held)
+        reply.shares_served.extend(served)
+        return reply
 
     def Shrink(self, request: msg.ShrinkRequest) -> Any:  # noqa: N802
         return self._write("Shrink", request)
