@@ -4,7 +4,8 @@ Three in-process servers with replication 2. ``psfleet drain ENDPOINTS --server 
 (the real command, a child process) while a worker keeps pushing: server 1's shares
 are copied to the other two at once (no ``PSFLEET_REFILL_DELAY_S`` wait), server 1
 leaves and is told to stop, and the job's rows are all on servers 0 and 2, their copies
-equal (``psfleet status`` shows which server holds and serves which share). A drain that cannot be done is refused with the reason, and nothing changes.
+equal (``psfleet status`` shows which server holds and serves which share). A drain
+that cannot be done is refused with the reason, and nothing changes.
 """
 
 from __future__ import annotations

@@ -206,6 +206,7 @@ def test_a_restarted_server_rejoins_while_training_goes_on(
             _assert_copies_equal(rejoined._shares[1], host_2._shares[1])
             _assert_copies_equal(host_0._shares[0], rejoined._shares[0])
             assert rejoined._shares[1].wait_budget.slots > 0  # it serves share 1
+            assert rejoined._shares[1] is rejoined.own  # its /metrics report share 1
             assert host_2._shares[1].wait_budget.slots == 0
             assert client._directory is not None
             assert client._directory.primary(1) == 1

@@ -175,7 +175,10 @@ class Rejoining(ShareMembers):
                 return msg.Empty()
             del self._receiving[share]
         tables, index, loaded = tables_from_files(join_parts(parts), share, host_num)
-        service = self._copy_service()
+        # This host's own share goes into the process's own service (its /metrics and
+        # psfleet status report that one); it serves once the map makes it primary.
+        service = self.own if share == self._me[0] else self._copy_service()
+        service.wait_budget.slots = 0
         service.adopt(tables, index, [(p.client_id, p.seq) for p in request.applied])
         with self._order[share]:
             queued = self._pending[share]
