@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
-from psfleet.cli.status import job_servers
+from psfleet.cli.status import finished_run, job_servers
 from psfleet.errors import ConfigError, PsfleetError
 from psfleet.rpc import RpcClient
 from psfleet.rpc import messages as msg
@@ -55,7 +56,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.timeout_s <= 0:
             raise ConfigError(f"--timeout_s: {args.timeout_s} must be > 0 seconds")
-        _, servers, config = job_servers(args.target, args.timeout_s + _REPLY_S)
+        target, servers, config = job_servers(args.target, args.timeout_s + _REPLY_S)
         server = next((s for s in servers if s.index == args.server), None)
         if server is None:
             raise ConfigError(f"--server: {args.server} is not a server of "
@@ -71,6 +72,9 @@ def _run(args: argparse.Namespace) -> int:
     except PsfleetError as exc:
         print(f"psfleet drain: failed: server {server.index} at {server.endpoint}: {exc}",
               file=sys.stderr)
+        if (finished := finished_run(Path(target))) is not None:
+            print(f"psfleet drain: the run {finished} has finished (its metrics.json is "
+                  "written), so its servers have stopped", file=sys.stderr)
         return 1
     finally:
         client.close()

@@ -46,7 +46,8 @@ from psfleet.rpc import RpcClient, RpcConfig, parse_endpoint
 from psfleet.rpc import messages as msg
 from psfleet.rpc.endpoint_file import read_endpoint_file
 
-__all__ = ["add_arguments", "run", "ServerTarget", "find_servers", "job_servers"]
+__all__ = ["add_arguments", "run", "ServerTarget", "find_servers", "finished_run",
+           "job_servers"]
 
 
 @dataclass(frozen=True)
@@ -245,13 +246,13 @@ def run(args: argparse.Namespace) -> int:
         if server.index in failed:
             print(f"psfleet status: error: server {server.index} at {server.endpoint}: "
                   f"{failed[server.index]}", file=sys.stderr)
-    if failed and (finished := _finished_run(Path(target))) is not None:
+    if failed and (finished := finished_run(Path(target))) is not None:
         print(f"psfleet status: the run {finished} has finished (its metrics.json is "
               "written), so its servers have stopped", file=sys.stderr)
     return 1 if failed else 0
 
 
-def _finished_run(log_folder: Path) -> Path | None:
+def finished_run(log_folder: Path) -> Path | None:
     """The run folder of ``log_folder`` when its run has finished: metrics.json exists
     and names no interrupt; else None."""
     run_dir = log_folder.parent if log_folder.name == "log" else log_folder
