@@ -163,6 +163,15 @@ def _assert_copies_equal(primary: TableService, copy: TableService) -> None:
         np.testing.assert_array_equal(a, b)
 
 
+def _restarted(endpoints: list[str], config: RpcConfig) -> tuple[RunningServer, ReplicaHost]:
+    """A new process of server 1 on its endpoint (incarnation 1), not filled yet."""
+    port = int(endpoints[1].rpartition(":")[2])
+    _, running = start_server(HOST, port, config, layout=Layout(tuple(endpoints), 1, 2),
+                              incarnation=1)
+    assert isinstance(running.handler, ReplicaHost)
+    return running, running.handler
+
+
 def test_a_restarted_server_rejoins_while_training_goes_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Server 1 dies; a new process on its endpoint (incarnation 1) is filled with
@@ -178,12 +187,8 @@ def test_a_restarted_server_rejoins_while_training_goes_on(
         _train(client, KEYS, 10, 0)
         started[1][1].stop(grace_s=0.1)
         _train(client, KEYS, 3, 1)  # fails share 1 over to server 2
-        port = int(endpoints[1].rpartition(":")[2])
-        _, running = start_server(HOST, port, small, layout=Layout(tuple(endpoints), 1, 2),
-                                  incarnation=1)
+        running, rejoined = _restarted(endpoints, small)
         try:
-            rejoined = running.handler
-            assert isinstance(rejoined, ReplicaHost)
             # A push applied by share 1's primary (server 2) before the rejoin...
             share_1 = KEYS[client.route(SPARSE, KEYS).positions[1]][:50]
             retried = msg.PushSparseRequest(
@@ -283,12 +288,8 @@ def test_a_refilled_copy_is_released_when_the_dead_server_rejoins(
         _train(client, KEYS, 3, 1)
         _wait_for(lambda: sorted(host_0._shares) == sorted(host_2._shares) == [0, 1, 2],
                   "the refill of shares 0 and 1")
-        port = int(endpoints[1].rpartition(":")[2])
-        _, running = start_server(HOST, port, CONFIG, layout=Layout(tuple(endpoints), 1, 2),
-                                  incarnation=1)
+        running, rejoined = _restarted(endpoints, CONFIG)
         try:
-            rejoined = running.handler
-            assert isinstance(rejoined, ReplicaHost)
             rejoined.rejoin()
             _wait_for(lambda: sorted(host_0._shares) == [0, 2] and
                       sorted(host_2._shares) == [1, 2], "the release of the refilled copies")

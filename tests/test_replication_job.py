@@ -9,12 +9,13 @@ round was lost or applied twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,21 @@ def _config(tmp_path: Path, name: str, train: Path, test: Path, replication: int
     return path
 
 
+@contextlib.contextmanager
+def _job(config: Path, env: dict[str, str] | None) -> Iterator[subprocess.Popen[str]]:
+    """``psfleet train`` of ``config`` (``env`` added), stderr piped; killed at the end
+    if it still runs."""
+    job = subprocess.Popen(_train_argv(config), env=clean_env(env), text=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           start_new_session=True)
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
 def _kill_server_1_mid_epoch(tmp_path: Path, config: Path, name: str,
                              env: dict[str, str] | None = None,
                              hold_workers: bool = False) -> tuple[Path, str]:
@@ -58,10 +74,7 @@ def _kill_server_1_mid_epoch(tmp_path: Path, config: Path, name: str,
     With ``hold_workers`` the workers are stopped (SIGSTOP) from the kill until the
     restarted server 1 has started, so its rejoin happens while training goes on however
     slow the restart is on a loaded machine. Returns (run folder, stderr)."""
-    job = subprocess.Popen(_train_argv(config), env=clean_env(env), text=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           start_new_session=True)
-    try:
+    with _job(config, env) as job:
         _wait_for_checkpoint(job, tmp_path / f"ck-{name}", 10)
         run = run_folder(tmp_path / f"out-{name}")
         workers = [_job_process(run / "config.yaml", "PADDLE_TRAINER_ID", str(i))
@@ -76,10 +89,6 @@ def _kill_server_1_mid_epoch(tmp_path: Path, config: Path, name: str,
             for worker in workers:
                 worker.resume()
         _, err = job.communicate(timeout=240)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
     assert job.returncode == 0, err[-3000:]
     return run, err
 
@@ -185,10 +194,7 @@ def test_async_job_survives_two_dead_servers_one_after_the_other(
     raw["runner"]["checkpoint"].update(step_interval=20, max_num_checkpoints=1000)
     config.write_text(json.dumps(raw))
     checkpoints = tmp_path / "ck-twice"
-    job = subprocess.Popen(_train_argv(config), env=clean_env({"PSFLEET_REFILL_DELAY_S": "0"}),
-                           text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           start_new_session=True)
-    try:
+    with _job(config, {"PSFLEET_REFILL_DELAY_S": "0"}) as job:
         _wait_for_checkpoint(job, checkpoints, 20)
         logs = run_folder(tmp_path / "out-twice") / "log"
         _job_process(logs.parent / "config.yaml", "PSFLEET_SERVER_INDEX", "1").kill()
@@ -199,10 +205,6 @@ def test_async_job_survives_two_dead_servers_one_after_the_other(
         second_kill_at = max(int(_manifest(p)["batch"]) for p in _checkpoints(checkpoints))  # type: ignore[call-overload]
         _job_process(logs.parent / "config.yaml", "PSFLEET_SERVER_INDEX", "2").kill()
         _, err = job.communicate(timeout=240)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
     assert job.returncode == 0, err[-3000:]
     assert err.count("not restarted (replication 2)") == 2, err[-3000:]
     assert "takes a new one from host 0" in _read(logs / "serverlog.2")  # share 0
