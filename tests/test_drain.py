@@ -54,15 +54,17 @@ def test_a_drained_server_leaves_after_its_shares_are_copied_nothing_lost() -> N
         assert sorted(host_0._shares) == sorted(host_2._shares) == [0, 1, 2]
         for share in range(3):
             _assert_copies_equal(host_0._shares[share], host_2._shares[share])
-        # psfleet status shows where each share is now.
-        r = run_command([sys.executable, "-m", "psfleet.cli.main", "status",
-                         f"{endpoints[0]},{endpoints[2]}", "--interval_s", "0"], timeout=60)
-        assert r.returncode == 0, r.stderr
-        shares = [line.split() for line in r.stdout.split("\n\n")[1].splitlines()[1:]]
-        assert shares == [["0", endpoints[0], "0,1,2", "0"],
-                          ["1", endpoints[2], "0,1,2", "1,2"]], r.stdout
         rows = client.pull_sparse(SPARSE, KEYS, create=False)
         started[1][1].stop(grace_s=0.1)  # its process exits once it left
+        # psfleet status names the server that left and shows where each share is now.
+        r = run_command([sys.executable, "-m", "psfleet.cli.main", "status",
+                         ",".join(endpoints), "--interval_s", "0"], timeout=60)
+        assert r.returncode == 0, r.stderr
+        *shares, departed = r.stdout.strip().split("\n\n")[1].splitlines()
+        assert [line.split() for line in shares[1:]] == [
+            ["0", endpoints[0], "0,1,2", "0"], ["2", endpoints[2], "0,1,2", "1,2"]], r.stdout
+        assert departed == f"server 1 at {endpoints[1]} is no longer in the job (drained, or " \
+            "dead and not restarted): the others serve its shares", r.stdout
         np.testing.assert_array_equal(client.pull_sparse(SPARSE, KEYS, create=False), rows)
         client.push_sparse(SPARSE, KEYS, np.ones((KEYS.size, 8), np.float32),
                            mode=PushMode.DELTA)

@@ -19,14 +19,16 @@ Prometheus ``/metrics`` (docs/monitoring.md). The numbers are of the server's ow
 share (its index's part of the tables). In a replicated job (``cluster.replication``
 >= 2) a second table gives, per server, the shares it holds a copy of and those it
 serves as their primary: after a fail-over, a refill or a drain, where each share is
-(docs/fault-tolerance.md).
+(docs/fault-tolerance.md). A server that left such a job (drained, or dead and not
+restarted) is named as such, and is no error.
 
 Environment: ``PSFLEET_AUTH_TOKEN`` (the job's token; with a folder, a token the
 launcher generated is read from it, as is its self-signed certificate).
 
-Exit codes: 0 every server answered; 1 a server did not answer its Stats call within
-``--timeout_s`` (stderr names it; the servers that answered are still printed);
-2 a bad argument (a malformed endpoint, a folder without endpoint files).
+Exit codes: 0 every server answered (or left the job); 1 a server did not answer its
+Stats call within ``--timeout_s`` (stderr names it; the servers that answered are
+still printed); 2 a bad argument (a malformed endpoint, a folder without endpoint
+files).
 """
 
 from __future__ import annotations
@@ -242,8 +244,13 @@ def run(args: argparse.Namespace) -> int:
     if shares := _share_rows([s for s in servers if s.index not in failed], last):
         print()
         _print_table(["server", "endpoint", "holds shares", "serves shares"], shares, (1, 2, 3))
+    departed = {h for reply in last.values() for h in reply.departed_hosts}
     for server in servers:
-        if server.index in failed:
+        if server.index in failed and server.index in departed:
+            print(f"server {server.index} at {server.endpoint} is no longer in the job "
+                  "(drained, or dead and not restarted): the others serve its shares")
+            del failed[server.index]
+        elif server.index in failed:
             print(f"psfleet status: error: server {server.index} at {server.endpoint}: "
                   f"{failed[server.index]}", file=sys.stderr)
     if failed and (finished := finished_run(Path(target))) is not None:

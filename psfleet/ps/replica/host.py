@@ -188,7 +188,7 @@ class ReplicaHost(Draining):
     def Stats(self, request: msg.StatsRequest) -> Any:  # noqa: N802
         """A share's statistics from its primary; with ``host_view`` (``psfleet
         status``) this server's own share as it holds it, whether it is the primary or
-        not, and the shares it holds and serves."""
+        not, the shares it holds and serves, and the servers no longer in the job."""
         if not request.host_view or self._layout is None:
             return self._read("Stats", request)
         with self._lock:
@@ -196,9 +196,12 @@ class ReplicaHost(Draining):
             service = self._shares.get(self._me[0], self.own)
             held = sorted(self._shares)
             served = [s for s in held if self._map.primary(s) == self._me]
+            departed = [h for h in range(self._map.host_num)
+                        if h not in self._map.live_hosts()]
         reply = service.Stats(request)
         reply.shares_held.extend(held)
         reply.shares_served.extend(served)
+        reply.departed_hosts.extend(departed)
         return reply
 
     def Shrink(self, request: msg.ShrinkRequest) -> Any:  # noqa: N802
