@@ -26,7 +26,7 @@ from psfleet import env
 from psfleet.errors import ConfigError
 
 __all__ = ["Member", "ShareMap", "hosts_of", "check_replication",
-           "replication_from_env", "SUSPECT_RETRIES"]
+           "refill_delay_s", "replication_from_env", "SUSPECT_RETRIES"]
 
 #: One process serving a host: (host index, incarnation).
 Member = tuple[int, int]
@@ -183,6 +183,18 @@ def check_replication(value: object, host_num: int, name: str) -> int:
         raise ConfigError(f"{name}: {value} copies of each share need at least {value} "
                           f"servers; the job has {host_num}. Use at most {host_num}, or add "
                           "servers")
+    return value
+
+
+def refill_delay_s(environ: Mapping[str, str] | None = None) -> int:
+    """``PSFLEET_REFILL_DELAY_S``: seconds a share with a copy fewer waits for a
+    restarted server before a live one takes a new copy (``psfleet.ps.replica.refill``).
+
+    Raises:
+        ConfigError: not an integer >= 0 (names the variable).
+    """
+    value = env.int_var(environ, "PSFLEET_REFILL_DELAY_S", 0)
+    assert value is not None  # declared with a default
     return value
 
 

@@ -25,7 +25,7 @@ from psfleet.ps import RemoteClient, TableService, start_server
 from psfleet.ps.replica.copy import chunk_bytes, join_parts, split_parts
 from psfleet.ps.replica.host import Layout, ReplicaHost
 from psfleet.ps.types import PushMode, RuleConfig, SparseTableConfig
-from psfleet.replication import ShareMap, hosts_of, replication_from_env
+from psfleet.replication import ShareMap, hosts_of, refill_delay_s, replication_from_env
 from psfleet.rpc import RpcClient, RpcConfig, RunningServer
 from psfleet.rpc import messages as msg
 
@@ -388,6 +388,10 @@ def test_placement_and_settings() -> None:
     assert released.with_dead([(1, 1)]).refill_target(1) is None  # host 0: released
     assert ShareMap(3, 2).merged(released) == released
     assert replication_from_env(3, {}) == 1
+    assert refill_delay_s({}) == 10 and refill_delay_s({"PSFLEET_REFILL_DELAY_S": "0"}) == 0
+    for bad in ("x", "-1"):
+        with pytest.raises(ConfigError, match="PSFLEET_REFILL_DELAY_S"):
+            refill_delay_s({"PSFLEET_REFILL_DELAY_S": bad})
     with pytest.raises(ConfigError, match="PSFLEET_REPLICATION: 4 copies of each share "
                        "need at least 4 servers; the job has 3"):
         replication_from_env(3, {"PSFLEET_REPLICATION": "4"})

@@ -28,6 +28,7 @@ from psfleet.launch.process import ChildProcess, read_tail
 from psfleet.launch.restarts import Action, RestartPolicy, cause_of
 from psfleet.launch.specs import server_spec, worker_spec
 from psfleet.launch.types import LaunchConfig, ProcessSpec, Role
+from psfleet.replication import refill_delay_s
 
 __all__ = ["Job", "EXIT_FAILURE"]
 
@@ -69,6 +70,8 @@ class Job:
         self._environ = environ
         child_environ = os.environ if environ is None else environ
         self._health = HealthMonitor(health_timeout_s(child_environ), child_environ)
+        if (config.replication or 1) > 1:
+            refill_delay_s(child_environ)  # a bad setting fails before any process starts
         self._checkpoint_dir = checkpoint_dir or env.read("PSFLEET_CHECKPOINT_DIR",
                                                           child_environ)
         self._restarts = restart_policy or RestartPolicy(0)

@@ -23,30 +23,18 @@ import logging
 import threading
 from typing import Any
 
-from psfleet import env
 from psfleet.errors import MovedError, RemoteError, RpcError
 from psfleet.ps.replica.rejoin import Rejoining
+from psfleet.replication import refill_delay_s
 from psfleet.rpc import messages as msg
 
-__all__ = ["Refilling", "refill_delay_s"]
+__all__ = ["Refilling"]
 
 logger = logging.getLogger(__name__)
 
 #: How long a refill that failed for a passing reason (the primary died meanwhile)
 #: waits before the next try, seconds (a map change wakes it sooner).
 _RETRY_S = 1.0
-
-
-def refill_delay_s() -> int:
-    """``PSFLEET_REFILL_DELAY_S``: seconds a share with a copy fewer waits for a
-    restarted server before a live one is refilled.
-
-    Raises:
-        ConfigError: not an integer >= 0 (names the variable).
-    """
-    value = env.int_var(None, "PSFLEET_REFILL_DELAY_S", 0)
-    assert value is not None  # declared with a default
-    return value
 
 
 class Refilling(Rejoining):
