@@ -10,12 +10,12 @@ over pipes, one line per message:
 - stdin, from the launcher: ``watch PID HOST:PORT`` (check that server every
   interval until told otherwise) and ``forget PID``; end of input: exit.
 - stdout, to the launcher: ``skip PID`` when the server does not speak gRPC (it
-  sends no HTTP/2 SETTINGS frame on a new connection; :func:`speaks_http2`): it is
-  then never sent a request. ``ok PID`` after each check that shows the server is not
-  hung: a SERVING answer, or a quick NOT_SERVING or refused connection (a server
-  shutting down or not listening yet). Only a check that gets nothing within its
-  timeout (the server accepted the connection but does not answer: SIGSTOP, every
-  handler thread stuck) is silence.
+  sends no HTTP/2 SETTINGS frame on a new connection, three connections in a row;
+  :func:`speaks_http2`): it is then never sent a request. ``ok PID`` after each
+  check that shows the server is not hung: a SERVING answer, or a quick NOT_SERVING
+  or refused connection (a server shutting down or not listening yet). Only a check
+  that gets nothing within its timeout (the server accepted the connection but does
+  not answer: SIGSTOP, every handler thread stuck) is silence.
 
 Each watched server is checked from its own thread, so a hung server does not delay
 the checks of the others. The helper gets the children's environment, so it speaks
@@ -45,6 +45,10 @@ __all__ = ["client_config", "main", "speaks_http2"]
 
 _QUICK_FRACTION = 0.5
 _PREFACE_WAIT_S = 1.0
+#: Times in a row a server must send no HTTP/2 greeting before it is taken for one that
+#: does not speak gRPC: a starved gRPC server can miss one wait (seen on a loaded CI
+#: machine), and a server taken for silent is never health-checked.
+_SILENT_VERDICTS = 3
 _FRAME_HEADER_BYTES = 9
 _SETTINGS_FRAME = 4
 
@@ -125,14 +129,16 @@ class _Prober:
 
     def _loop(self, pid: int, endpoint: str, stop: threading.Event) -> None:
         tls = self._config.tls is not None and self._config.tls.dials_tls
+        silent = 0
         while not tls and not stop.is_set():  # (TLS: a real psfleet server)
             speaks = speaks_http2(endpoint, min(self._call_timeout_s, _PREFACE_WAIT_S))
-            if speaks is False:
-                self._say(f"skip {pid}")
-                return
             if speaks:
                 break
-            stop.wait(self._interval_s)  # not listening yet
+            silent = silent + 1 if speaks is False else 0
+            if silent == _SILENT_VERDICTS:
+                self._say(f"skip {pid}")
+                return
+            stop.wait(self._interval_s)  # not listening yet, or silent so far
         client = RpcClient(endpoint, self._config)
         try:
             while not stop.is_set():
