@@ -300,13 +300,13 @@ VARIABLES: tuple[EnvVar, ...] = (
         "Servers holding each share of the tables (YAML cluster.replication, fleetrun "
         "--replication). 2: every write is applied on two servers before it is "
         "acknowledged; when one dies the other serves its share and training goes on, "
-        "and a restarted server rejoins (docs/fault-tolerance.md). At most the server "
-        "count.",
+        "and a restarted server rejoins or live servers take new copies of its shares "
+        "(docs/fault-tolerance.md). At most the server count.",
     ),
     EnvVar(
         "PSFLEET_COPY_CHUNK_BYTES",
         "67108864",
-        "A replicated job's share copy (a restarted server being filled, "
+        "A replicated job's share copy (a restarted server being filled, a refill, a drain; "
         "docs/fault-tolerance.md) travels in messages of at most this many bytes of file "
         "data (default 64 MiB), so a share of any size is copied within the gRPC message "
         "limit. An integer >= 1024, below 1 GiB.",

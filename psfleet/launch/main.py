@@ -48,7 +48,10 @@ Options:
                                 is failed over: the other copy of each of its shares
                                 serves it and the job goes on; with --max_restarts it is
                                 restarted and rejoins, filled with copies of its shares
-                                while training goes on (docs/fault-tolerance.md).
+                                while training goes on; without, live servers take new
+                                copies of its shares after PSFLEET_REFILL_DELAY_S. A
+                                server is removed with psfleet drain
+                                (docs/fault-tolerance.md).
     --restart_policy P          what a failure restarts: process (default; the failed
                                 child, for async and GEO jobs) or gang (every server and
                                 worker of the node, from the newest complete

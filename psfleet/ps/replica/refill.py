@@ -70,6 +70,8 @@ class Refilling(Rejoining):
         while not self._refill_stop.is_set():
             self._refill_wake.wait()
             self._refill_wake.clear()
+            if self._refill_stop.is_set():
+                return
             drained = self._refill_round(draining_only=True)  # nobody to wait for
             if self._refill_stop.wait(self._refill_delay_s):
                 return
