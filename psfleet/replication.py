@@ -9,12 +9,12 @@ being its restart number (``PSFLEET_RESTART_NUM``).
 :class:`ShareMap` is everything the job knows about its members, and only grows:
 which incarnations of each host are dead, which members were filled with a copy of a
 share while training went on (a restarted member rejoining, or a live one refilled
-after a death), and which of those copies were released again. Two maps merge by
-union (the highest dead incarnation per host, the union of the joins and of the
-releases), so every process that has heard the same facts routes the same way,
-whoever decided them. A share's holders are its live members ordered by their host's
-rank in its placement (``s`` first, hosts outside the placement last), so a member
-that rejoined on its own host serves its share again.
+after a death), which of those copies were released again, and which members are
+leaving (``psfleet drain``). Two maps merge by union (the highest dead incarnation per
+host, the union of the other facts), so every process that has heard the same facts
+routes the same way, whoever decided them. A share's holders are its live members
+ordered by their host's rank in its placement (``s`` first, hosts outside the
+placement last), so a member that rejoined on its own host serves its share again.
 """
 
 from __future__ import annotations
@@ -92,8 +92,9 @@ class ShareMap:
 
     def refill_target(self, share: int) -> int | None:
         """The live host that should take a new copy of ``share``: None unless the
-        share has fewer than ``replication`` holders but at least one. Of the live
-        hosts holding no copy of it (nor one released), the one holding the fewest
+        share has fewer than ``replication`` holders that are not leaving, but at least
+        one holder. Of the live hosts that are not leaving and hold no copy of it (nor
+        one released), the one holding the fewest
         shares, then the one nearest after the share in placement order; every process
         with the same map picks the same host."""
         holders = self.holders(share)
