@@ -20,7 +20,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 
-from psfleet import logs
+from psfleet import interrupts, logs
+from psfleet.interrupts import Terminated
 from psfleet.launch.console import plural
 
 if TYPE_CHECKING:
@@ -31,28 +32,21 @@ __all__ = ["Terminated", "signals_interrupt", "received_signal", "quiet_stderr",
            "close_progress_bars", "exit_now", "stdout_buffer"]
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like SIGINT's KeyboardInterrupt so training stops the same way."""
-
-
-#: The signals received within :func:`signals_interrupt`, in order.
-_RECEIVED: list[int] = []
-
-
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    _RECEIVED.append(signum)
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    raise interrupts.record(signum)
 
 
 @contextlib.contextmanager
 def signals_interrupt() -> Iterator[None]:
     """Within: SIGINT and SIGTERM raise a KeyboardInterrupt (:class:`Terminated` for
     SIGTERM), so training stops as on Ctrl-C (the trainer saves what it can), and
-    :func:`received_signal` tells which came. Main thread only; else a no-op."""
+    :func:`received_signal` tells which came. The signal is also recorded for the
+    training loop (``psfleet.interrupts``): an interrupt swallowed where it landed is
+    raised again at the next step. Main thread only; else a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _RECEIVED.clear()
+    interrupts.clear()
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
@@ -64,8 +58,9 @@ def signals_interrupt() -> Iterator[None]:
 def received_signal(exc: BaseException | None = None) -> int:
     """The signal that interrupted: the first one :func:`signals_interrupt` saw, else
     SIGTERM for a :class:`Terminated` ``exc``, else SIGINT (Python's own handler)."""
-    if _RECEIVED:
-        return _RECEIVED[0]
+    received = interrupts.first()
+    if received is not None:
+        return received
     return signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
 
 

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from psfleet import fleet
+from psfleet import fleet, interrupts
 from psfleet.checkpoint import Cursor
 from psfleet.data import Batch, Reader
 from psfleet.errors import DataError
@@ -129,6 +129,7 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Read
     batches = (((batch, []) for batch in pass_batches(reader, model))
                if config.runner.sync_mode == "gpubox" else _with_prefetch(reader, modules))
     for step, (batch, prefetched) in enumerate(batches):
+        interrupts.raise_pending()  # a stop signal whose interrupt was swallowed
         with use_prefetched(prefetched):
             logits = model(*model_inputs(batch))
         loss = loss_fn(logits, batch.labels)
