@@ -312,6 +312,15 @@ VARIABLES: tuple[EnvVar, ...] = (
         "limit. An integer >= 1024, below 1 GiB.",
     ),
     EnvVar(
+        "PSFLEET_SHARES",
+        None,
+        "Shares the tables are cut into (YAML cluster.shares, fleetrun --shares); unset: "
+        "one per server. More shares than servers, with PSFLEET_REPLICATION >= 2, let a "
+        "server added to the running job (psfleet grow) take its part of them: a job of "
+        "2 servers with 6 shares gives a third server 2 shares to serve "
+        "(docs/fault-tolerance.md, grow). Each share is one more call per step and table.",
+    ),
+    EnvVar(
         "PSFLEET_REFILL_DELAY_S",
         "10",
         "In a replicated job, how long after a server is declared dead the shares it held "

@@ -256,7 +256,7 @@ def test_a_second_dead_server_loses_nothing_once_the_first_ones_shares_are_refil
         training.join()
         assert client._directory is not None
         client._directory.refresh()
-        assert client._directory.map.joined == {(0, 2, 0), (1, 0, 0)}
+        assert client._directory.map.joined == {(0, 2, 0, 0), (1, 0, 0, 0)}
         for share in range(3):
             _assert_copies_equal(host_0._shares[share], host_2._shares[share])
         rows = client.pull_sparse(SPARSE, KEYS, create=False)
@@ -299,7 +299,7 @@ def test_a_refilled_copy_is_released_when_the_dead_server_rejoins(
             assert share_map is not None
             assert [share_map.holders(s) for s in range(3)] == [
                 [(0, 0), (1, 1)], [(1, 1), (2, 0)], [(2, 0), (0, 0)]]
-            assert share_map.released == {(0, 2, 0), (1, 0, 0)}
+            assert share_map.released == {(0, 2, 0, 0), (1, 0, 0, 0)}
             _assert_copies_equal(rejoined._shares[1], host_2._shares[1])
             _assert_copies_equal(host_0._shares[0], rejoined._shares[0])
         finally:
@@ -370,7 +370,7 @@ def test_placement_and_settings() -> None:
     assert dead.with_dead([(2, 0)]).lost() == [1]
     # Refill: a share with a copy fewer goes to the live host holding the fewest
     # shares, then the nearest after it in placement order; never to a host holding
-    # or released from it; a share with every copy, or none, is not refilled.
+    # it; a share with every copy, or none, is not refilled.
     assert [dead.refill_target(s) for s in range(3)] == [2, 0, None]
     four = ShareMap(4, 2).with_dead([(1, 0)])
     assert [four.refill_target(s) for s in range(4)] == [2, 3, None, None]
@@ -385,7 +385,11 @@ def test_placement_and_settings() -> None:
     released = full.with_released(1, [(0, 0)]).with_released(0, [(2, 0)])
     assert [released.holders(s) for s in range(3)] == [[(0, 0), (1, 1)], [(1, 1), (2, 0)],
                                                        [(2, 0), (0, 0)]]
-    assert released.with_dead([(1, 1)]).refill_target(1) is None  # host 0: released
+    # A host whose copy was released takes a new one (copy number 1) when needed again.
+    again = released.with_dead([(1, 1)])
+    assert again.refill_target(1) == 0
+    assert again.with_joined(1, (0, 0)).holders(1) == [(2, 0), (0, 0)]
+    assert (1, 0, 0, 1) in again.with_joined(1, (0, 0)).joined
     assert ShareMap(3, 2).merged(released) == released
     assert replication_from_env(3, {}) == 1
     assert refill_delay_s({}) == 10 and refill_delay_s({"PSFLEET_REFILL_DELAY_S": "0"}) == 0

@@ -13,7 +13,12 @@ from psfleet.ps.replica.directory import ShareDirectory, ShareTransport
 from psfleet.ps.rpc_transport import RpcTransport
 from psfleet.ps.service import TableService
 from psfleet.ps.transport import InProcessTransport, Transport
-from psfleet.replication import check_replication, replication_from_env
+from psfleet.replication import (
+    check_replication,
+    check_shares,
+    replication_from_env,
+    shares_from_env,
+)
 from psfleet.rpc import RpcClient, RpcConfig, wait_servers_ready
 
 __all__ = ["RemoteClient", "LocalClient"]
@@ -22,9 +27,10 @@ __all__ = ["RemoteClient", "LocalClient"]
 class RemoteClient(TableClient):
     """Tables on servers reached over gRPC.
 
-    With ``replication`` R > 1 each share (server index) lives on R servers and its
-    calls follow it to the next one when the server serving it dies
-    (``psfleet.ps.replica``, docs/fault-tolerance.md).
+    With ``replication`` R > 1 each share lives on R servers and its calls follow it
+    to the next one when the server serving it dies (``psfleet.ps.replica``,
+    docs/fault-tolerance.md); there may be more shares than servers (``shares``), so
+    that a server added to the running job can take some.
 
     Args:
         endpoints: server endpoints ``host:port`` in server-index order.
@@ -32,22 +38,27 @@ class RemoteClient(TableClient):
         worker_index: this worker's index, sent with pushes and dense pulls.
         incarnation: this worker process's restart number (see :class:`TableClient`).
         replication: servers per share; None: ``PSFLEET_REPLICATION`` (default 1).
+        shares: shares of the tables; None: ``PSFLEET_SHARES`` (default: one per
+            server).
 
     Raises:
-        ConfigError: a replication below 1 or above the server count.
+        ConfigError: a replication below 1 or above the server count; more shares
+            than servers without replication, or fewer shares than servers.
     """
 
     def __init__(self, endpoints: Sequence[str], config: RpcConfig,
                  worker_index: int = 0, incarnation: int = 0,
-                 replication: int | None = None) -> None:
+                 replication: int | None = None, shares: int | None = None) -> None:
         endpoints = list(endpoints)
         self.replication = (replication_from_env(len(endpoints)) if replication is None
                             else check_replication(replication, len(endpoints), "replication"))
+        share_num = (shares_from_env(len(endpoints), self.replication) if shares is None
+                     else check_shares(shares, len(endpoints), self.replication, "shares"))
         self._directory: ShareDirectory | None = None
         transports: list[Transport]
         if self.replication > 1:
-            self._directory = ShareDirectory(endpoints, config, self.replication)
-            transports = [ShareTransport(self._directory, s) for s in range(len(endpoints))]
+            self._directory = ShareDirectory(endpoints, config, self.replication, share_num)
+            transports = [ShareTransport(self._directory, s) for s in range(share_num)]
             self._rpc = [self._directory.client(h) for h in range(len(endpoints))]
         else:
             self._rpc = [RpcClient(e, config) for e in endpoints]

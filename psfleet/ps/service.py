@@ -415,6 +415,13 @@ class TableService:
             self.dense_index.update(dense_index)
         self._ledger.mark_applied(applied)
 
+    def drop_tables(self) -> None:
+        """Forget every table (this process's copy of its share was released: another
+        server holds it now); :meth:`adopt` fills the service again."""
+        with self._tables_lock:
+            self.tables.clear()
+            self.dense_index.clear()
+
     def has_sync_rounds(self) -> bool:
         """Whether any sync-mode round was contributed to here (a sync-mode job)."""
         return self._modes.sparse_rounds.used or self._modes.dense_rounds.used

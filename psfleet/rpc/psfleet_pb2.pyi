@@ -346,40 +346,52 @@ class AgeOneDayRequest(_message.Message):
     def __init__(self, all_tables: _Optional[bool] = ..., table_id: _Optional[int] = ..., request_id: _Optional[_Union[PushId, _Mapping]] = ...) -> None: ...
 
 class ShareMapMessage(_message.Message):
-    __slots__ = ("dead_hosts", "dead_incarnations", "joined_shares", "joined_hosts", "joined_incarnations", "released_shares", "released_hosts", "released_incarnations", "leaving_hosts", "leaving_incarnations")
+    __slots__ = ("dead_hosts", "dead_incarnations", "leaving_hosts", "leaving_incarnations", "joined", "released", "promoted", "added_hosts", "added_endpoints")
     DEAD_HOSTS_FIELD_NUMBER: _ClassVar[int]
     DEAD_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
-    JOINED_SHARES_FIELD_NUMBER: _ClassVar[int]
-    JOINED_HOSTS_FIELD_NUMBER: _ClassVar[int]
-    JOINED_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
-    RELEASED_SHARES_FIELD_NUMBER: _ClassVar[int]
-    RELEASED_HOSTS_FIELD_NUMBER: _ClassVar[int]
-    RELEASED_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
     LEAVING_HOSTS_FIELD_NUMBER: _ClassVar[int]
     LEAVING_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    PROMOTED_FIELD_NUMBER: _ClassVar[int]
+    ADDED_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    ADDED_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     dead_hosts: _containers.RepeatedScalarFieldContainer[int]
     dead_incarnations: _containers.RepeatedScalarFieldContainer[int]
-    joined_shares: _containers.RepeatedScalarFieldContainer[int]
-    joined_hosts: _containers.RepeatedScalarFieldContainer[int]
-    joined_incarnations: _containers.RepeatedScalarFieldContainer[int]
-    released_shares: _containers.RepeatedScalarFieldContainer[int]
-    released_hosts: _containers.RepeatedScalarFieldContainer[int]
-    released_incarnations: _containers.RepeatedScalarFieldContainer[int]
     leaving_hosts: _containers.RepeatedScalarFieldContainer[int]
     leaving_incarnations: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, dead_hosts: _Optional[_Iterable[int]] = ..., dead_incarnations: _Optional[_Iterable[int]] = ..., joined_shares: _Optional[_Iterable[int]] = ..., joined_hosts: _Optional[_Iterable[int]] = ..., joined_incarnations: _Optional[_Iterable[int]] = ..., released_shares: _Optional[_Iterable[int]] = ..., released_hosts: _Optional[_Iterable[int]] = ..., released_incarnations: _Optional[_Iterable[int]] = ..., leaving_hosts: _Optional[_Iterable[int]] = ..., leaving_incarnations: _Optional[_Iterable[int]] = ...) -> None: ...
+    joined: _containers.RepeatedCompositeFieldContainer[ShareCopy]
+    released: _containers.RepeatedCompositeFieldContainer[ShareCopy]
+    promoted: _containers.RepeatedCompositeFieldContainer[ShareCopy]
+    added_hosts: _containers.RepeatedScalarFieldContainer[int]
+    added_endpoints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, dead_hosts: _Optional[_Iterable[int]] = ..., dead_incarnations: _Optional[_Iterable[int]] = ..., leaving_hosts: _Optional[_Iterable[int]] = ..., leaving_incarnations: _Optional[_Iterable[int]] = ..., joined: _Optional[_Iterable[_Union[ShareCopy, _Mapping]]] = ..., released: _Optional[_Iterable[_Union[ShareCopy, _Mapping]]] = ..., promoted: _Optional[_Iterable[_Union[ShareCopy, _Mapping]]] = ..., added_hosts: _Optional[_Iterable[int]] = ..., added_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ShareCopy(_message.Message):
+    __slots__ = ("share", "host", "incarnation", "copy")
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    COPY_FIELD_NUMBER: _ClassVar[int]
+    share: int
+    host: int
+    incarnation: int
+    copy: int
+    def __init__(self, share: _Optional[int] = ..., host: _Optional[int] = ..., incarnation: _Optional[int] = ..., copy: _Optional[int] = ...) -> None: ...
 
 class ReplicasRequest(_message.Message):
-    __slots__ = ("endpoints", "host_index", "replication", "map")
+    __slots__ = ("endpoints", "host_index", "replication", "map", "shares")
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     HOST_INDEX_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FIELD_NUMBER: _ClassVar[int]
     MAP_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
     endpoints: _containers.RepeatedScalarFieldContainer[str]
     host_index: int
     replication: int
     map: ShareMapMessage
-    def __init__(self, endpoints: _Optional[_Iterable[str]] = ..., host_index: _Optional[int] = ..., replication: _Optional[int] = ..., map: _Optional[_Union[ShareMapMessage, _Mapping]] = ...) -> None: ...
+    shares: int
+    def __init__(self, endpoints: _Optional[_Iterable[str]] = ..., host_index: _Optional[int] = ..., replication: _Optional[int] = ..., map: _Optional[_Union[ShareMapMessage, _Mapping]] = ..., shares: _Optional[int] = ...) -> None: ...
 
 class FailoverRequest(_message.Message):
     __slots__ = ("host", "map")
@@ -404,14 +416,32 @@ class RejoinRequest(_message.Message):
     def __init__(self, host: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class CopyShareRequest(_message.Message):
-    __slots__ = ("share", "host", "incarnation")
+    __slots__ = ("share", "host", "incarnation", "move", "replaced_host", "replaced_incarnation", "promote")
     SHARE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    MOVE_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_HOST_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_FIELD_NUMBER: _ClassVar[int]
     share: int
     host: int
     incarnation: int
-    def __init__(self, share: _Optional[int] = ..., host: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    move: bool
+    replaced_host: int
+    replaced_incarnation: int
+    promote: bool
+    def __init__(self, share: _Optional[int] = ..., host: _Optional[int] = ..., incarnation: _Optional[int] = ..., move: _Optional[bool] = ..., replaced_host: _Optional[int] = ..., replaced_incarnation: _Optional[int] = ..., promote: _Optional[bool] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("host", "endpoint", "incarnation")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    host: int
+    endpoint: str
+    incarnation: int
+    def __init__(self, host: _Optional[int] = ..., endpoint: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class SharedFile(_message.Message):
     __slots__ = ("path", "data")
@@ -422,17 +452,19 @@ class SharedFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class ReceiveShareRequest(_message.Message):
-    __slots__ = ("share", "incarnation", "files", "applied", "more", "part")
+    __slots__ = ("share", "incarnation", "files", "applied", "more", "part", "copy")
     SHARE_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
+    COPY_FIELD_NUMBER: _ClassVar[int]
     share: int
     incarnation: int
     files: _containers.RepeatedCompositeFieldContainer[SharedFile]
     applied: _containers.RepeatedCompositeFieldContainer[PushId]
     more: bool
     part: int
-    def __init__(self, share: _Optional[int] = ..., incarnation: _Optional[int] = ..., files: _Optional[_Iterable[_Union[SharedFile, _Mapping]]] = ..., applied: _Optional[_Iterable[_Union[PushId, _Mapping]]] = ..., more: _Optional[bool] = ..., part: _Optional[int] = ...) -> None: ...
+    copy: int
+    def __init__(self, share: _Optional[int] = ..., incarnation: _Optional[int] = ..., files: _Optional[_Iterable[_Union[SharedFile, _Mapping]]] = ..., applied: _Optional[_Iterable[_Union[PushId, _Mapping]]] = ..., more: _Optional[bool] = ..., part: _Optional[int] = ..., copy: _Optional[int] = ...) -> None: ...

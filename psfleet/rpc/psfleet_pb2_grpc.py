@@ -134,6 +134,11 @@ class ParameterServerStub:
                 request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.DrainRequest.SerializeToString,
                 response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
                 _registered_method=True)
+        self.Join = channel.unary_unary(
+                '/psfleet.ParameterServer/Join',
+                request_serializer=psfleet_dot_rpc_dot_psfleet__pb2.JoinRequest.SerializeToString,
+                response_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -266,6 +271,13 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Join(self, request, context):
+        """an added server, to any host
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -367,6 +379,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
             'Drain': grpc.unary_unary_rpc_method_handler(
                     servicer.Drain,
                     request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.DrainRequest.FromString,
+                    response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.SerializeToString,
+            ),
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=psfleet_dot_rpc_dot_psfleet__pb2.JoinRequest.FromString,
                     response_serializer=psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.SerializeToString,
             ),
     }
@@ -909,6 +926,33 @@ class ParameterServer:
             target,
             '/psfleet.ParameterServer/Drain',
             psfleet_dot_rpc_dot_psfleet__pb2.DrainRequest.SerializeToString,
+            psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psfleet.ParameterServer/Join',
+            psfleet_dot_rpc_dot_psfleet__pb2.JoinRequest.SerializeToString,
             psfleet_dot_rpc_dot_psfleet__pb2.ShareMapMessage.FromString,
             options,
             channel_credentials,

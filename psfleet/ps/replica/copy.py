@@ -89,9 +89,10 @@ def join_parts(parts: list[msg.SharedFile]) -> list[msg.SharedFile]:
     return [msg.SharedFile(path=path, data=b"".join(pieces)) for path, pieces in joined.items()]
 
 
-def tables_from_files(files: list[msg.SharedFile], share: int, host_num: int
+def tables_from_files(files: list[msg.SharedFile], share: int, share_num: int
                       ) -> tuple[dict[int, Table], dict[int, np.ndarray], dict[int, int]]:
-    """The tables of share ``share`` read from :func:`share_files`' files.
+    """The tables of share ``share`` (of ``share_num``) read from :func:`share_files`'
+    files.
 
     Returns:
         (tables by id, dense tables' flat indexes by id, rows or elements per table).
@@ -107,7 +108,7 @@ def tables_from_files(files: list[msg.SharedFile], share: int, host_num: int
         url = f"{_MEMORY}://{root}"
         configs = saved_table_configs(url, share)
         sparse = {tid: c for tid, c in configs.items() if isinstance(c, SparseTableConfig)}
-        tables, loaded = read_save(sparse, url, share, host_num, {})
+        tables, loaded = read_save(sparse, url, share, share_num, {})
         index = {}
         for tid, config in configs.items():
             if isinstance(config, DenseTableConfig):  # this share's part, as saved

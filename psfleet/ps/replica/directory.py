@@ -55,21 +55,25 @@ class ShareDirectory:
     workers about a second and a slow one nothing.
 
     Args:
-        endpoints: every server's ``host:port``, in server-index order (share ``i`` is
-            server ``i``'s part of the tables).
+        endpoints: the job's servers' ``host:port``, in server-index order (servers
+            added to the running job are learned from the map).
         config: rpc settings of every call.
         replication: hosts per share (``PSFLEET_REPLICATION``), >= 2.
+        shares: shares of the tables (``PSFLEET_SHARES``; 0: one per server).
     """
 
-    def __init__(self, endpoints: list[str], config: RpcConfig, replication: int) -> None:
+    def __init__(self, endpoints: list[str], config: RpcConfig, replication: int,
+                 shares: int = 0) -> None:
+        self._first = list(endpoints)
         self.endpoints = list(endpoints)
         self.replication = replication
+        self.shares = shares or len(endpoints)
         #: how many times a call is sent again to a server that was reported but lives
         self.patience = config.max_retries
         self._config = dataclasses.replace(config, max_retries=min(config.max_retries,
                                                                    SUSPECT_RETRIES))
         self._lock = threading.Lock()
-        self._map = ShareMap(len(endpoints), replication)
+        self._map = ShareMap(len(endpoints), replication, share_num=self.shares)
         self._clients = MemberClients(self.endpoints, self._config)
 
     @property
@@ -109,16 +113,17 @@ class ShareDirectory:
         """Merge the map a server sent."""
         with self._lock:
             old = self._map
-            self._map = old.merged(map_from_message(message, len(self.endpoints),
-                                                    self.replication))
+            self._map = old.merged(map_from_message(message, len(self._first),
+                                                    self.replication, self.shares))
             changed = self._map != old
+            if self._map.added != old.added:
+                self.endpoints = self._map.endpoints(self._first)
+                self._clients.extend(self.endpoints)
         if changed:
             logger.warning("share map: %s", self._map.describe())
 
     def _live_hosts(self, skip: int | None = None) -> list[int]:
-        share_map = self.map
-        return [h for h in range(len(self.endpoints))
-                if h != skip and not share_map.is_dead(share_map.latest(h))]
+        return [h for h in self.map.live_hosts() if h != skip]
 
     def connect(self, timeout_s: float, retry_interval_s: float = 1.0) -> None:
         """Tell every live server the layout (``SetReplicas``) and learn the map; waits
@@ -139,8 +144,8 @@ class ShareDirectory:
                 if not client.is_serving():
                     continue
                 self.merge(client.call("SetReplicas", msg.ReplicasRequest(
-                    endpoints=self.endpoints, host_index=host, replication=self.replication,
-                    map=map_to_message(self.map))))
+                    endpoints=self._first, host_index=host, replication=self.replication,
+                    shares=self.shares, map=map_to_message(self.map))))
                 told.add(host)
             waiting = [self.endpoints[h] for h in self._live_hosts() if h not in told]
             if not waiting:
@@ -263,13 +268,14 @@ class ShareTransport:
 
     Args:
         directory: the job's hosts.
-        share: the share (server index).
+        share: the share.
     """
 
     def __init__(self, directory: ShareDirectory, share: int) -> None:
         self._directory = directory
         self.share = share
-        self.endpoint = directory.endpoints[share]
+        # where the share was placed first (its primary's when the job started)
+        self.endpoint = directory.endpoints[share % len(directory.endpoints)]
 
     def _call(self, issue: Callable[[RpcTransport], Pending]) -> _Rerouted:
         return _Rerouted(self._directory, self.share, issue)

@@ -72,7 +72,7 @@ class Draining(Refilling):
         while True:
             with self._lock:
                 assert self._map is not None
-                held = [s for s in range(self._map.host_num) if self._me in self._map.holders(s)]
+                held = self._map.held_by(self._me)
                 waiting = [s for s in held
                            if len(self._map.staying(s)) < self._map.replication]
             if not waiting:

@@ -20,7 +20,8 @@ R > 1:
 - a member restarted in the job is filled while training goes on
   (``psfleet.ps.replica.rejoin``), and a share a dead server held is copied to a live
   one when no restarted server takes it back (``psfleet.ps.replica.refill``); a server
-  leaves the job once its shares are copied to the others (``psfleet.ps.replica.drain``).
+  leaves the job once its shares are copied to the others (``psfleet.ps.replica.drain``);
+  a server added to the job takes its part of the shares (``psfleet.ps.replica.grow``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from psfleet.errors import MovedError, RemoteError, RpcError, ServerUnavailableError
-from psfleet.ps.replica.drain import Draining
+from psfleet.ps.replica.grow import Growing
 from psfleet.ps.replica.members import Layout
 from psfleet.replication import Member
 from psfleet.rpc import call_route
@@ -48,7 +49,7 @@ _QUEUED_REPLY: dict[str, Callable[[], Any]] = {
     "Load": msg.Empty, "Shrink": msg.ShrinkResponse, "AgeOneDay": msg.Empty}
 
 
-class ReplicaHost(Draining):
+class ReplicaHost(Growing):
     """Every share one server holds, behind its endpoint. Thread safe.
 
     One method per rpc of ``psfleet.proto``. A call is for the share its
@@ -196,8 +197,8 @@ class ReplicaHost(Draining):
             service = self._shares.get(self._me[0], self.own)
             held = sorted(self._shares)
             served = [s for s in held if self._map.primary(s) == self._me]
-            departed = [h for h in range(self._map.host_num)
-                        if h not in self._map.live_hosts()]
+            live = self._map.live_hosts()
+            departed = [h for h in self._map.hosts if h not in live]
         reply = service.Stats(request)
         reply.shares_held.extend(held)
         reply.shares_served.extend(served)

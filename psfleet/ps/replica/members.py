@@ -40,12 +40,25 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Layout:
-    """A replicated job as one host sees it: every host's endpoint (server-index
-    order), this host's index, and the hosts per share."""
+    """A replicated job as one host sees it: the endpoints of the servers it started
+    with (server-index order), this host's index (at or past their count: a server
+    added to the running job), the hosts per share, and the shares (0: one per
+    endpoint)."""
 
     endpoints: tuple[str, ...]
     index: int
     replication: int
+    shares: int = 0
+
+    @property
+    def share_num(self) -> int:
+        """Shares of the tables."""
+        return self.shares or len(self.endpoints)
+
+    @property
+    def added(self) -> bool:
+        """This host was added to the running job (``psfleet.ps.replica.grow``)."""
+        return self.index >= len(self.endpoints)
 
 
 class ShareMembers:
@@ -82,6 +95,7 @@ class ShareMembers:
         self._me: Member = (-1, incarnation)
         self._map: ShareMap | None = None
         self._shares: dict[int, TableService] = {}
+        self._copies: dict[int, int] = {}  # share -> the number of the copy held (0: none)
         self._pending: dict[int, list[tuple[str, Any]]] = {}  # share -> queued forwards
         self._filling: dict[int, list[Member]] = {}  # share -> members being copied to
         self._copy_chunk_bytes = 0  # PSFLEET_COPY_CHUNK_BYTES, read with the layout
@@ -100,22 +114,25 @@ class ShareMembers:
         self._copy_chunk_bytes = chunk_bytes()  # a bad setting fails the server's start
         self._layout, self._me = layout, (layout.index, self._me[1])
         self._peers = MemberClients(layout.endpoints, self._config, layout.index)
-        self._map = ShareMap(num, layout.replication)
+        self._map = ShareMap(num, layout.replication, share_num=layout.share_num)
         if self._me[1] > 0:  # a restarted member: nothing until it is filled
             self._map = self._map.with_dead([(layout.index, self._me[1] - 1)])
-        for share in range(num):
+        for share in self._map.shares:
             self._order[share] = threading.Lock()
             if layout.index not in hosts_of(share, num, layout.replication):
                 continue
             if self._me[1] > 0:
                 self._pending[share] = []
-            elif share == layout.index:
-                self._shares[share] = self.own
-            else:
-                self._shares[share] = self._copy_service()
-        logger.info("host %d of %d (incarnation %d), replication %d: %s shares %s", layout.index,
-                    num, self._me[1], layout.replication,
-                    "to be filled:" if self._me[1] > 0 else "holds", sorted(
+                continue
+            service = self.own if share == layout.index else self._copy_service()
+            if self._map.primary(share) == self._me:
+                service.wait_budget.slots = self._wait_slots
+            self._shares[share] = service
+        logger.info("host %d of %d (incarnation %d), replication %d, %d shares: %s %s",
+                    layout.index, num, self._me[1], layout.replication, layout.share_num,
+                    "added to the running job, holds nothing yet" if layout.added else
+                    "to be filled:" if self._me[1] > 0 else "holds",
+                    "" if layout.added else sorted(
                         self._pending if self._me[1] > 0 else self._shares))
 
     def SetReplicas(self, request: msg.ReplicasRequest) -> msg.ShareMapMessage:  # noqa: N802
@@ -126,39 +143,49 @@ class ShareMembers:
             InvalidRequestError: a replication outside ``[1, hosts]``, a host index
                 outside the list, or a layout other than the one set first.
         """
-        layout = Layout(tuple(request.endpoints), request.host_index, request.replication)
-        if not 1 <= layout.replication <= len(layout.endpoints) or \
-                layout.index >= len(layout.endpoints):
-            raise InvalidRequestError(
-                f"SetReplicas: replication {layout.replication} with {len(layout.endpoints)} "
-                f"hosts and host index {layout.index}; replication must be in [1, hosts] "
-                "(PSFLEET_REPLICATION)")
+        layout = Layout(tuple(request.endpoints), request.host_index, request.replication,
+                        request.shares)
         with self._lock:
+            if self._layout != layout and (
+                    not 1 <= layout.replication <= len(layout.endpoints)
+                    or layout.index >= len(layout.endpoints)
+                    or layout.share_num < len(layout.endpoints)):
+                raise InvalidRequestError(
+                    f"SetReplicas: replication {layout.replication} with "
+                    f"{len(layout.endpoints)} hosts, {layout.share_num} shares and host "
+                    f"index {layout.index}; replication must be in [1, hosts] "
+                    "(PSFLEET_REPLICATION) and shares at least the hosts (PSFLEET_SHARES)")
             if self._layout is None:
                 self._configure(layout)
             elif self._layout != layout:
                 raise InvalidRequestError(
                     f"SetReplicas: host {layout.index} of {list(layout.endpoints)} with "
-                    f"replication {layout.replication}, but this server is host "
-                    f"{self._layout.index} of {list(self._layout.endpoints)} with replication "
-                    f"{self._layout.replication}; every worker must have the same "
-                    "PADDLE_PSERVERS_IP_PORT_LIST and PSFLEET_REPLICATION")
+                    f"replication {layout.replication} and {layout.share_num} shares, but this "
+                    f"server is host {self._layout.index} of {list(self._layout.endpoints)} "
+                    f"with replication {self._layout.replication} and "
+                    f"{self._layout.share_num} shares; every worker must have the same "
+                    "PADDLE_PSERVERS_IP_PORT_LIST, PSFLEET_REPLICATION and PSFLEET_SHARES")
             return self._merge_message(request.map)
 
     def _merge_message(self, message: msg.ShareMapMessage) -> msg.ShareMapMessage:
         """Merge a map from the wire; return this host's (the caller holds ``_lock``)."""
         assert self._map is not None
-        self._merge(map_from_message(message, self._map.host_num, self._map.replication))
+        self._merge(map_from_message(message, self._map.host_num, self._map.replication,
+                                     self._map.share_num))
         return map_to_message(self._map)
 
     def _merge(self, other: ShareMap) -> None:
         """Merge ``other`` into the map and let each copy wait (serve) or not as this
         member now is its primary or not (the caller holds ``_lock``)."""
         assert self._map is not None
-        merged = self._map.merged(other)
-        if merged == self._map:
+        old = self._map
+        merged = old.merged(other)
+        if merged == old:
             return
         self._map = merged
+        if merged.added != old.added:
+            assert self._layout is not None and self._peers is not None
+            self._peers.extend(merged.endpoints(self._layout.endpoints))
         for share, service in self._shares.items():
             primary = merged.primary(share) == self._me
             if primary and service.wait_budget.slots == 0:
@@ -167,8 +194,11 @@ class ShareMembers:
                 logger.info("share %d is now served by %s; this copy follows it", share,
                             merged.primary(share))
             service.wait_budget.slots = self._wait_slots if primary else 0
-        for share in [s for s in self._shares if (s, *self._me) in merged.released]:
-            del self._shares[share]  # a copy no longer needed: its memory is freed
+        for share in [s for s in self._shares
+                      if (s, *self._me, self._copies.get(s, 0)) in merged.released]:
+            service = self._shares.pop(share)  # a copy no longer needed: memory freed
+            if service is self.own:
+                service.drop_tables()
             logger.warning("this server's copy of share %d was released (the share has "
                            "%d copies without it)", share, merged.replication)
         logger.warning("share map: %s (replication %d)", merged.describe(), merged.replication)
@@ -224,7 +254,7 @@ class ShareMembers:
         with self._lock:
             assert self._map is not None
             message = map_to_message(self._map)
-            others = [h for h in range(self._map.host_num) if h != self._me[0]
+            others = [h for h in self._map.hosts if h != self._me[0]
                       and not self._map.is_dead(self._map.latest(h))]
         for other in others:
             try:

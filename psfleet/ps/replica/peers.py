@@ -36,6 +36,12 @@ class MemberClients:
         self._lock = threading.Lock()
         self._clients: dict[tuple[Member, int | None], RpcClient] = {}
 
+    def extend(self, endpoints: list[str]) -> None:
+        """Take the endpoint list with the servers added to the job since (it only
+        grows: the first ones are unchanged)."""
+        with self._lock:
+            self._endpoints = tuple(endpoints)
+
     def get(self, member: Member, share: int | None) -> RpcClient:
         """A connection to ``member`` for calls about ``share`` (None, or the member's
         own index: its own share)."""

@@ -72,12 +72,18 @@ class Refilling(Rejoining):
             self._refill_wake.clear()
             if self._refill_stop.is_set():
                 return
-            drained = self._refill_round(draining_only=True)  # nobody to wait for
+            # nobody to wait for: a leaving server's shares, and moves to an added one
+            drained = self._refill_round(draining_only=True) and self._rebalance()
             if self._refill_stop.wait(self._refill_delay_s):
                 return
             if not (self._refill_round() and drained) and \
                     not self._refill_stop.wait(_RETRY_S):
                 self._refill_wake.set()
+
+    def _rebalance(self) -> bool:
+        """Take the shares moves give this server (``psfleet.ps.replica.grow``). False
+        when one failed for a passing reason."""
+        return True
 
     def _refill_round(self, draining_only: bool = False) -> bool:
         """Take a copy of every share the map says this server should take
@@ -87,7 +93,7 @@ class Refilling(Rejoining):
         with self._lock:
             share_map = self._map
             assert share_map is not None
-            wanted = [s for s in range(share_map.host_num)
+            wanted = [s for s in share_map.shares
                       if share_map.refill_target(s) == self._me[0] and s not in self._shares
                       and s not in self._pending and s not in self._refused
                       and (not draining_only

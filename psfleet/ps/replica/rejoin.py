@@ -27,7 +27,7 @@ from psfleet.ps.replica.copy import (
 )
 from psfleet.ps.replica.members import ShareMembers
 from psfleet.ps.replica.wire import map_to_message
-from psfleet.replication import Member, hosts_of
+from psfleet.replication import Member, Move, hosts_of
 from psfleet.rpc import messages as msg
 
 __all__ = ["Rejoining"]
@@ -79,8 +79,9 @@ class Rejoining(ShareMembers):
                 raise RemoteError("Rejoin: this server has no replicated layout yet")
             self._merge(self._map.with_dead([(member[0], member[1] - 1)]))
             num, replication = self._map.host_num, self._map.replication
+            shares = self._map.shares
         self._broadcast()
-        for share in range(num):
+        for share in shares:
             if member[0] not in hosts_of(share, num, replication):
                 continue
             with self._lock:
@@ -99,18 +100,25 @@ class Rejoining(ShareMembers):
 
     def CopyShare(self, request: msg.CopyShareRequest) -> msg.ShareMapMessage:  # noqa: N802
         """Copy share ``request.share`` (this host must be its primary) to the member
-        ``(host, incarnation)`` and add it to the map. Returns the map."""
-        self._copy_share(request.share, (request.host, request.incarnation))
+        ``(host, incarnation)`` and add it to the map; with ``move``, in place of the
+        replaced member's copy, which is released (``promote``: the new copy serves the
+        share). Returns the map."""
+        move = (Move(request.share, request.host, (request.replaced_host,
+                                                   request.replaced_incarnation),
+                     request.promote) if request.move else None)
+        self._copy_share(request.share, (request.host, request.incarnation), move)
         with self._lock:
             assert self._map is not None
             return map_to_message(self._map)
 
-    def _copy_share(self, share: int, member: Member) -> None:
-        """The copy of ``share`` to ``member`` (module docstring, rejoin).
+    def _copy_share(self, share: int, member: Member, move: Move | None = None) -> None:
+        """The copy of ``share`` to ``member`` (module docstring, rejoin); with
+        ``move``, the replaced member's copy is released once it is in.
 
         Raises:
             MovedError: this host is not the share's primary.
-            RemoteError: a sync-mode share (rounds in flight are not in a copy).
+            RemoteError: a sync-mode share (rounds in flight are not in a copy), or a
+                move whose replaced member no longer holds the share.
         """
         with self._order[share]:
             service = self._check_primary(share)
@@ -119,16 +127,23 @@ class Rejoining(ShareMembers):
                     f"share {share} belongs to a sync-mode job: its copy cannot be made while "
                     "training goes on (rounds in flight are not part of a copy), so a "
                     "restarted server does not rejoin; the share keeps its other copies")
+            with self._lock:
+                assert self._map is not None
+                if move is not None and move.replaced not in self._map.staying(share):
+                    raise RemoteError(f"share {share}: the move to host {member[0]} replaces "
+                                      f"host {move.replaced[0]}, which no longer holds it")
+                number = self._map.next_copy(share, member)
             snapshot, index, applied = service.copy_snapshot()
             self._filling.setdefault(share, []).append(member)
         try:
             files = share_files(snapshot, index, share)
             del snapshot
             peer = self._peer(member, share)
-            for number, (part, last) in enumerate(split_parts(files, self._copy_chunk_bytes)):
+            for part_number, (part, last) in enumerate(split_parts(files,
+                                                                   self._copy_chunk_bytes)):
                 peer.call("ReceiveShare", msg.ReceiveShareRequest(
                     share=share, incarnation=member[1], files=part, more=not last,
-                    part=number,
+                    part=part_number, copy=number,
                     applied=[msg.PushId(client_id=c, seq=q) for c, q in applied]
                     if last else []))
         except BaseException:
@@ -143,11 +158,14 @@ class Rejoining(ShareMembers):
             self._filling[share].remove(member)
             with self._lock:
                 assert self._map is not None
-                joined = self._map.with_joined(share, member)
-                self._merge(joined.with_released(share, joined.excess(share)))
+                joined = self._map.with_joined(share, member, move is not None and move.promote,
+                                               number)
+                released = [move.replaced] if move is not None else joined.excess(share)
+                self._merge(joined.with_released(share, released))
             self._broadcast()
-        logger.warning("copied share %d (%d bytes in %d messages) to host %d incarnation %d",
-                       share, sum(len(f.data) for f in files), number + 1, *member)
+        logger.warning("copied share %d (%d bytes in %d messages) to host %d incarnation %d%s",
+                       share, sum(len(f.data) for f in files), part_number + 1, *member,
+                       f" in place of host {move.replaced[0]}" if move is not None else "")
 
     def ReceiveShare(self, request: msg.ReceiveShareRequest) -> msg.Empty:  # noqa: N802
         """Take a part of the copy of ``request.share``; at the last part
@@ -160,7 +178,7 @@ class Rejoining(ShareMembers):
                                   f"{request.incarnation}: this member (incarnation "
                                   f"{self._me[1]}) is not waiting for it")
             assert self._map is not None
-            host_num = self._map.host_num
+            share_num = self._map.share_num
             if request.part == 0:  # a copy starts (afresh, after a failed one)
                 self._receiving[share] = (0, [])
             expected, parts = self._receiving.get(share, (0, []))
@@ -174,7 +192,7 @@ class Rejoining(ShareMembers):
                 self._receiving[share] = (expected + 1, parts)
                 return msg.Empty()
             del self._receiving[share]
-        tables, index, loaded = tables_from_files(join_parts(parts), share, host_num)
+        tables, index, loaded = tables_from_files(join_parts(parts), share, share_num)
         # This host's own share goes into the process's own service (its /metrics and
         # psfleet status report that one); it serves once the map makes it primary.
         service = self.own if share == self._me[0] else self._copy_service()
@@ -187,6 +205,7 @@ class Rejoining(ShareMembers):
             with self._lock:
                 del self._pending[share]
                 self._shares[share] = service
+                self._copies[share] = request.copy
         logger.warning("filled share %d: %s rows/elements per table, then %d writes forwarded "
                        "meanwhile", share, loaded, len(queued))
         return msg.Empty()

@@ -1,0 +1,156 @@
+"""A server added to a running replicated job takes its part of the shares while a
+worker keeps pushing, with nothing lost (psfleet.ps.replica.grow, issue 20).
+
+Two in-process servers, replication 2, six shares: each server holds all six and
+serves three. A third server joins: moves bring it four copies, two of which it serves,
+and release the giver's copy each time, so every server ends holding four and serving
+two. Every row and the dense state end equal to an undisturbed run's.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from test_replication import (
+    CONFIG,
+    DENSE,
+    DENSE_SIZE,
+    HOST,
+    KEYS,
+    SHAPES,
+    SPARSE,
+    _assert_copies_equal,
+    _train,
+    _wait_for,
+    servers,
+)
+
+from psfleet.errors import ConfigError, FatalError
+from psfleet.ps import RemoteClient, TableService, start_server
+from psfleet.ps.replica.host import Layout, ReplicaHost
+from psfleet.ps.types import PushMode, RuleConfig, SparseTableConfig
+from psfleet.replication import ShareMap, check_shares, shares_from_env
+from psfleet.rpc import RunningServer
+
+pytestmark = pytest.mark.service
+
+SHARES = 6
+
+
+def _job(started: list[tuple[TableService, RunningServer]]) -> RemoteClient:
+    client = RemoteClient([r.endpoint for _, r in started], CONFIG, 0, replication=2,
+                          shares=SHARES)
+    client.wait_ready(10.0)
+    client.create_sparse_table(SPARSE, SparseTableConfig(
+        name="emb", dim=8, rule=RuleConfig(name="adam", learning_rate=0.01)))
+    client.create_dense_table(DENSE, "dense", SHAPES, RuleConfig(name="adam",
+                                                                 learning_rate=0.01),
+                              np.zeros(DENSE_SIZE, np.float32))
+    return client
+
+
+def _added(endpoints: list[str], index: int) -> tuple[RunningServer, ReplicaHost]:
+    """A new server for index ``index`` of the job, holding nothing."""
+    _, running = start_server(HOST, 0, CONFIG, layout=Layout(tuple(endpoints), index, 2,
+                                                             SHARES))
+    assert isinstance(running.handler, ReplicaHost)
+    return running, running.handler
+
+
+def _counts(hosts: list[ReplicaHost]) -> list[tuple[int, int]]:
+    """(shares held, shares served) per host, as each one holds them."""
+    counts = []
+    for host in hosts:
+        assert host._map is not None
+        counts.append((len(host._shares), len(host._map.served_by(host._me))))
+    return counts
+
+
+def test_an_added_server_takes_a_third_of_the_shares_with_nothing_lost() -> None:
+    with servers(2) as started:
+        reference = _job(started)
+        _train(reference, KEYS, 10, 0)
+        _train(reference, KEYS, 20, 1)
+        rows, dense = reference.pull_sparse(SPARSE, KEYS, create=False), reference.pull_dense(DENSE)
+        reference.close()
+
+    with servers(2) as started:
+        endpoints = [r.endpoint for _, r in started]
+        client = _job(started)
+        hosts = [r.handler for _, r in started]
+        assert all(isinstance(h, ReplicaHost) for h in hosts)
+        assert _counts(hosts) == [(6, 3), (6, 3)]  # type: ignore[arg-type]
+        _train(client, KEYS, 10, 0)
+        running, added = _added(endpoints, 2)
+        try:
+            training = threading.Thread(target=_train, args=(client, KEYS, 20, 1))
+            training.start()
+            added.join(running.endpoint)
+            every = [*hosts, added]
+            _wait_for(lambda: _counts(every) == [(4, 2)] * 3,  # type: ignore[arg-type]
+                      "the moves to the added server")
+            training.join()
+            share_map = added._map
+            assert share_map is not None
+            assert share_map.endpoints(endpoints) == [*endpoints, running.endpoint]
+            for share in range(SHARES):  # two copies each, the same bytes
+                first, second = share_map.holders(share)
+                copies = [every[first[0]]._shares[share], every[second[0]]._shares[share]]
+                _assert_copies_equal(*copies)  # type: ignore[arg-type]
+            np.testing.assert_array_equal(client.pull_sparse(SPARSE, KEYS, create=False), rows)
+            np.testing.assert_array_equal(client.pull_dense(DENSE), dense)
+            assert client._directory is not None
+            assert client._directory.endpoints == [*endpoints, running.endpoint]
+            client.push_sparse(SPARSE, KEYS, np.ones((KEYS.size, 8), np.float32),
+                               mode=PushMode.DELTA)  # lands once, wherever the share is
+            np.testing.assert_allclose(client.pull_sparse(SPARSE, KEYS, create=False),
+                                       rows + 1.0, rtol=0, atol=1e-6)
+        finally:
+            client.close()
+            running.handler.close()
+            running.stop(grace_s=0.1)
+
+
+def test_a_server_added_with_a_taken_index_is_refused() -> None:
+    with servers(2) as started:
+        endpoints = [r.endpoint for _, r in started]
+        client = _job(started)
+        running, added = _added(endpoints, 3)  # the next index is 2
+        try:
+            with pytest.raises(FatalError, match="the next server of this job is 2"):
+                added.join(running.endpoint)
+        finally:
+            client.close()
+            running.handler.close()
+            running.stop(grace_s=0.1)
+
+
+def test_moves_even_out_the_shares() -> None:
+    grown = ShareMap(2, 2, share_num=6).with_added(2, "h:3")
+    moves = []
+    while (move := grown.rebalance_move()) is not None:
+        moves.append(move)
+        grown = grown.with_joined(move.share, (move.host, 0), move.promote).with_released(
+            move.share, [move.replaced])
+    assert [(m.share, m.replaced[0], m.promote) for m in moves] == [
+        (0, 0, True), (1, 1, True), (3, 0, False), (2, 1, False)]
+    assert [len(grown.held_by((h, 0))) for h in range(3)] == [4, 4, 4]
+    assert [len(grown.served_by((h, 0))) for h in range(3)] == [2, 2, 2]
+    assert grown.holders(0) == [(2, 0), (1, 0)]  # the promoted copy serves
+    # No move while a share has a copy fewer (the refill comes first), nor when even.
+    assert grown.with_dead([(1, 0)]).rebalance_move() is None
+    assert ShareMap(3, 2, share_num=6).rebalance_move() is None
+
+
+def test_the_share_setting() -> None:
+    assert shares_from_env(2, 2, {}) == 2
+    assert shares_from_env(2, 2, {"PSFLEET_SHARES": "6"}) == 6
+    assert check_shares(None, 3, 1, "cluster.shares") == 3
+    with pytest.raises(ConfigError, match="PSFLEET_SHARES: 1 shares for 2 servers"):
+        shares_from_env(2, 2, {"PSFLEET_SHARES": "1"})
+    with pytest.raises(ConfigError, match="needs replication >= 2"):
+        check_shares(6, 2, 1, "cluster.shares")
+    with pytest.raises(ConfigError, match="PSFLEET_SHARES: 'six'"):
+        shares_from_env(2, 2, {"PSFLEET_SHARES": "six"})
