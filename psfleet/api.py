@@ -138,7 +138,7 @@ def job_launcher(config: TrainConfig, tee_stream: BinaryIO | None = None
     (:func:`~psfleet.rec.run_folder.open_run_folder`); logs go to ``<run folder>/log``.
     """
     from psfleet.launch.console import plural
-    from psfleet.replication import replication_from_env
+    from psfleet.replication import check_shares, replication_from_env
 
     cluster = config.cluster
     collective = config.runner.sync_mode == "collective"
@@ -147,6 +147,8 @@ def job_launcher(config: TrainConfig, tee_stream: BinaryIO | None = None
     # PSFLEET_REPLICATION is checked before the run folder is made (the YAML's is).
     replication = None if collective else (cluster.replication
                                            or replication_from_env(cluster.server_num))
+    shares = (check_shares(cluster.shares, cluster.server_num, replication, "cluster.shares")
+              if replication is not None and cluster.shares else None)
     run_dir = open_run_folder(config)
     command = ("-m", "psfleet.cli.main", "train", "-m", str(run_dir / CONFIG_NAME))
     log_dir = run_dir / "log"
@@ -169,7 +171,7 @@ def job_launcher(config: TrainConfig, tee_stream: BinaryIO | None = None
         restart_policy="gang" if config.runner.sync_mode == "sync" else "process",
         checkpoint_dir=(str(config.runner.checkpoint.checkpoint_dir)
                         if config.runner.checkpoint else None),
-        replication=replication), \
+        replication=replication, shares=shares), \
         f"{plural(cluster.server_num, 'server')} x {plural(cluster.worker_num, 'worker')}"
 
 

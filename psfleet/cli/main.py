@@ -9,6 +9,7 @@ Usage::
     psfleet predict -m CONFIG.yaml --model MODEL_DIR --data FILE|DIR [--out SCORES.tsv]
     psfleet status RUN_FOLDER | LOG_DIR | ENDPOINT[,ENDPOINT...]
     psfleet drain RUN_FOLDER | LOG_DIR | ENDPOINT[,ENDPOINT...] --server N
+    psfleet grow RUN_FOLDER | LOG_DIR [--servers K]
     psfleet init [--model dnn|wide_deep|deepfm|dcn_v2] [--data criteo|multihot] [--force] DIR
     psfleet example NAME [--out DIR] [--force] | psfleet example --list
     psfleet k8s render|submit -m CONFIG.yaml --image IMAGE [--volume CLAIM:PATH ...] [--out FILE]
@@ -50,7 +51,8 @@ writes ``label<TAB>probability`` per example. Given a run folder (or the
 ``status`` prints, per server and table of a running job, rows, memory and pull/push
 rates (docs/monitoring.md). ``drain`` removes a server from a running replicated job:
 its shares are copied to the other servers first, so nothing is lost
-(:mod:`psfleet.cli.drain`, docs/fault-tolerance.md).
+(:mod:`psfleet.cli.drain`, docs/fault-tolerance.md). ``grow`` adds servers to one:
+each takes its part of the shares (:mod:`psfleet.cli.grow`).
 
 ``datagen criteo`` writes synthetic raw Criteo TSV from a hidden model with a known
 optimum (:mod:`psfleet.data.synthetic`), prints the optimum AUC and positive rate of
@@ -78,7 +80,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from psfleet import env, logs
-from psfleet.cli import drain, k8s, parity, slurm, starter
+from psfleet.cli import drain, grow, k8s, parity, slurm, starter
 from psfleet.cli import status as status_cli
 from psfleet.cli.console import (
     close_progress_bars,
@@ -278,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status", help="rows, memory and request rates of a running job's servers",
         description=status_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     drain.register(commands)
+    grow.register(commands)
     starter.register(commands)
     parity.register(commands)
     k8s.register(commands)

@@ -49,7 +49,7 @@ from psfleet.rpc import messages as msg
 from psfleet.rpc.endpoint_file import read_endpoint_file
 
 __all__ = ["add_arguments", "run", "ServerTarget", "find_servers", "finished_run",
-           "job_servers"]
+           "job_servers", "print_shares"]
 
 
 @dataclass(frozen=True)
@@ -187,16 +187,16 @@ def _print_table(header: list[str], lines: list[list[str]], left: tuple[int, ...
                         for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip())
 
 
-def _share_rows(servers: list[ServerTarget], last: dict[int, msg.StatsResponse]
-                ) -> list[list[str]]:
-    """Per server of a replicated job: the shares it holds a copy of and those it serves
-    (is the primary of); empty when the job is not replicated."""
+def print_shares(servers: list[ServerTarget], replies: dict[int, msg.StatsResponse]) -> None:
+    """Print, per server of a replicated job that answered (``replies``: index -> its
+    ``host_view`` Stats), the shares it holds a copy of and those it serves (is the
+    primary of)."""
     def names(shares: Iterable[int]) -> str:
         return ",".join(str(s) for s in shares) or "-"
 
-    return [[str(s.index), s.endpoint, names(last[s.index].shares_held),
-             names(last[s.index].shares_served)]
-            for s in servers if s.index in last and last[s.index].shares_held]
+    rows = [[str(s.index), s.endpoint, names(replies[s.index].shares_held),
+             names(replies[s.index].shares_served)] for s in servers if s.index in replies]
+    _print_table(["server", "endpoint", "holds shares", "serves shares"], rows, (1, 2, 3))
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -241,9 +241,9 @@ def run(args: argparse.Namespace) -> int:
              for row in _rows(s, first[s.index], last[s.index])]
     if lines:
         _print_table(_HEADER, lines, (1, 3))
-    if shares := _share_rows([s for s in servers if s.index not in failed], last):
+    if any(reply.shares_held for reply in last.values()):
         print()
-        _print_table(["server", "endpoint", "holds shares", "serves shares"], shares, (1, 2, 3))
+        print_shares([s for s in servers if s.index not in failed], last)
     departed = {h for reply in last.values() for h in reply.departed_hosts}
     for server in servers:
         if server.index in failed and server.index in departed:

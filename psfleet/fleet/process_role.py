@@ -22,7 +22,7 @@ from psfleet.fleet.role_maker import default_role_maker
 from psfleet.fleet.strategy import DistributedStrategy
 from psfleet.ps.replica.host import Layout
 from psfleet.ps.server import run_server
-from psfleet.replication import replication_from_env
+from psfleet.replication import replication_from_env, shares_from_env
 from psfleet.rpc import RpcConfig, parse_endpoint
 from psfleet.types import Role
 
@@ -162,13 +162,15 @@ class ProcessRole:
         host, port = parse_endpoint(role.bind_endpoint, "POD_IP:PADDLE_PORT")
         recover = rejoin = None
         replication = replication_from_env(len(role.server_endpoints))
-        if restart_num() > 0 and replication > 1:  # the others fill it (psfleet.ps.replica)
+        shares = shares_from_env(len(role.server_endpoints), replication)
+        layout = Layout(tuple(role.server_endpoints), role.server_index, replication, shares)
+        if (restart_num() > 0 or layout.added) and replication > 1:
+            # the others fill it, or it is added to the job (psfleet.ps.replica)
             if not role.server_endpoints:
-                raise ConfigError("PADDLE_PSERVERS_IP_PORT_LIST: a server restarted in a "
-                                  "replicated job (PSFLEET_REPLICATION > 1) needs every "
-                                  "server's endpoint to rejoin")
-            rejoin = (Layout(tuple(role.server_endpoints), role.server_index, replication),
-                      restart_num())
+                raise ConfigError("PADDLE_PSERVERS_IP_PORT_LIST: a server restarted in or "
+                                  "added to a replicated job (PSFLEET_REPLICATION > 1) needs "
+                                  "the job's servers' endpoints to join them")
+            rejoin = (layout, restart_num())
         elif restart_num() > 0:
             if self._checkpoint_dir is None:
                 logger.warning("restarted server without a checkpoint_dir: it starts with "

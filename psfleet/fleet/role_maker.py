@@ -34,6 +34,7 @@ from psfleet.errors import ConfigError
 from psfleet.fleet._role_env import Workers, server_endpoints, workers_of
 from psfleet.fleet.rank_role_makers import MPIRoleMaker, SlurmRoleMaker, mpi_world_size
 from psfleet.fleet.role_info import RoleInfo, RoleMaker
+from psfleet.replication import replication_from_env
 from psfleet.rpc import parse_endpoint
 from psfleet.types import Role
 
@@ -144,11 +145,13 @@ class PaddleCloudRoleMaker(RoleMaker):
                 f"{role_var} is PSERVER but no server list is set: set "
                 "PADDLE_PSERVERS_IP_PORT_LIST (or PADDLE_PSERVER_IPS + PADDLE_PSERVER_PORT) "
                 "to every server's host:port, or PSFLEET_SERVER_INDEX")
-        if index is not None and endpoints and index >= len(endpoints):
+        if index is not None and endpoints and index >= len(endpoints) and \
+                replication_from_env(len(endpoints), e) == 1:
             raise ConfigError(f"PSFLEET_SERVER_INDEX: {index} must be < the {len(endpoints)} "
-                              f"servers in {source}")
+                              f"servers in {source} (a server is added to a running job only "
+                              "with PSFLEET_REPLICATION >= 2: psfleet grow)")
         if not ips or port is None:
-            if index is None or not endpoints:
+            if index is None or not endpoints or index >= len(endpoints):
                 raise ConfigError(f"{role_var} is PSERVER but POD_IP (or PADDLE_CURRENT_IP) "
                                   "and PADDLE_PORT are not both set: set the address to bind")
             bind = endpoints[index]

@@ -22,6 +22,7 @@ from psfleet.launch._signals import SignalCatcher
 from psfleet.launch.cluster import JobLayout
 from psfleet.launch.endpoints import read_endpoint
 from psfleet.launch.gang import job_restart_message, newest_checkpoint
+from psfleet.launch.grow import Growth
 from psfleet.launch.health import HealthMonitor, Unresponsive, health_timeout_s
 from psfleet.launch.hosts import bind_error
 from psfleet.launch.process import ChildProcess, read_tail
@@ -83,6 +84,7 @@ class Job:
         self.workers: list[ChildProcess] = []
         self._seen_exit: set[int] = set()
         self._stop_signal = signal.SIGTERM
+        self._growth = Growth(config, layout, environ)
 
     @property
     def children(self) -> list[ChildProcess]:
@@ -228,6 +230,10 @@ class Job:
                         return outcome
                     continue
                 logger.info("%s exited 0", child.name)
+            if grace_deadline is None and self.workers:  # psfleet grow's servers
+                for server, endpoint in self._growth.poll(self.servers, self._endpoints,
+                                                          self._start):
+                    self._health.watch(server.pid, endpoint)
             if grace_deadline is None:  # once the workers are done servers may go quiet
                 for found in self._health.overdue():
                     outcome = self._on_hang(found)

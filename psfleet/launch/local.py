@@ -20,6 +20,7 @@ from psfleet.launch._signals import SignalCatcher
 from psfleet.launch.cluster import JobLayout, plan_job
 from psfleet.launch.console import ConsoleFilter
 from psfleet.launch.endpoints import clean_endpoint_dir
+from psfleet.launch.grow import clean_control_dir
 from psfleet.launch.job import EXIT_FAILURE, Job
 from psfleet.launch.restarts import RestartPolicy
 from psfleet.launch.security import prepare_security
@@ -47,6 +48,7 @@ def launch_local(
     restart_policy: str = "process",
     checkpoint_dir: str | None = None,
     replication: int | None = None,
+    shares: int | None = None,
 ) -> int:
     """Run ``server_num`` servers and ``worker_num`` workers on this host; return the exit code.
 
@@ -83,6 +85,8 @@ def launch_local(
             restart; None: ``PSFLEET_CHECKPOINT_DIR``.
         replication: servers holding each share (``LaunchConfig.replication``); None:
             ``PSFLEET_REPLICATION``.
+        shares: shares of the tables (``LaunchConfig.shares``); None:
+            ``PSFLEET_SHARES``.
 
     The job's servers need a token: ``PSFLEET_AUTH_TOKEN``, or one generated for the
     job and given to every child in its environment.
@@ -107,6 +111,7 @@ def launch_local(
         tee_worker_0=tee_worker_0,
         python_executable=python_executable or sys.executable,
         replication=replication,
+        shares=shares,
     )
     return run_job(config, tee_stream, max_restarts=max_restarts, tls=tls,
                    storage_roots=storage_roots, restart_policy=restart_policy,
@@ -140,6 +145,7 @@ def run_job(config: LaunchConfig, tee_stream: BinaryIO | None = None,
         log_dir.mkdir(parents=True, exist_ok=True)
         if not layout.endpoints_known:
             clean_endpoint_dir(config.endpoint_dir)
+        clean_control_dir(log_dir)
     except OSError as e:
         raise ConfigError(
             f"--log_dir: cannot create or clean {str(log_dir)!r} ({e}); give a writable directory"

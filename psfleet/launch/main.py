@@ -52,6 +52,12 @@ Options:
                                 copies of its shares after PSFLEET_REFILL_DELAY_S. A
                                 server is removed with psfleet drain
                                 (docs/fault-tolerance.md).
+    --shares S                  shares the tables are cut into (default: PSFLEET_SHARES,
+                                else one per server), at least the server count. More
+                                shares than servers, with --replication 2, let psfleet
+                                grow add a server to the running job: it takes its part
+                                of the shares (2 servers, 6 shares: a third server ends
+                                serving 2).
     --restart_policy P          what a failure restarts: process (default; the failed
                                 child, for async and GEO jobs) or gang (every server and
                                 worker of the node, from the newest complete
@@ -399,6 +405,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="servers holding each share of the tables (default PSFLEET_REPLICATION, else 1)",
     )
     parser.add_argument(
+        "--shares",
+        type=int,
+        default=None,
+        help="shares the tables are cut into, at least --server_num; more, with "
+             "--replication 2, let psfleet grow add a server to the running job "
+             "(default PSFLEET_SHARES, else one per server)",
+    )
+    parser.add_argument(
         "--restart_policy",
         choices=list(RESTART_POLICIES),
         default=RESTART_POLICIES[0],
@@ -495,6 +509,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         node_ips=split_list(args.node_ip) if args.node_ip is not None and not collective else (),
         start_port=None if collective else args.start_port,
         replication=args.replication,
+        shares=args.shares,
     )
     if not args.module and not Path(script).is_file():
         raise ConfigError(

@@ -30,12 +30,14 @@ JOB_VARIABLES: frozenset[str] = frozenset(
 
 
 def _base_env(
-    layout: JobLayout, host: str, environ: Mapping[str, str] | None, replication: int | None
+    layout: JobLayout, host: str, environ: Mapping[str, str] | None, config: LaunchConfig
 ) -> dict[str, str]:
     source = os.environ if environ is None else environ
     env = {k: v for k, v in source.items() if k not in JOB_VARIABLES}
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env["PSFLEET_REPLICATION"] = str(replication or 1)
+    env["PSFLEET_REPLICATION"] = str(config.replication or 1)
+    if config.shares:
+        env["PSFLEET_SHARES"] = str(config.shares)
     env["POD_IP"] = host
     env["PADDLE_CURRENT_IP"] = host
     env["PADDLE_TRAINERS_NUM"] = str(len(layout.workers))
@@ -49,6 +51,7 @@ def server_spec(
     environ: Mapping[str, str] | None = None,
     *,
     layout: JobLayout | None = None,
+    added_to: Sequence[str] = (),
 ) -> ProcessSpec:
     """The spec of server ``index``.
 
@@ -61,19 +64,25 @@ def server_spec(
         index: global server index.
         environ: the environment to inherit; ``os.environ`` when None.
         layout: the job's layout; :func:`plan_job` of ``config`` when None.
+        added_to: the running job's servers' endpoints, for a server added to it
+            (``index`` past them; ``psfleet grow``): it binds a free port on the first
+            server's host and joins them.
     """
     layout = layout if layout is not None else plan_job(config)
-    slot = layout.servers[index]
-    env = _base_env(layout, slot.host, environ, config.replication)
+    slot = layout.servers[0 if added_to else index]
+    port = 0 if added_to else slot.port
+    env = _base_env(layout, slot.host, environ, config)
     env.update(
         TRAINING_ROLE=Role.SERVER.paddle_name,
         PADDLE_TRAINING_ROLE=Role.SERVER.paddle_name,
-        PADDLE_PORT=str(slot.port),
+        PADDLE_PORT=str(port),
         PSFLEET_SERVER_INDEX=str(index),
     )
-    if slot.port == 0:
+    if port == 0:
         env["PSFLEET_ENDPOINT_FILE"] = str(config.endpoint_file(index))
-    if layout.endpoints_known:
+    if added_to:
+        env["PADDLE_PSERVERS_IP_PORT_LIST"] = ",".join(added_to)
+    elif layout.endpoints_known:
         env["PADDLE_PSERVERS_IP_PORT_LIST"] = ",".join(layout.server_endpoints)
     return _spec(config, Role.SERVER, index, env, tee=False)
 
@@ -100,7 +109,7 @@ def worker_spec(
             ``config.tee_worker_0``.
     """
     layout = layout if layout is not None else plan_job(config)
-    env = _base_env(layout, layout.workers[index].host, environ, config.replication)
+    env = _base_env(layout, layout.workers[index].host, environ, config)
     env.update(
         TRAINING_ROLE=Role.WORKER.paddle_name,
         PADDLE_TRAINING_ROLE=Role.WORKER.paddle_name,

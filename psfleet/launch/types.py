@@ -17,7 +17,12 @@ from pathlib import Path
 
 from psfleet.errors import ConfigError
 from psfleet.launch.hosts import normalize_host, parse_server_list, parse_worker_list, split_list
-from psfleet.replication import check_replication, replication_from_env
+from psfleet.replication import (
+    check_replication,
+    check_shares,
+    replication_from_env,
+    shares_from_env,
+)
 from psfleet.types import Role
 
 __all__ = ["LOCAL_HOST", "Role", "LaunchConfig", "ProcessSpec"]
@@ -81,6 +86,10 @@ class LaunchConfig:
             dies is failed over: its shares are served by their other copies and the
             job goes on while every share has one; with restarts left (``process``
             policy) it is restarted and rejoins (docs/fault-tolerance.md).
+        shares: shares the tables are cut into (``--shares``); None:
+            ``PSFLEET_SHARES`` (default: one per server). More than the servers needs
+            replication >= 2; a server added to the running job (``psfleet grow``) then
+            takes its part of them. Every child gets it as ``PSFLEET_SHARES``.
 
     Raises:
         ConfigError: a value is out of range; the message names the flag and the
@@ -100,6 +109,7 @@ class LaunchConfig:
     node_ips: tuple[str, ...] = ()
     start_port: int | None = None
     replication: int | None = None
+    shares: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.command, str) or not all(isinstance(a, str) for a in self.command):
@@ -123,6 +133,10 @@ class LaunchConfig:
                            if self.replication is None else
                            check_replication(self.replication, max(servers, 1),
                                              "--replication"))
+        assert self.replication is not None
+        object.__setattr__(self, "shares", shares_from_env(servers, self.replication)
+                           if self.shares is None else
+                           check_shares(self.shares, servers, self.replication, "--shares"))
         _check_seconds("--server_wait_timeout_s", self.server_wait_timeout_s, allow_zero=False)
         _check_seconds("--stop_grace_s", self.stop_grace_s, allow_zero=True)
         if not isinstance(self.log_dir, (str, Path)) or str(self.log_dir) == "":

@@ -6,9 +6,11 @@ in this process). Both are a :class:`~psfleet.ps.client.TableClient` over transp
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from psfleet.ps.client import TableClient
+from psfleet.ps.handles import wait_all
 from psfleet.ps.replica.directory import ShareDirectory, ShareTransport
 from psfleet.ps.rpc_transport import RpcTransport
 from psfleet.ps.service import TableService
@@ -20,8 +22,11 @@ from psfleet.replication import (
     shares_from_env,
 )
 from psfleet.rpc import RpcClient, RpcConfig, wait_servers_ready
+from psfleet.rpc import messages as msg
 
 __all__ = ["RemoteClient", "LocalClient"]
+
+logger = logging.getLogger(__name__)
 
 
 class RemoteClient(TableClient):
@@ -77,6 +82,23 @@ class RemoteClient(TableClient):
             self._directory.connect(timeout_s)
         else:
             wait_servers_ready(self._rpc, timeout_s)
+
+    def stop_servers(self, worker_index: int) -> None:
+        """Tell every server to stop serving; with replication, every live one in the
+        share map (learned afresh: it names servers added to the job, and a server
+        that serves no share is stopped too).
+
+        Raises:
+            RpcError: a live server could not be reached.
+        """
+        if self._directory is None:
+            super().stop_servers(worker_index)
+            return
+        self._directory.refresh()
+        hosts = self._directory.map.live_hosts()
+        request = msg.StopRequest(worker_index=worker_index)
+        wait_all([self._directory.client(h).start("Stop", request) for h in hosts])
+        logger.info("told servers %s to stop", [self._directory.endpoints[h] for h in hosts])
 
     def close(self) -> None:
         super().close()

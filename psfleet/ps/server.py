@@ -75,7 +75,9 @@ def run_server(host: str, port: int, config: RpcConfig,
             ``recover``, else ``PSFLEET_SERVER_INDEX``, else unknown (-1).
         rejoin: ``(layout, incarnation)``: a server restarted in a replicated job; once
             listening it asks the others to fill it with copies of its shares
-            (``ReplicaHost.rejoin``) instead of reading a checkpoint.
+            (``ReplicaHost.rejoin``) instead of reading a checkpoint. With an added
+            layout (its index past the job's servers) the server is added to the
+            running job and takes its part of the shares (``ReplicaHost.join``).
 
     The request limits are :class:`~psfleet.ps.types.ServerLimits`, raised through
     ``PSFLEET_SERVER_LIMITS``.
@@ -84,7 +86,8 @@ def run_server(host: str, port: int, config: RpcConfig,
         ConfigError: the port (or the metrics port) cannot be bound, or
             PSFLEET_SERVER_LIMITS or PSFLEET_METRICS_PORT is malformed.
         DataError: ``recover`` names a checkpoint without this server's tables.
-        FatalError: ``rejoin`` failed (no other server answered, or a sync-mode job).
+        FatalError: ``rejoin`` failed (no other server answered, or a sync-mode job);
+            so did the join of an added server (also: its index is not the next).
     """
     limits = ServerLimits.parse(env.read("PSFLEET_SERVER_LIMITS") or "")
     metrics_port = metrics_port_from_env()
@@ -108,7 +111,9 @@ def run_server(host: str, port: int, config: RpcConfig,
         if endpoint_file is not None:
             write_endpoint_file(endpoint_file, server.host, server.port,
                                 None if exporter is None else exporter.endpoint)
-        if rejoin is not None:
+        if rejoin is not None and rejoin[0].added:
+            server.handler.join(server.endpoint)
+        elif rejoin is not None:
             server.handler.rejoin()
         while not service.stop_requested.wait(0.5):
             pass

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from psfleet.replication import check_replication
+from psfleet.replication import check_replication, check_shares
 
 __all__ = ["PodResources", "ClusterResources", "ClusterConfig"]
 
@@ -88,6 +88,10 @@ class ClusterConfig(_Section):
     1). With 2 a dead server's shares are served by their other copies and the job
     goes on without waiting; with ``max_restarts`` the server is restarted and rejoins
     (docs/fault-tolerance.md).
+    ``shares``: shares the tables are cut into (``fleetrun --shares``), at least
+    ``server_num``; more needs ``replication`` >= 2, and lets ``psfleet grow`` add a
+    server to the running job, which takes its part of them; unset: ``PSFLEET_SHARES``
+    (default: one per server).
     """
 
     server_num: int = Field(0, ge=0, le=64)
@@ -97,9 +101,13 @@ class ClusterConfig(_Section):
     tls: Literal["self-signed"] | None = None
     resources: ClusterResources = ClusterResources()
     replication: int | None = Field(None, ge=1, le=64)
+    shares: int | None = Field(None, ge=1, le=4096)
 
     @model_validator(mode="after")
     def _replication_fits(self) -> ClusterConfig:
         if self.replication is not None:
             check_replication(self.replication, max(self.server_num, 1), "cluster.replication")
+        if self.shares is not None and self.server_num:
+            # unset replication is PSFLEET_REPLICATION's, checked when the job starts
+            check_shares(self.shares, self.server_num, self.replication or 2, "cluster.shares")
         return self
