@@ -33,6 +33,7 @@ from psfleet.ps.replica.host import Layout, ReplicaHost
 from psfleet.ps.types import PushMode, RuleConfig, SparseTableConfig
 from psfleet.replication import ShareMap, check_shares, shares_from_env
 from psfleet.rpc import RunningServer
+from psfleet.rpc import messages as msg
 
 pytestmark = pytest.mark.service
 
@@ -99,6 +100,12 @@ def test_an_added_server_takes_a_third_of_the_shares_with_nothing_lost() -> None
                 first, second = share_map.holders(share)
                 copies = [every[first[0]]._shares[share], every[second[0]]._shares[share]]
                 _assert_copies_equal(*copies)  # type: ignore[arg-type]
+            for host in every:  # psfleet status and /metrics: every share a server holds
+                view = host.Stats(msg.StatsRequest(host_view=True))
+                held = {t.table_id: t.rows for t in view.tables}
+                assert held[SPARSE] == sum(len(s.tables[SPARSE]) for s in host._shares.values())
+                assert list(view.shares_held) == sorted(host._shares)
+                assert len(view.shares_served) == 2
             np.testing.assert_array_equal(client.pull_sparse(SPARSE, KEYS, create=False), rows)
             np.testing.assert_array_equal(client.pull_dense(DENSE), dense)
             assert client._directory is not None

@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -222,4 +223,50 @@ def test_async_job_survives_two_dead_servers_one_after_the_other(
     assert early_keys.size > 500
     assert np.isin(early_keys, keys).all(), "rows created before the kills were lost"
     metrics = json.loads((logs.parent / "metrics.json").read_text())
+    assert metrics["test"]["auc"] > 0.6
+
+
+def test_async_job_grows_by_a_server_that_takes_a_third_of_the_shares(
+        tmp_path: Path, data_slice: Callable[..., Path]) -> None:
+    """Async 2 servers x 2 workers, replication 2, 6 shares: ``psfleet grow`` mid-epoch
+    has fleetrun start server 2, which joins and takes a third of the copies (4 of 12)
+    and serves 2 of the 6 shares; the job trains to its end, every row it had before the
+    grow is in its last checkpoint (written as 6 shares), and the AUC is sane."""
+    train, test = data_slice(3000), data_slice(400, source="dev.csv")
+    config = _config(tmp_path, "grow", train, test, replication=2)
+    raw = json.loads(config.read_text())
+    raw["runner"]["sync_mode"] = "async"
+    raw["runner"]["epochs"] = 2
+    raw["runner"]["checkpoint"].update(step_interval=20, max_num_checkpoints=1000)
+    raw["cluster"].update(server_num=2, shares=6)
+    config.write_text(json.dumps(raw))
+    checkpoints = tmp_path / "ck-grow"
+    with _job(config, None) as job:
+        _wait_for_checkpoint(job, checkpoints, 20)
+        run = run_folder(tmp_path / "out-grow")
+        grown = run_command([sys.executable, "-m", "psfleet.cli.main", "grow", str(run)],
+                            timeout=180)
+        grown_at = max(int(_manifest(p)["batch"]) for p in _checkpoints(checkpoints))  # type: ignore[call-overload]
+        _, err = job.communicate(timeout=240)
+    assert grown.returncode == 0, grown.stdout[-3000:] + grown.stderr[-3000:]
+    assert "server(s) [2] joined the job" in grown.stdout
+    rows = re.findall(r"^\s+(\d)\s+\S+\s+([\d,]+)\s+([\d,-]+)$", grown.stdout, re.M)
+    assert [(i, len(held.split(",")), len(served.split(","))) for i, held, served in rows] == [
+        ("0", 4, 2), ("1", 4, 2), ("2", 4, 2)], grown.stdout
+    assert job.returncode == 0, err[-3000:]
+    logs = run / "log"
+    assert "joined the job as host 2" in _read(logs / "serverlog.2")
+    batches = [int(_manifest(p)["batch"]) for p in _checkpoints(checkpoints)]  # type: ignore[call-overload]
+    assert max(batches) > grown_at, "no checkpoint after the grow"
+    latest = max(_checkpoints(checkpoints), key=lambda p: int(_manifest(p)["step"]))  # type: ignore[call-overload]
+    assert sorted(p.name for p in latest.glob("server-*")) == [f"server-{i}" for i in range(6)]
+
+    early = tmp_path / "ck-early"
+    first = next(p for p in _checkpoints(checkpoints) if _manifest(p)["batch"] == 20)
+    shutil.copytree(first, early / first.name)
+    early_keys, _, _ = _final_parameters(early)
+    keys, _, _ = _final_parameters(checkpoints)
+    assert early_keys.size > 500
+    assert np.isin(early_keys, keys).all(), "rows created before the grow were lost"
+    metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["test"]["auc"] > 0.6

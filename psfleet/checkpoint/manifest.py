@@ -40,7 +40,9 @@ class Manifest(BaseModel):
     Attributes:
         format_version: :data:`MANIFEST_FORMAT`.
         step: optimizer steps of worker 0 when taken; epoch, batch: its cursor.
-        server_num, worker_num: the job's shape when taken.
+        server_num, worker_num: the job's shape when taken; ``server_num`` counts its
+            shares (one per server unless ``cluster.shares``), the ``server-<i>``
+            folders of the save.
         mode: the strategy's mode; strategy: the whole strategy.
         sparse_tables: table name -> {table_id, dim, num_buckets, rule, initializer, ...}
             (the SparseTableConfig); the bucket map is ``bucket % server_num``.

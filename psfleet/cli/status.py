@@ -15,11 +15,11 @@ memory, pulls/s and pushes/s (requests per second over ``--interval_s`` seconds,
 samples that far apart; ``--interval_s 0``: the average since the server started)
 and the server's uptime, all from the gRPC ``Stats`` call (with
 ``PSFLEET_AUTH_TOKEN``, as every call). The same numbers are on each server's
-Prometheus ``/metrics`` (docs/monitoring.md). The numbers are of the server's own
-share (its index's part of the tables). In a replicated job (``cluster.replication``
->= 2) a second table gives, per server, the shares it holds a copy of and those it
-serves as their primary: after a fail-over, a refill or a drain, where each share is
-(docs/fault-tolerance.md). A server that left such a job (drained, or dead and not
+Prometheus ``/metrics`` (docs/monitoring.md). The numbers are of everything the server
+holds: in a replicated job (``cluster.replication`` >= 2), summed over every share it
+holds a copy of. There a second table gives, per server, the shares it holds a copy of
+and those it serves as their primary: after a fail-over, a refill, a drain or a grow,
+where each share is (docs/fault-tolerance.md). A server that left such a job (drained, or dead and not
 restarted) is named as such, and is no error.
 
 Environment: ``PSFLEET_AUTH_TOKEN`` (the job's token; with a folder, a token the

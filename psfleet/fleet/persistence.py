@@ -124,7 +124,7 @@ class Persistence:
         rt.flush()
         rt.client.save(dirname, mode)
         manifest = {
-            "format_version": FORMAT_VERSION, "server_num": max(rt.server_num(), 1),
+            "format_version": FORMAT_VERSION, "server_num": rt.client.share_num,
             "save_mode": mode,
             "worker_num": rt.role.worker_num, "mode": rt.strategy.mode,
             "sparse_tables": rt.tables.sparse_ids(),
@@ -256,7 +256,7 @@ class Persistence:
             pending.add(digests if digests is not None else _digests(pending.storage))
             manifest = Manifest(
                 step=cursor.step, epoch=cursor.epoch, batch=cursor.batch,
-                server_num=max(rt.server_num(), 1), worker_num=role.worker_num,
+                server_num=rt.client.share_num, worker_num=role.worker_num,
                 mode=rt.strategy.mode if rt.server_num() else "local",
                 strategy=rt.strategy.model_dump(mode="json"),
                 sparse_tables={name: {**c, "table_id": ids[name]}
@@ -316,9 +316,9 @@ class Persistence:
                                  [list(p.shape) for p in optimizer.params],
                                  optimizer.dense_rule.model_dump(mode="json"))
                 rt.client.load(latest.storage.url)
-                logger.info("resumed tables from checkpoint %s (step %d, %d server(s) then, "
+                logger.info("resumed tables from checkpoint %s (step %d, %d share(s) then, "
                             "%d now)", latest.storage.url, latest.manifest.step,
-                            latest.manifest.server_num, max(rt.server_num(), 1))
+                            latest.manifest.server_num, rt.client.share_num)
             chosen = (latest.name if latest else None,)
             if role.worker_index == 0:
                 _warn_if_none_usable(store, latest is None)

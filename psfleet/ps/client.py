@@ -72,6 +72,12 @@ class TableClient:
         self._state_widths: dict[int, int] = {}  # sparse table id -> rule state floats
         self._layouts: dict[int, DenseLayout] = {}
 
+    @property
+    def share_num(self) -> int:
+        """Shares the tables are cut into: one per transport (a save writes
+        ``server-<share>/`` folders, one per share)."""
+        return len(self._servers)
+
     def _push(self, table_id: int, mode: PushMode, step: int, worker_num: int,
               batches: int = 1, max_staleness: int = 0) -> PushMeta:
         """One push's description, with a new push id (the same on every server the

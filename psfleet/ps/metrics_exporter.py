@@ -3,8 +3,8 @@
 :meth:`MetricsExporter.start` serves ``http://HOST:PORT/metrics`` (Prometheus text
 format) from a thread of the server process, with a registry of its own (several
 servers in one process do not mix). Nothing is done per request for it: at each scrape
-:class:`ServiceCollector` reads the service's ``Stats`` (rows, bytes, rejected pushes,
-request counts, row lifecycle counts, uptime).
+:class:`ServiceCollector` reads the server's ``Stats`` (rows, bytes, rejected pushes,
+request counts, row lifecycle counts, uptime), summed over every share it holds.
 
 Metrics (labels ``table_id`` and ``table``, the table's name, on the per-table ones):
 
@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Mapping
+from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_wsgi_server
@@ -50,10 +51,9 @@ from prometheus_client.registry import Collector
 
 from psfleet import env
 from psfleet.errors import ConfigError
-from psfleet.ps.service import TableService
 from psfleet.rpc import messages as msg
 
-__all__ = ["MetricsExporter", "ServiceCollector", "metrics_port_from_env"]
+__all__ = ["MetricsExporter", "ServiceCollector", "StatsSource", "metrics_port_from_env"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,21 +86,29 @@ def metrics_port_from_env(environ: Mapping[str, str] | None = None) -> int | Non
     return int(raw)
 
 
+class StatsSource(Protocol):
+    """What the metrics are read from: a ``TableService``, or a server's
+    ``ReplicaHost`` (its ``host_view``: every share it holds)."""
+
+    def Stats(self, request: msg.StatsRequest) -> msg.StatsResponse:  # noqa: N802
+        ...
+
+
 class ServiceCollector(Collector):
-    """Reads a :class:`TableService`'s stats and counters when scraped. Thread safe.
+    """Reads a server's stats and counters when scraped. Thread safe.
 
     Args:
-        service: the server's tables.
+        service: the server's tables (its ``Stats`` is called with ``host_view``).
         server_index: reported as ``psfleet_server_index`` (-1: unknown).
     """
 
-    def __init__(self, service: TableService, server_index: int) -> None:
+    def __init__(self, service: StatsSource, server_index: int) -> None:
         self._service = service
         self._server_index = server_index
 
     def collect(self) -> Iterator[Metric]:
         """Yield every metric, read now (one ``Stats`` call)."""
-        stats = self._service.Stats(msg.StatsRequest())
+        stats = self._service.Stats(msg.StatsRequest(host_view=True))
         yield GaugeMetricFamily("psfleet_server_index", "This server's index (-1: unknown)",
                                 value=self._server_index)
         yield GaugeMetricFamily("psfleet_server_uptime_seconds",
@@ -176,13 +184,13 @@ class MetricsExporter:
         return f"http://{host}:{self.port}/metrics"
 
     @classmethod
-    def start(cls, service: TableService, host: str, port: int,
+    def start(cls, service: StatsSource, host: str, port: int,
               server_index: int = -1) -> MetricsExporter:
         """Serve ``service``'s metrics on ``host:port`` from a daemon thread; returns at
         once, listening.
 
         Args:
-            service: the server's tables.
+            service: the server's tables (a ``ReplicaHost``: every share it holds).
             host: address to bind (the gRPC server's host).
             port: port to bind; 0 lets the OS choose (read :attr:`port`).
             server_index: this server's index (-1: unknown).

@@ -103,7 +103,7 @@ def run_server(host: str, port: int, config: RpcConfig,
     exporter: MetricsExporter | None = None
     try:
         if metrics_port is not None:
-            exporter = MetricsExporter.start(service, server.host, metrics_port,
+            exporter = MetricsExporter.start(server.handler, server.host, metrics_port,
                                              -1 if server_index is None else server_index)
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):

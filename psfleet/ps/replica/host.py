@@ -27,6 +27,7 @@ R > 1:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,29 @@ _QUEUED_REPLY: dict[str, Callable[[], Any]] = {
     "PushDense": lambda: msg.PushResponse(done=True), "Barrier": msg.BarrierResponse,
     "Clock": msg.ClockResponse,
     "Load": msg.Empty, "Shrink": msg.ShrinkResponse, "AgeOneDay": msg.Empty}
+
+
+def _summed(replies: list[msg.StatsResponse]) -> msg.StatsResponse:
+    """The first of ``replies`` with each table's numbers summed over all of them."""
+    first, tables = replies[0], {t.table_id: t for t in replies[0].tables}
+    for reply in replies[1:]:
+        for table in reply.tables:
+            total = tables.get(table.table_id)
+            if total is None:
+                tables[table.table_id] = table
+                continue
+            for field in _COUNTED:
+                setattr(total, field, getattr(total, field) + getattr(table, field))
+    reply = msg.StatsResponse()
+    reply.CopyFrom(first)
+    del reply.tables[:]
+    reply.tables.extend(tables[t] for t in sorted(tables))
+    return reply
+
+
+#: The TableStats fields a server's shares add up (every number but the id).
+_COUNTED = [f.name for f in msg.TableStats.DESCRIPTOR.fields
+            if f.name not in ("table_id", "name")]
 
 
 class ReplicaHost(Growing):
@@ -188,18 +212,20 @@ class ReplicaHost(Growing):
 
     def Stats(self, request: msg.StatsRequest) -> Any:  # noqa: N802
         """A share's statistics from its primary; with ``host_view`` (``psfleet
-        status``) this server's own share as it holds it, whether it is the primary or
-        not, the shares it holds and serves, and the servers no longer in the job."""
+        status``, ``/metrics``) this server's: every table summed over the shares it
+        holds, whether it is their primary or not, the shares it holds and serves, and
+        the servers no longer in the job."""
         if not request.host_view or self._layout is None:
             return self._read("Stats", request)
         with self._lock:
             assert self._map is not None
-            service = self._shares.get(self._me[0], self.own)
+            services = [self._shares[s] for s in sorted(self._shares)] or [self.own]
             held = sorted(self._shares)
-            served = [s for s in held if self._map.primary(s) == self._me]
+            served = self._map.served_by(self._me)
             live = self._map.live_hosts()
             departed = [h for h in self._map.hosts if h not in live]
-        reply = service.Stats(request)
+        reply = _summed([s.Stats(request) for s in services])
+        reply.uptime_s = time.monotonic() - self.own.started_s  # the process's
         reply.shares_held.extend(held)
         reply.shares_served.extend(served)
         reply.departed_hosts.extend(departed)

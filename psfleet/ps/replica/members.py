@@ -57,8 +57,9 @@ class Layout:
 
     @property
     def added(self) -> bool:
-        """This host was added to the running job (``psfleet.ps.replica.grow``)."""
-        return self.index >= len(self.endpoints)
+        """This host was added to the running job (``psfleet.ps.replica.grow``): its
+        index is past the job's servers (a server told no endpoints is not)."""
+        return bool(self.endpoints) and self.index >= len(self.endpoints)
 
 
 class ShareMembers:
