@@ -17,6 +17,9 @@ is restarted and rejoins: filled with copies of its shares while training goes o
 ``rep2_two_servers_killed``: the same kill without restarts, then server 2 killed as
 soon as the live servers hold new copies of server 1's shares (refill);
 ``rep2_server_drained``: server 1 removed by ``psfleet drain`` instead of killed.
+``rep2_2x2``, ``rep2_2x2_shares6``: 2 servers x 2 workers, replication 2, with 2 and 6
+shares (``cluster.shares``); ``rep2_2x2_grown``: 6 shares, and ``psfleet grow`` adds a
+third server instead of the kill.
 The kill comes when the checkpoint after ``--kill_after`` batches is published. Prints
 one line per run (test AUC, examples/s; for a replicated kill, the seconds from the
 kill to the workers' first call on another server, the pause, and for a rejoin the
@@ -49,14 +52,22 @@ RUNS: dict[str, tuple[int, int, int, tuple[str, str] | None]] = {
     "rep2_server_restarted": (3, 2, 1, ("PSFLEET_SERVER_INDEX", "1")),
     "rep2_two_servers_killed": (3, 2, 0, ("PSFLEET_SERVER_INDEX", "1")),
     "rep2_server_drained": (3, 2, 0, ("PSFLEET_SERVER_INDEX", "1")),
+    "rep2_2x2": (2, 2, 0, None),
+    "rep2_2x2_shares6": (2, 2, 0, None),
+    "rep2_2x2_grown": (2, 2, 0, ("PSFLEET_SERVER_INDEX", "1")),
 }
+#: run name -> cluster.shares (unset: one per server)
+SHARES = {"rep2_2x2_shares6": 6, "rep2_2x2_grown": 6}
+#: runs whose "kill" is ``psfleet grow`` (one server more) instead of a SIGKILL
+GROWS = {"rep2_2x2_grown"}
 #: runs whose "kill" is ``psfleet drain --server N`` instead of a SIGKILL
 DRAINS = {"rep2_server_drained"}
 #: run name -> the process killed once the first kill's shares are refilled
 SECOND_KILLS = {"rep2_two_servers_killed": ("PSFLEET_SERVER_INDEX", "2")}
 BASELINES = {"server_killed": "undisturbed", "worker_killed": "undisturbed",
              "rep2": "rep1", "rep2_server_killed": "rep2", "rep2_server_restarted": "rep2",
-             "rep2_two_servers_killed": "rep2", "rep2_server_drained": "rep2"}
+             "rep2_two_servers_killed": "rep2", "rep2_server_drained": "rep2",
+             "rep2_2x2_shares6": "rep2_2x2", "rep2_2x2_grown": "rep2_2x2_shares6"}
 #: how many shares a dead server of a replication-2 job leaves with one copy
 _SHARES_PER_SERVER = 2
 
@@ -71,7 +82,7 @@ def _config(work: Path, name: str, train: Path, test: Path) -> Path:
                    "checkpoint": {"checkpoint_dir": str(work / f"ck-{name}"),
                                   "step_interval": 200, "max_num_checkpoints": 2}},
         "cluster": {"server_num": servers, "worker_num": 2, "max_restarts": max_restarts,
-                    "replication": replication},
+                    "replication": replication, "shares": SHARES.get(name)},
     }))
     return path
 
@@ -141,13 +152,14 @@ def run(work: Path, name: str, train: Path, test: Path, kill_after: int) -> dict
         victim = job_process(work / f"out-{name}", *kill)
         if victim is not None:
             killed_at, killed_wall = time.monotonic() - started, time.time()
-            if name in DRAINS:
-                drain = subprocess.run(
-                    [sys.executable, "-m", "psfleet.cli.main", "drain", str(work / f"out-{name}"),
-                     "--server", kill[1]], env=env, capture_output=True, text=True)
-                drained_s = round(time.monotonic() - started - killed_at, 1)
-                print(f"{name}: psfleet drain exited {drain.returncode} after {drained_s} s: "
-                      f"{(drain.stdout + drain.stderr).strip()}", flush=True)
+            if name in DRAINS or name in GROWS:
+                command = (["drain", str(work / f"out-{name}"), "--server", kill[1]]
+                           if name in DRAINS else ["grow", str(work / f"out-{name}")])
+                done = subprocess.run([sys.executable, "-m", "psfleet.cli.main", *command],
+                                      env=env, capture_output=True, text=True)
+                took_s = round(time.monotonic() - started - killed_at, 1)
+                print(f"{name}: psfleet {command[0]} exited {done.returncode} after {took_s} "
+                      f"s: {(done.stdout + done.stderr).strip()}", flush=True)
             else:
                 victim.kill()
     # The run folder psfleet train wrote under model_save_path (psfleet.rec.run_folder).

@@ -84,8 +84,9 @@ class ShareMap:
             dead, but count as no copy, so their shares are refilled elsewhere first.
         share_num: shares of the tables (``PSFLEET_SHARES``; 0: ``host_num``), fixed
             for the job; more shares than servers let a server added later take some.
-        added: ``(host, endpoint)`` of each server added to the running job (hosts
-            ``host_num, host_num+1, ...``; ``psfleet.ps.replica.grow``).
+        added: ``(host, incarnation, endpoint)`` of each process of a server added to
+            the running job (hosts ``host_num, host_num+1, ...``;
+            ``psfleet.ps.replica.grow``).
         promoted: copies that rank first among their share's holders (a move's copy
             that took over serving the share).
     """
@@ -97,7 +98,7 @@ class ShareMap:
     released: frozenset[Copy] = frozenset()
     leaving: frozenset[Member] = frozenset()
     share_num: int = 0
-    added: frozenset[tuple[int, str]] = frozenset()
+    added: frozenset[tuple[int, int, str]] = frozenset()
     promoted: frozenset[Copy] = frozenset()
 
     def __post_init__(self) -> None:
@@ -112,11 +113,13 @@ class ShareMap:
     @property
     def hosts(self) -> range:
         """Every host index: the job's first servers, then the ones added."""
-        return range(self.host_num + len(self.added))
+        return range(self.host_num + len({h for h, _, _ in self.added}))
 
     def endpoints(self, first: Iterable[str]) -> list[str]:
-        """Every host's endpoint: ``first`` (the job's first servers'), then the added."""
-        return [*first, *(e for _, e in sorted(self.added))]
+        """Every host's endpoint: ``first`` (the job's first servers'), then the added
+        (each its newest process's)."""
+        newest = {h: e for h, _, e in sorted(self.added)}
+        return [*first, *(newest[h] for h in sorted(newest))]
 
     def is_dead(self, member: Member) -> bool:
         host, incarnation = member
@@ -234,6 +237,7 @@ class ShareMap:
     def latest(self, host: int) -> Member:
         """The newest member of ``host`` this map knows (dead or alive)."""
         incarnations = [k for _, h, k, _ in self.joined if h == host]
+        incarnations += [k for h, k, _ in self.added if h == host]
         return host, max([0, *incarnations])
 
     def with_dead(self, members: Iterable[Member]) -> ShareMap:
@@ -266,9 +270,10 @@ class ShareMap:
         """This map with ``member`` being drained."""
         return replace(self, leaving=self.leaving | {member})
 
-    def with_added(self, host: int, endpoint: str) -> ShareMap:
-        """This map with server ``host`` at ``endpoint`` added to the job."""
-        return replace(self, added=self.added | {(host, endpoint)})
+    def with_added(self, host: int, endpoint: str, incarnation: int = 0) -> ShareMap:
+        """This map with process ``incarnation`` of server ``host``, at ``endpoint``,
+        added to the job."""
+        return replace(self, added=self.added | {(host, incarnation, endpoint)})
 
     def merged(self, other: ShareMap) -> ShareMap:
         """The union of what both maps know."""
@@ -290,7 +295,7 @@ class ShareMap:
         lost = self.lost()
         leaving = [f"{h} (incarnation {k})" for h, k in sorted(self.leaving)
                    if not self.is_dead((h, k))]
-        added = [f"{h} ({e})" for h, e in sorted(self.added)]
+        added = [f"{h} ({e})" for h, e in enumerate(self.endpoints([]), self.host_num)]
         return (f"dead hosts [{', '.join(dead)}]"
                 + (f", added: {', '.join(added)}" if added else "")
                 + (f", leaving: {', '.join(leaving)}" if leaving else "")

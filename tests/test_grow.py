@@ -9,10 +9,14 @@ two. Every row and the dense state end equal to an undisturbed run's.
 
 from __future__ import annotations
 
+import json
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_command
 from test_replication import (
     CONFIG,
     DENSE,
@@ -28,6 +32,16 @@ from test_replication import (
 )
 
 from psfleet.errors import ConfigError, FatalError
+from psfleet.launch.cluster import plan_job
+from psfleet.launch.grow import (
+    CONTROL_DIR,
+    Growth,
+    clean_control_dir,
+    reply_path,
+    request_servers,
+    take_requests,
+)
+from psfleet.launch.types import LaunchConfig
 from psfleet.ps import RemoteClient, TableService, start_server
 from psfleet.ps.replica.host import Layout, ReplicaHost
 from psfleet.ps.types import PushMode, RuleConfig, SparseTableConfig
@@ -136,6 +150,10 @@ def test_a_server_added_with_a_taken_index_is_refused() -> None:
 
 def test_moves_even_out_the_shares() -> None:
     grown = ShareMap(2, 2, share_num=6).with_added(2, "h:3")
+    assert grown.endpoints(["h:1", "h:2"]) == ["h:1", "h:2", "h:3"]
+    back = grown.with_dead([(2, 0)]).with_added(2, "h:4", 1)  # restarted, another port
+    assert back.latest(2) == (2, 1) and back.live_hosts() == [0, 1, 2]
+    assert back.endpoints(["h:1", "h:2"])[2] == "h:4"
     moves = []
     while (move := grown.rebalance_move()) is not None:
         moves.append(move)
@@ -161,3 +179,57 @@ def test_the_share_setting() -> None:
         check_shares(6, 2, 1, "cluster.shares")
     with pytest.raises(ConfigError, match="PSFLEET_SHARES: 'six'"):
         shares_from_env(2, 2, {"PSFLEET_SHARES": "six"})
+
+
+def _write_endpoints(folder: Path, endpoints: list[str]) -> None:
+    """The endpoint files fleetrun's servers write (``.endpoints/server.N``)."""
+    (folder / ".endpoints").mkdir(parents=True)
+    for i, endpoint in enumerate(endpoints):
+        (folder / ".endpoints" / f"server.{i}").write_text(endpoint + "\n")
+
+
+def _grow(target: Path, *extra: str) -> tuple[int, str, str]:
+    r = run_command([sys.executable, "-m", "psfleet.cli.main", "grow", str(target), *extra],
+                    timeout=120)
+    return r.returncode, r.stdout, r.stderr
+
+
+@pytest.mark.slow  # waits 15 s for a fleetrun that is not there
+def test_psfleet_grow_refuses_a_job_it_cannot_grow(tmp_path: Path) -> None:
+    """No fleetrun takes the request (servers run outside one): the request is
+    withdrawn and the command says why; an unreplicated job and bad arguments are
+    refused before any request is made."""
+    with servers(2) as started:
+        endpoints = [r.endpoint for _, r in started]
+        _job(started).close()  # the servers now know the replicated layout
+        _write_endpoints(tmp_path / "log", endpoints)
+        code, _, err = _grow(tmp_path)
+        assert code == 1
+        assert "no fleetrun took the request within 15 s" in err
+        assert not list((tmp_path / "log" / CONTROL_DIR).glob("*.request"))
+    with servers(1) as started:
+        _write_endpoints(tmp_path / "plain", [started[0][1].endpoint])
+        code, _, err = _grow(tmp_path / "plain")
+        assert code == 1 and "the job is not replicated" in err
+        assert not (tmp_path / "plain" / CONTROL_DIR).exists()
+    assert _grow(tmp_path, "--servers", "0")[0] == 2
+    code, _, err = _grow(Path("127.0.0.1:1,127.0.0.1:2"))
+    assert code == 2 and "needs the job's run folder or log folder" in err
+
+
+def test_fleetrun_answers_a_grow_request_or_refuses_it(tmp_path: Path) -> None:
+    """The control files between ``psfleet grow`` and fleetrun (psfleet.launch.grow)."""
+    request = request_servers(tmp_path, 2)
+    assert request.parent == tmp_path / CONTROL_DIR
+    (taken,) = take_requests(tmp_path)
+    assert taken.count == 2 and not request.exists()
+    taken.answer([2, 3])
+    assert json.loads(reply_path(request).read_text()) == {"started": [2, 3], "refused": None}
+    assert take_requests(tmp_path) == []
+    unreplicated = Growth(LaunchConfig(("x.py",), server_num=2, replication=1),
+                          plan_job(LaunchConfig(("x.py",), server_num=2)), {})
+    assert "not replicated" in (unreplicated.refusal(1) or "")
+    fixed = LaunchConfig(("x.py",), server_num=2, replication=2, start_port=41000)
+    assert "fixed endpoints" in (Growth(fixed, plan_job(fixed), {}).refusal(1) or "")
+    clean_control_dir(tmp_path)
+    assert not list((tmp_path / CONTROL_DIR).iterdir())

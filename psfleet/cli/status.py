@@ -19,8 +19,8 @@ Prometheus ``/metrics`` (docs/monitoring.md). The numbers are of everything the 
 holds: in a replicated job (``cluster.replication`` >= 2), summed over every share it
 holds a copy of. There a second table gives, per server, the shares it holds a copy of
 and those it serves as their primary: after a fail-over, a refill, a drain or a grow,
-where each share is (docs/fault-tolerance.md). A server that left such a job (drained, or dead and not
-restarted) is named as such, and is no error.
+where each share is (docs/fault-tolerance.md). A server that left such a job (drained,
+or dead and not restarted) is named as such, and is no error.
 
 Environment: ``PSFLEET_AUTH_TOKEN`` (the job's token; with a folder, a token the
 launcher generated is read from it, as is its self-signed certificate).

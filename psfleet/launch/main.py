@@ -103,6 +103,10 @@ Start-up, one host (--server_num / --worker_num):
     With ``--start_port P`` server i gets ``PADDLE_PORT=P+i`` and
     ``PADDLE_PSERVERS_IP_PORT_LIST`` instead of an endpoint file, and the workers start
     right after the servers, as on a multi-node job.
+    5. While the workers run, ``psfleet grow DIR`` (a request file in
+       ``DIR/.control``) has fleetrun start one more server, index S (then S+1, ...),
+       as in 2. plus ``PADDLE_PSERVERS_IP_PORT_LIST`` of the first S servers; with
+       ``--replication 2`` it joins them and takes its part of the shares (``--shares``).
 
 Start-up, multi-node (--servers / --workers, run on every node):
     This node's part is every entry whose IP is one of its addresses (--node_ip, else

@@ -346,7 +346,7 @@ class AgeOneDayRequest(_message.Message):
     def __init__(self, all_tables: _Optional[bool] = ..., table_id: _Optional[int] = ..., request_id: _Optional[_Union[PushId, _Mapping]] = ...) -> None: ...
 
 class ShareMapMessage(_message.Message):
-    __slots__ = ("dead_hosts", "dead_incarnations", "leaving_hosts", "leaving_incarnations", "joined", "released", "promoted", "added_hosts", "added_endpoints")
+    __slots__ = ("dead_hosts", "dead_incarnations", "leaving_hosts", "leaving_incarnations", "joined", "released", "promoted", "added_hosts", "added_endpoints", "added_incarnations")
     DEAD_HOSTS_FIELD_NUMBER: _ClassVar[int]
     DEAD_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
     LEAVING_HOSTS_FIELD_NUMBER: _ClassVar[int]
@@ -356,6 +356,7 @@ class ShareMapMessage(_message.Message):
     PROMOTED_FIELD_NUMBER: _ClassVar[int]
     ADDED_HOSTS_FIELD_NUMBER: _ClassVar[int]
     ADDED_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    ADDED_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
     dead_hosts: _containers.RepeatedScalarFieldContainer[int]
     dead_incarnations: _containers.RepeatedScalarFieldContainer[int]
     leaving_hosts: _containers.RepeatedScalarFieldContainer[int]
@@ -365,7 +366,8 @@ class ShareMapMessage(_message.Message):
     promoted: _containers.RepeatedCompositeFieldContainer[ShareCopy]
     added_hosts: _containers.RepeatedScalarFieldContainer[int]
     added_endpoints: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, dead_hosts: _Optional[_Iterable[int]] = ..., dead_incarnations: _Optional[_Iterable[int]] = ..., leaving_hosts: _Optional[_Iterable[int]] = ..., leaving_incarnations: _Optional[_Iterable[int]] = ..., joined: _Optional[_Iterable[_Union[ShareCopy, _Mapping]]] = ..., released: _Optional[_Iterable[_Union[ShareCopy, _Mapping]]] = ..., promoted: _Optional[_Iterable[_Union[ShareCopy, _Mapping]]] = ..., added_hosts: _Optional[_Iterable[int]] = ..., added_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
+    added_incarnations: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dead_hosts: _Optional[_Iterable[int]] = ..., dead_incarnations: _Optional[_Iterable[int]] = ..., leaving_hosts: _Optional[_Iterable[int]] = ..., leaving_incarnations: _Optional[_Iterable[int]] = ..., joined: _Optional[_Iterable[_Union[ShareCopy, _Mapping]]] = ..., released: _Optional[_Iterable[_Union[ShareCopy, _Mapping]]] = ..., promoted: _Optional[_Iterable[_Union[ShareCopy, _Mapping]]] = ..., added_hosts: _Optional[_Iterable[int]] = ..., added_endpoints: _Optional[_Iterable[str]] = ..., added_incarnations: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ShareCopy(_message.Message):
     __slots__ = ("share", "host", "incarnation", "copy")

@@ -12,9 +12,9 @@ place of the giver's copy, which is released once the new copy is in. The new co
 serves the share (it is *promoted*) when the giver served it and the taker serves
 fewer than its part. With ``S`` shares (``PSFLEET_SHARES``), ``R`` copies and ``H``
 servers, each server ends holding about ``S * R / H`` copies and serving about
-``S / H`` shares, so shares must outnumber the servers for an added one to take any:
-a job that may grow starts with more shares than servers. A sync-mode job is not grown
-(rounds in flight are not part of a copy).
+``S / H`` shares, so shares must outnumber the servers for an added one to serve
+any: a job that may grow starts with more shares than servers. A sync-mode job is not
+grown (rounds in flight are not part of a copy).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Growing(Draining):
             if share_map is None:
                 raise RemoteError("Join: this server has no replicated layout yet (no "
                                   "worker connected); add the server once training started")
-            known = dict(share_map.added)
+            known = {h: e for h, _, e in share_map.added}
         if self.own.has_sync_rounds():
             raise InvalidRequestError(
                 "Join: this is a sync-mode job: its shares cannot be copied while training "
@@ -90,7 +90,7 @@ class Growing(Draining):
                 f"of this job is {len(share_map.hosts)} (it has {len(share_map.hosts)})")
         with self._lock:
             assert self._map is not None
-            grown = self._map.with_added(host, request.endpoint)
+            grown = self._map.with_added(host, request.endpoint, request.incarnation)
             if request.incarnation > 0:
                 grown = grown.with_dead([(host, request.incarnation - 1)])
             self._merge(grown)

@@ -27,7 +27,8 @@ def map_to_message(share_map: ShareMap) -> msg.ShareMapMessage:
         promoted=_copies(share_map.promoted),
         leaving_hosts=[h for h, _ in sorted(share_map.leaving)],
         leaving_incarnations=[k for _, k in sorted(share_map.leaving)],
-        added_hosts=[h for h, _ in added], added_endpoints=[e for _, e in added])
+        added_hosts=[h for h, _, _ in added], added_incarnations=[k for _, k, _ in added],
+        added_endpoints=[e for _, _, e in added])
 
 
 def map_from_message(message: msg.ShareMapMessage, host_num: int, replication: int,
@@ -40,5 +41,6 @@ def map_from_message(message: msg.ShareMapMessage, host_num: int, replication: i
                     frozenset(zip(message.leaving_hosts, message.leaving_incarnations,
                                   strict=True)),
                     share_num,
-                    frozenset(zip(message.added_hosts, message.added_endpoints, strict=True)),
+                    frozenset(zip(message.added_hosts, message.added_incarnations,
+                                  message.added_endpoints, strict=True)),
                     _facts(message.promoted))
