@@ -176,8 +176,10 @@ def run(work: Path, name: str, train: Path, test: Path, kill_after: int) -> dict
     code = job.wait()
     metrics = json.loads((run_dir / "metrics.json").read_text()) if code == 0 else {}
     stderr = (work / f"{name}.stderr").read_text()
-    return {"run": name, "exit": code, "killed": f"{kill[0]}={kill[1]}" if kill else None,
-            "killed_at_s": killed_at, "restarts": stderr.count("restarting it"),
+    event = "drain" if name in DRAINS else "grow" if name in GROWS else "kill"
+    return {"run": name, "exit": code,
+            event: (f"{kill[0]}={kill[1]}" if event != "grow" else "one server") if kill else None,
+            f"{event}_at_s": killed_at, "restarts": stderr.count("restarting it"),
             "refilled_after_s": refilled_after, "second_killed_at_s": second_killed_at,
             "failover_pause_s": (_pause_s(run_dir, killed_wall)
                                  if killed_wall is not None and RUNS[name][1] > 1 else None),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from psfleet import env
 from psfleet.errors import ConfigError
@@ -142,7 +143,16 @@ class ShareMap:
     def holders(self, share: int) -> list[Member]:
         """The live members holding ``share``, primary first (empty: every copy is
         dead). A promoted copy first, then by their host's rank in the share's
-        placement (hosts outside it after, nearest first), newest incarnation first."""
+        placement (hosts outside it after, nearest first), newest incarnation first.
+        Computed once per map (every call of a worker asks for its share's primary)."""
+        return list(self._holders[share])
+
+    @cached_property
+    def _holders(self) -> list[list[Member]]:
+        """:meth:`holders` of every share (the map never changes: a new map is made)."""
+        return [self._rank_holders(s) for s in self.shares]
+
+    def _rank_holders(self, share: int) -> list[Member]:
         placed = hosts_of(share, self.host_num, self.replication)
         members = {(h, 0) for h in placed} | {(h, k) for s, h, k, _ in self.joined
                                               if s == share}
@@ -159,7 +169,7 @@ class ShareMap:
 
     def primary(self, share: int) -> Member | None:
         """The member serving ``share`` now; None when every copy is dead."""
-        holders = self.holders(share)
+        holders = self._holders[share]
         return holders[0] if holders else None
 
     def live_hosts(self) -> list[int]:

@@ -134,7 +134,7 @@ def test_an_added_server_takes_a_third_of_the_shares_with_nothing_lost() -> None
             running.stop(grace_s=0.1)
 
 
-def test_a_server_added_with_a_taken_index_is_refused() -> None:
+def test_a_server_added_with_a_taken_index_or_to_a_sync_job_is_refused() -> None:
     with servers(2) as started:
         endpoints = [r.endpoint for _, r in started]
         client = _job(started)
@@ -142,6 +142,14 @@ def test_a_server_added_with_a_taken_index_is_refused() -> None:
         try:
             with pytest.raises(FatalError, match="the next server of this job is 2"):
                 added.join(running.endpoint)
+            _train(client, KEYS, 1, 0, PushMode.SYNC)  # a sync-mode job from now on
+            running_2, added_2 = _added(endpoints, 2)
+            try:
+                with pytest.raises(FatalError, match="sync-mode job"):
+                    added_2.join(running_2.endpoint)
+            finally:
+                running_2.handler.close()
+                running_2.stop(grace_s=0.1)
         finally:
             client.close()
             running.handler.close()

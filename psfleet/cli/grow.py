@@ -17,8 +17,9 @@ evened out, and prints where each share is.
 Environment: ``PSFLEET_AUTH_TOKEN`` and ``PSFLEET_TLS_*`` as for ``psfleet status``.
 
 Exit codes: 0 the servers joined and hold their part; 1 they could not (stderr says
-why: the job is not running or not replicated, fleetrun refused or did not answer, the
-moves took longer than ``--timeout_s``); 2 a bad argument.
+why: the job is not running or not replicated, fleetrun refused or did not answer, a
+new server stopped answering, e.g. refused by a sync-mode job, or the moves took
+longer than ``--timeout_s``); 2 a bad argument.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ __all__ = ["register"]
 #: How long fleetrun may take to answer a request, seconds (it looks twice a second).
 _REPLY_WAIT_S = 15.0
 _POLL_S = 0.5
+#: How long an added server that listened may not answer before the grow fails, seconds.
+_SILENT_S = 10.0
 
 
 def register(commands: Any) -> None:
@@ -141,6 +144,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"psfleet grow: fleetrun started server(s) {added}; waiting for them to join and "
           "take their part of the shares", flush=True)
     deadline = time.monotonic() + args.timeout_s
+    silent: dict[int, float] = {}  # added server listening -> since when it does not answer
     while True:
         servers = find_servers(folder)
         replies = _host_views(servers, config)
@@ -148,7 +152,18 @@ def _run(args: argparse.Namespace) -> int:
             print_shares(servers, replies)
             print(f"psfleet grow: server(s) {added} joined the job", flush=True)
             return 0
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        for server in servers:
+            if server.index in added and server.index not in replies:
+                since = silent.setdefault(server.index, now)
+                if now - since > _SILENT_S:
+                    print(f"psfleet grow: failed: server {server.index} at {server.endpoint} "
+                          f"does not answer; see its log {log_dir / f'serverlog.{server.index}'}"
+                          " (a sync-mode job cannot grow, for one)", file=sys.stderr)
+                    return 1
+            else:
+                silent.pop(server.index, None)
+        if now > deadline:
             logs = ", ".join(str(log_dir / f"serverlog.{i}") for i in added)
             print(f"psfleet grow: failed: the shares were not evened out within "
                   f"{args.timeout_s:g} s; see the new servers' logs ({logs})", file=sys.stderr)
