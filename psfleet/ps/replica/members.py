@@ -96,7 +96,8 @@ class ShareMembers:
         self._me: Member = (-1, incarnation)
         self._map: ShareMap | None = None
         self._shares: dict[int, TableService] = {}
-        self._copies: dict[int, int] = {}  # share -> the number of the copy held (0: none)
+        # share -> the number of the copy held (absent: 0, the placement's copy)
+        self._copies: dict[int, int] = {}
         self._pending: dict[int, list[tuple[str, Any]]] = {}  # share -> queued forwards
         self._filling: dict[int, list[Member]] = {}  # share -> members being copied to
         self._copy_chunk_bytes = 0  # PSFLEET_COPY_CHUNK_BYTES, read with the layout
@@ -198,6 +199,7 @@ class ShareMembers:
         for share in [s for s in self._shares
                       if (s, *self._me, self._copies.get(s, 0)) in merged.released]:
             service = self._shares.pop(share)  # a copy no longer needed: memory freed
+            self._copies.pop(share, None)
             if service is self.own:
                 service.drop_tables()
             logger.warning("this server's copy of share %d was released (the share has "
@@ -255,8 +257,7 @@ class ShareMembers:
         with self._lock:
             assert self._map is not None
             message = map_to_message(self._map)
-            others = [h for h in self._map.hosts if h != self._me[0]
-                      and not self._map.is_dead(self._map.latest(h))]
+            others = [h for h in self._map.live_hosts() if h != self._me[0]]
         for other in others:
             try:
                 self._peer(other, None).call("MergeMap", message)
