@@ -20,12 +20,11 @@ from conftest import run_command
 from test_replication import (
     CONFIG,
     DENSE,
-    DENSE_SIZE,
     HOST,
     KEYS,
-    SHAPES,
     SPARSE,
     _assert_copies_equal,
+    _client,
     _train,
     _wait_for,
     servers,
@@ -44,7 +43,7 @@ from psfleet.launch.grow import (
 from psfleet.launch.types import LaunchConfig
 from psfleet.ps import RemoteClient, TableService, start_server
 from psfleet.ps.replica.host import Layout, ReplicaHost
-from psfleet.ps.types import PushMode, RuleConfig, SparseTableConfig
+from psfleet.ps.types import PushMode
 from psfleet.replication import ShareMap, check_shares, shares_from_env
 from psfleet.rpc import RunningServer
 from psfleet.rpc import messages as msg
@@ -55,15 +54,7 @@ SHARES = 6
 
 
 def _job(started: list[tuple[TableService, RunningServer]]) -> RemoteClient:
-    client = RemoteClient([r.endpoint for _, r in started], CONFIG, 0, replication=2,
-                          shares=SHARES)
-    client.wait_ready(10.0)
-    client.create_sparse_table(SPARSE, SparseTableConfig(
-        name="emb", dim=8, rule=RuleConfig(name="adam", learning_rate=0.01)))
-    client.create_dense_table(DENSE, "dense", SHAPES, RuleConfig(name="adam",
-                                                                 learning_rate=0.01),
-                              np.zeros(DENSE_SIZE, np.float32))
-    return client
+    return _client(started, 0, SHARES)
 
 
 def _added(endpoints: list[str], index: int) -> tuple[RunningServer, ReplicaHost]:

@@ -50,8 +50,12 @@ def servers(count: int = 3, config: RpcConfig = CONFIG
             running.stop(grace_s=0.1)
 
 
-def _client(started: list[tuple[TableService, RunningServer]], worker: int) -> RemoteClient:
-    client = RemoteClient([r.endpoint for _, r in started], CONFIG, worker, replication=2)
+def _client(started: list[tuple[TableService, RunningServer]], worker: int,
+            shares: int | None = None) -> RemoteClient:
+    """A worker of the servers ``started`` (replication 2; ``shares``: one per server
+    when None) that created the sparse and dense tables."""
+    client = RemoteClient([r.endpoint for _, r in started], CONFIG, worker, replication=2,
+                          shares=shares)
     client.wait_ready(10.0)
     client.create_sparse_table(SPARSE, SparseTableConfig(
         name="emb", dim=8, rule=RuleConfig(name="adam", learning_rate=0.01)))

@@ -115,6 +115,17 @@ def _hold(workers: list[psutil.Process], job: subprocess.Popen[str],
         time.sleep(0.02)
 
 
+def _assert_rows_kept(tmp_path: Path, checkpoints: Path, when: str) -> None:
+    """Every key of the checkpoint after batch 20 is in the newest checkpoint."""
+    early = tmp_path / "ck-early"
+    first = next(p for p in _checkpoints(checkpoints) if _manifest(p)["batch"] == 20)
+    shutil.copytree(first, early / first.name)
+    early_keys, _, _ = _final_parameters(early)
+    keys, _, _ = _final_parameters(checkpoints)
+    assert early_keys.size > 500
+    assert np.isin(early_keys, keys).all(), f"rows created {when} were lost"
+
+
 def _read(path: Path) -> str:
     """``path``'s text; empty while it does not exist."""
     try:
@@ -215,13 +226,7 @@ def test_async_job_survives_two_dead_servers_one_after_the_other(
     batches = [int(_manifest(p)["batch"]) for p in _checkpoints(checkpoints)]  # type: ignore[call-overload]
     assert max(batches) > second_kill_at + 20, "no training after the second kill"
 
-    early = tmp_path / "ck-early"
-    first = next(p for p in _checkpoints(checkpoints) if _manifest(p)["batch"] == 20)
-    shutil.copytree(first, early / first.name)
-    early_keys, _, _ = _final_parameters(early)
-    keys, _, _ = _final_parameters(checkpoints)
-    assert early_keys.size > 500
-    assert np.isin(early_keys, keys).all(), "rows created before the kills were lost"
+    _assert_rows_kept(tmp_path, checkpoints, "before the kills")
     metrics = json.loads((logs.parent / "metrics.json").read_text())
     assert metrics["test"]["auc"] > 0.6
 
@@ -261,12 +266,6 @@ def test_async_job_grows_by_a_server_that_takes_a_third_of_the_shares(
     latest = max(_checkpoints(checkpoints), key=lambda p: int(_manifest(p)["step"]))  # type: ignore[call-overload]
     assert sorted(p.name for p in latest.glob("server-*")) == [f"server-{i}" for i in range(6)]
 
-    early = tmp_path / "ck-early"
-    first = next(p for p in _checkpoints(checkpoints) if _manifest(p)["batch"] == 20)
-    shutil.copytree(first, early / first.name)
-    early_keys, _, _ = _final_parameters(early)
-    keys, _, _ = _final_parameters(checkpoints)
-    assert early_keys.size > 500
-    assert np.isin(early_keys, keys).all(), "rows created before the grow were lost"
+    _assert_rows_kept(tmp_path, checkpoints, "before the grow")
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["test"]["auc"] > 0.6
