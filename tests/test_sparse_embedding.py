@@ -210,6 +210,20 @@ def test_duplicate_embedding_names_are_a_config_error() -> None:
     assert "emb_dup" not in [e.name for e in live_embeddings()]
 
 
+def test_an_unreachable_embedding_in_a_cycle_does_not_clash() -> None:
+    """A model built before and dropped, but kept by a reference cycle until the
+    collector runs (a notebook cell run again), is not taken for a live one."""
+    gc.disable()  # the cycle below stays until collected
+    try:
+        old = SparseEmbedding(DIM, name="emb_again")
+        old.cycle = [old]  # a reference cycle: refcounting alone never frees it
+        del old
+        new = SparseEmbedding(DIM, name="emb_again")
+        assert [e for e in live_embeddings() if e.name == "emb_again"] == [new]
+    finally:
+        gc.enable()
+
+
 def test_optimizer_step_before_bind_is_fatal() -> None:
     dense = torch.nn.Linear(2, 1)
     optimizer = DistributedOptimizer(torch.optim.SGD(dense.parameters(), lr=0.1))

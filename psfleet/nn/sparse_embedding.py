@@ -19,6 +19,7 @@ initial values seeded by each key, and updated by the table's rule.
 from __future__ import annotations
 
 import contextlib
+import gc
 import weakref
 from collections.abc import Iterable, Iterator
 
@@ -43,9 +44,14 @@ def live_embeddings() -> list[SparseEmbedding]:
     (``fleet.distributed_model``); table ids are then assigned by name
     (``psfleet.fleet.tables.TableRegistry``).
 
+    Embeddings no longer reachable are collected first: a model built earlier (a
+    notebook's cell run again, a previous test) that sits in a reference cycle would
+    otherwise still count, and its names clash with the new model's.
+
     Raises:
         ConfigError: two embeddings share a name (give each a distinct ``name``).
     """
+    gc.collect()
     embeddings = sorted(_LIVE, key=lambda e: e.name)
     check_distinct_names(embeddings)
     return embeddings
