@@ -111,6 +111,7 @@ def test_an_added_server_takes_a_third_of_the_shares_with_nothing_lost() -> None
                 assert held[SPARSE] == sum(len(s.tables[SPARSE]) for s in host._shares.values())
                 assert list(view.shares_held) == sorted(host._shares)
                 assert len(view.shares_served) == 2
+                assert (view.share_num, view.replication) == (SHARES, 2)
             np.testing.assert_array_equal(client.pull_sparse(SPARSE, KEYS, create=False), rows)
             np.testing.assert_array_equal(client.pull_dense(DENSE), dense)
             assert client._directory is not None
@@ -232,3 +233,17 @@ def test_fleetrun_answers_a_grow_request_or_refuses_it(tmp_path: Path) -> None:
     assert "fixed endpoints" in (Growth(fixed, plan_job(fixed), {}).refusal(1) or "")
     clean_control_dir(tmp_path)
     assert not list((tmp_path / CONTROL_DIR).iterdir())
+
+
+def test_psfleet_grow_waits_until_no_move_is_half_told() -> None:
+    """A new copy is in but the giver has not heard of its release yet: share 2 has
+    three copies, so the moves are not done, though the counts are within one."""
+    from psfleet.cli.grow import _even
+
+    def view(held: list[int]) -> msg.StatsResponse:
+        return msg.StatsResponse(shares_held=held, share_num=6, replication=2)
+
+    settled = {0: view([1, 2, 4, 5]), 1: view([0, 3, 4, 5]), 2: view([0, 1, 2, 3])}
+    assert _even(settled, [2])
+    assert not _even({**settled, 1: view([0, 2, 3, 4, 5])}, [2])
+    assert not _even({0: settled[0], 1: settled[1]}, [2])  # server 2 did not answer

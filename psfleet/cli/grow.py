@@ -84,11 +84,19 @@ def _host_views(servers: list[ServerTarget], config: RpcConfig
 
 
 def _even(replies: dict[int, msg.StatsResponse], added: list[int]) -> bool:
-    """Every added server answered and holds shares, and the live servers hold
-    numbers of shares within one of each other."""
+    """The moves are done: every added server answered and holds shares, every share
+    has exactly its copies on the live servers (no move half told: a new copy in, the
+    giver's release not yet heard), and they hold numbers of shares within one of each
+    other."""
     departed = {h for r in replies.values() for h in r.departed_hosts}
-    held = [len(r.shares_held) for i, r in replies.items() if i not in departed]
-    return (all(i in replies and replies[i].shares_held for i in added)
+    live = {i: r for i, r in replies.items() if i not in departed}
+    if not live:
+        return False
+    held = [len(r.shares_held) for r in live.values()]
+    first = next(iter(live.values()))
+    copies = [s for r in live.values() for s in r.shares_held]
+    return (all(i in live and live[i].shares_held for i in added)
+            and all(copies.count(s) == first.replication for s in range(first.share_num))
             and max(held) - min(held) <= 1)
 
 

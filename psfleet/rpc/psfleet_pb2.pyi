@@ -306,18 +306,22 @@ class TableStats(_message.Message):
     def __init__(self, table_id: _Optional[int] = ..., name: _Optional[str] = ..., rows: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., rejected_non_finite: _Optional[int] = ..., pulls: _Optional[int] = ..., pulled_rows: _Optional[int] = ..., pushes: _Optional[int] = ..., pushed_rows: _Optional[int] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., evicted: _Optional[int] = ..., deleted: _Optional[int] = ..., spilled: _Optional[int] = ..., promoted: _Optional[int] = ..., disk_rows: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tables", "uptime_s", "shares_held", "shares_served", "departed_hosts")
+    __slots__ = ("tables", "uptime_s", "shares_held", "shares_served", "departed_hosts", "share_num", "replication")
     TABLES_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     SHARES_HELD_FIELD_NUMBER: _ClassVar[int]
     SHARES_SERVED_FIELD_NUMBER: _ClassVar[int]
     DEPARTED_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    SHARE_NUM_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[TableStats]
     uptime_s: float
     shares_held: _containers.RepeatedScalarFieldContainer[int]
     shares_served: _containers.RepeatedScalarFieldContainer[int]
     departed_hosts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., shares_held: _Optional[_Iterable[int]] = ..., shares_served: _Optional[_Iterable[int]] = ..., departed_hosts: _Optional[_Iterable[int]] = ...) -> None: ...
+    share_num: int
+    replication: int
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., shares_held: _Optional[_Iterable[int]] = ..., shares_served: _Optional[_Iterable[int]] = ..., departed_hosts: _Optional[_Iterable[int]] = ..., share_num: _Optional[int] = ..., replication: _Optional[int] = ...) -> None: ...
 
 class ShrinkRequest(_message.Message):
     __slots__ = ("all_tables", "table_id", "request_id")

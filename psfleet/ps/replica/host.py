@@ -222,13 +222,15 @@ class ReplicaHost(Growing):
             services = [self._shares[s] for s in sorted(self._shares)] or [self.own]
             held = sorted(self._shares)
             served = self._map.served_by(self._me)
-            live = self._map.live_hosts()
-            departed = [h for h in self._map.hosts if h not in live]
+            share_map = self._map
+            live = share_map.live_hosts()
+            departed = [h for h in share_map.hosts if h not in live]
         reply = _summed([s.Stats(request) for s in services])
         reply.uptime_s = time.monotonic() - self.own.started_s  # the process's
         reply.shares_held.extend(held)
         reply.shares_served.extend(served)
         reply.departed_hosts.extend(departed)
+        reply.share_num, reply.replication = share_map.share_num, share_map.replication
         return reply
 
     def Shrink(self, request: msg.ShrinkRequest) -> Any:  # noqa: N802
