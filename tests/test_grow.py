@@ -57,10 +57,13 @@ def _job(started: list[tuple[TableService, RunningServer]]) -> RemoteClient:
     return _client(started, 0, SHARES)
 
 
-def _added(endpoints: list[str], index: int) -> tuple[RunningServer, ReplicaHost]:
-    """A new server for index ``index`` of the job, holding nothing."""
-    _, running = start_server(HOST, 0, CONFIG, layout=Layout(tuple(endpoints), index, 2,
-                                                             SHARES))
+def _added(endpoints: list[str], index: int, port: int = 0,
+           incarnation: int = 0) -> tuple[RunningServer, ReplicaHost]:
+    """A new server for index ``index`` of the job (process ``incarnation`` of it, on
+    ``port``), holding nothing."""
+    _, running = start_server(HOST, port, CONFIG, layout=Layout(tuple(endpoints), index, 2,
+                                                                SHARES),
+                              incarnation=incarnation)
     assert isinstance(running.handler, ReplicaHost)
     return running, running.handler
 
@@ -124,6 +127,41 @@ def test_an_added_server_takes_a_third_of_the_shares_with_nothing_lost() -> None
             client.close()
             running.handler.close()
             running.stop(grace_s=0.1)
+
+
+def test_an_added_server_that_died_is_refilled_then_restarted_and_joins_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The added server dies: its shares fail over and are refilled on the first two
+    (each holds all six again). fleetrun restarts it on its port (incarnation 1): it
+    joins again and moves bring it its third back, nothing lost."""
+    monkeypatch.setenv("PSFLEET_REFILL_DELAY_S", "0")
+    with servers(2) as started:
+        endpoints = [r.endpoint for _, r in started]
+        client = _job(started)
+        hosts = [r.handler for _, r in started]
+        _train(client, KEYS, 5, 0)
+        running, added = _added(endpoints, 2)
+        added.join(running.endpoint)
+        _wait_for(lambda: _counts([*hosts, added]) == [(4, 2)] * 3,  # type: ignore[list-item]
+                  "the moves to the added server")
+        port = int(running.endpoint.rpartition(":")[2])
+        running.handler.close()
+        running.stop(grace_s=0.1)
+        _train(client, KEYS, 3, 1)  # fails its shares over
+        _wait_for(lambda: _counts(hosts) == [(6, 3), (6, 3)],  # type: ignore[arg-type]
+                  "the refill of the dead server's shares")
+        rows = client.pull_sparse(SPARSE, KEYS, create=False)
+        restarted, again = _added(endpoints, 2, port, incarnation=1)
+        try:
+            again.join(restarted.endpoint)
+            _wait_for(lambda: _counts([*hosts, again]) == [(4, 2)] * 3,  # type: ignore[list-item]
+                      "the moves to the restarted server")
+            assert again._map is not None and again._map.latest(2) == (2, 1)
+            np.testing.assert_array_equal(client.pull_sparse(SPARSE, KEYS, create=False), rows)
+        finally:
+            client.close()
+            restarted.handler.close()
+            restarted.stop(grace_s=0.1)
 
 
 def test_a_server_added_with_a_taken_index_or_to_a_sync_job_is_refused() -> None:
