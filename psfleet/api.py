@@ -138,17 +138,20 @@ def job_launcher(config: TrainConfig, tee_stream: BinaryIO | None = None
     (:func:`~psfleet.rec.run_folder.open_run_folder`); logs go to ``<run folder>/log``.
     """
     from psfleet.launch.console import plural
-    from psfleet.replication import check_shares, replication_from_env
+    from psfleet.replication import check_shares, replication_from_env, shares_from_env
 
     cluster = config.cluster
     collective = config.runner.sync_mode == "collective"
     if not ((collective and cluster.worker_num > 1) or cluster.server_num >= 1):
         return None
-    # PSFLEET_REPLICATION is checked before the run folder is made (the YAML's is).
-    replication = None if collective else (cluster.replication
-                                           or replication_from_env(cluster.server_num))
-    shares = (check_shares(cluster.shares, cluster.server_num, replication, "cluster.shares")
-              if replication is not None and cluster.shares else None)
+    # PSFLEET_REPLICATION and PSFLEET_SHARES are checked before the run folder is made
+    # (the YAML's are).
+    replication = shares = None
+    if not collective:
+        replication = cluster.replication or replication_from_env(cluster.server_num)
+        shares = (check_shares(cluster.shares, cluster.server_num, replication,
+                               "cluster.shares") if cluster.shares
+                  else shares_from_env(cluster.server_num, replication))
     run_dir = open_run_folder(config)
     command = ("-m", "psfleet.cli.main", "train", "-m", str(run_dir / CONFIG_NAME))
     log_dir = run_dir / "log"

@@ -91,6 +91,20 @@ def _assert_nothing_started(out: Path) -> None:
     assert not out.exists(), sorted(str(p.relative_to(out)) for p in out.rglob("*"))
 
 
+@pytest.mark.parametrize(("extra", "env", "named"), [
+    (("-o", "cluster.shares=1"), {}, "cluster.shares: 1 shares for 2 servers"),
+    ((), {"PSFLEET_SHARES": "4"}, "PSFLEET_SHARES: 4 shares for 2 servers needs replication"),
+], ids=["fewer_shares_than_servers", "shares_without_replication"])
+def test_a_bad_share_count_exits_2_before_any_process(
+        run_cli: RunCli, config: Path, tmp_path: Path, extra: tuple[str, ...],
+        env: dict[str, str], named: str) -> None:
+    out = tmp_path / "out"
+    r = run_cli(_job(config, out, "-o", "cluster.server_num=2", *extra), env=env)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert named in r.stderr
+    _assert_nothing_started(out)
+
+
 @pytest.mark.parametrize("content", ["", "\n  \n\n"], ids=["zero_bytes", "blank_lines"])
 def test_empty_data_file_in_a_job_exits_2_before_any_process(
         run_cli: RunCli, config: Path, tmp_path: Path, content: str) -> None:
