@@ -285,3 +285,31 @@ def test_psfleet_grow_waits_until_no_move_is_half_told() -> None:
     assert _even(settled, [2])
     assert not _even({**settled, 1: view([0, 2, 3, 4, 5])}, [2])
     assert not _even({0: settled[0], 1: settled[1]}, [2])  # server 2 did not answer
+
+
+def test_a_crossing_a_worker_was_not_told_of_moves_with_its_share() -> None:
+    """Worker 1's arrival completes a barrier crossing on share 0's primary; worker 0's
+    poll has not been answered yet when share 0 moves to the added server. Worker 0's
+    next poll goes there, and is told of the crossing: the copy carries the barriers
+    (and the bounded staleness clocks), so nobody waits for a worker that went on."""
+    with servers(2) as started:
+        endpoints = [r.endpoint for _, r in started]
+        workers = [_job(started), _client(started, 1, SHARES)]
+        arrival = msg.BarrierRequest(name="b", worker_index=0, worker_num=2, seq=1)
+        assert not workers[0]._servers[0].start("Barrier", arrival).result().done
+        workers[1].barrier("b", 1, 2)  # the crossing; worker 0 is not told yet
+        workers[1].clock(2, 7)  # worker 1's bounded staleness clock
+        running, added = _added(endpoints, 2)
+        try:
+            added.join(running.endpoint)
+            hosts = [r.handler for _, r in started]
+            _wait_for(lambda: _counts([*hosts, added]) == [(4, 2)] * 3,  # type: ignore[list-item]
+                      "the moves to the added server")
+            assert added._map is not None and added._map.primary(0) == (2, 0)
+            assert workers[0]._servers[0].start("Barrier", arrival).result().done
+            assert added._shares[0]._clocks.state() == [[1, 0, 0, 7, 0]]
+        finally:
+            for worker in workers:
+                worker.close()
+            running.handler.close()
+            running.stop(grace_s=0.1)

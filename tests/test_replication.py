@@ -408,3 +408,17 @@ def test_placement_and_settings() -> None:
     with pytest.raises(ConfigError, match="--replication: 3 copies"):
         LaunchConfig(command=("train.py",), server_num=2, replication=3)
     assert LaunchConfig(command=("train.py",), server_num=2, replication=2).replication == 2
+
+
+def test_a_server_told_to_stop_forwards_nothing() -> None:
+    """The job is over once a server is told to stop; a worker's last barrier poll is
+    answered from its own copy, without a forward that the stop could cut short."""
+    with servers(2) as started:
+        client = _client(started, 0)
+        host_0, host_1 = _hosts(started)
+        client.barrier("before", 0, 1)
+        assert "before" in host_1._shares[0]._barrier.state()  # forwarded to the copy
+        host_0.stop_requested.set()
+        client.barrier("last", 0, 1)
+        assert "last" not in host_1._shares[0]._barrier.state()
+        client.close()

@@ -71,6 +71,21 @@ class WorkerClocks:
             self._closed = True
             self._cond.notify_all()
 
+    def state(self) -> list[list[int]]:
+        """Every worker's clock, JSON-ready: ``[worker, incarnation, base, steps,
+        parked]`` (a share's copy carries them, ``psfleet.ps.replica``)."""
+        with self._cond:
+            return [[w, c.incarnation, c.base, c.steps, int(c.parked)]
+                    for w, c in self._clocks.items()]
+
+    def adopt_state(self, state: list[list[int]]) -> None:
+        """Take :meth:`state` of another copy as these clocks."""
+        with self._cond:
+            self._clocks = {int(w): _Clock(int(k), int(b), int(s), bool(p))
+                            for w, k, b, s, p in state}
+            self._waiting_since = {}
+            self._cond.notify_all()
+
     def _slowest(self, worker_num: int) -> int | None:
         """The lowest clock of the workers heard from and not parked; None: none."""
         clocks = [c.value for w, c in self._clocks.items() if w < worker_num and not c.parked]

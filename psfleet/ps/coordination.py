@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from psfleet.errors import RemoteError
 from psfleet.ps.wait_budget import WaitBudget
@@ -90,6 +91,28 @@ class Barrier:
         """Release every waiter with an error (the server is stopping). Idempotent."""
         with self._cond:
             self._closed = True
+            self._cond.notify_all()
+
+    def state(self) -> dict[str, Any]:
+        """Every name's crossings and arrivals, JSON-ready (a share's copy carries them,
+        ``psfleet.ps.replica``: a worker told nothing yet of a crossing learns it from
+        the share's next primary)."""
+        with self._cond:
+            return {name: {"generation": n.generation, "count": n.count, "arrivals": [
+                [w, a.incarnation, a.seq, a.generation, a.answered]
+                for w, a in n.arrivals.items()]} for name, n in self._names.items()}
+
+    def adopt_state(self, state: dict[str, Any]) -> None:
+        """Take :meth:`state` of another copy as this barrier's (the arrivals' waits
+        count from now)."""
+        now = time.monotonic()
+        with self._cond:
+            self._names = {}
+            for name, entry in state.items():
+                named = self._names[name] = _Named()
+                named.generation, named.count = int(entry["generation"]), int(entry["count"])
+                named.arrivals = {int(w): _Arrival(int(k), int(q), int(g), now, bool(done))
+                                  for w, k, q, g, done in entry["arrivals"]}
             self._cond.notify_all()
 
     def arrive(self, name: str, worker_index: int, worker_num: int, timeout_s: float,

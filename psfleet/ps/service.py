@@ -7,6 +7,7 @@ See :class:`TableService`. ``psfleet.ps.server`` serves it over gRPC;
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -414,6 +415,20 @@ class TableService:
             self.tables.update(tables)
             self.dense_index.update(dense_index)
         self._ledger.mark_applied(applied)
+
+    def coordination_state(self) -> str:
+        """The barriers' arrivals and crossings and the workers' clocks, as JSON: what a
+        new copy of this share takes with its tables, so that, once it serves, a worker
+        not yet told of a crossing is told, and bounded staleness goes on where it was."""
+        return json.dumps({"barriers": self._barrier.state(), "clocks": self._clocks.state()})
+
+    def adopt_coordination(self, text: str) -> None:
+        """Take :meth:`coordination_state` of another copy (nothing when ``text`` is
+        empty)."""
+        if text:
+            state = json.loads(text)
+            self._barrier.adopt_state(state["barriers"])
+            self._clocks.adopt_state(state["clocks"])
 
     def drop_tables(self) -> None:
         """Forget every table (this process's copy of its share was released: another

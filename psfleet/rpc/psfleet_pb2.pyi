@@ -458,7 +458,7 @@ class SharedFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class ReceiveShareRequest(_message.Message):
-    __slots__ = ("share", "incarnation", "files", "applied", "more", "part", "copy")
+    __slots__ = ("share", "incarnation", "files", "applied", "more", "part", "copy", "coordination")
     SHARE_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
@@ -466,6 +466,7 @@ class ReceiveShareRequest(_message.Message):
     MORE_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
     COPY_FIELD_NUMBER: _ClassVar[int]
+    COORDINATION_FIELD_NUMBER: _ClassVar[int]
     share: int
     incarnation: int
     files: _containers.RepeatedCompositeFieldContainer[SharedFile]
@@ -473,4 +474,5 @@ class ReceiveShareRequest(_message.Message):
     more: bool
     part: int
     copy: int
-    def __init__(self, share: _Optional[int] = ..., incarnation: _Optional[int] = ..., files: _Optional[_Iterable[_Union[SharedFile, _Mapping]]] = ..., applied: _Optional[_Iterable[_Union[PushId, _Mapping]]] = ..., more: _Optional[bool] = ..., part: _Optional[int] = ..., copy: _Optional[int] = ...) -> None: ...
+    coordination: str
+    def __init__(self, share: _Optional[int] = ..., incarnation: _Optional[int] = ..., files: _Optional[_Iterable[_Union[SharedFile, _Mapping]]] = ..., applied: _Optional[_Iterable[_Union[PushId, _Mapping]]] = ..., more: _Optional[bool] = ..., part: _Optional[int] = ..., copy: _Optional[int] = ..., coordination: _Optional[str] = ...) -> None: ...

@@ -101,9 +101,17 @@ class ReplicaHost(Growing):
         """Send write ``name`` to every other member of ``share``. A holder that cannot
         be reached is declared dead (then skipped) or, when it answers health checks,
         called again (the write fails after ``config.max_retries`` such rounds); a
-        member being filled that cannot be reached is dropped."""
+        member being filled that cannot be reached is dropped. Once this server was
+        told to stop (the job is over: a worker's last barrier poll may still come),
+        nothing is forwarded, and a forward cut short by the stop is no error."""
         for member in self._targets(share):
-            self._forward_to(member, share, name, request)
+            if self.stop_requested.is_set():
+                return
+            try:
+                self._forward_to(member, share, name, request)
+            except RemoteError:
+                if not self.stop_requested.is_set():
+                    raise
 
     def _forward_to(self, member: Member, share: int, name: str, request: Any) -> None:
         for attempt in range(self._patience + 1):

@@ -145,7 +145,10 @@ class Rejoining(ShareMembers):
                     share=share, incarnation=member[1], files=part, more=not last,
                     part=part_number, copy=number,
                     applied=[msg.PushId(client_id=c, seq=q) for c, q in applied]
-                    if last else []))
+                    if last else [],
+                    # taken now, not with the snapshot: a barrier arrival forwarded to
+                    # no copy of the share yet is in it (later ones are forwarded here)
+                    coordination=service.coordination_state() if last else ""))
         except BaseException:
             with self._order[share]:
                 if member in self._filling[share]:
@@ -198,6 +201,7 @@ class Rejoining(ShareMembers):
         service = self.own if share == self._me[0] else self._copy_service()
         service.wait_budget.slots = 0
         service.adopt(tables, index, [(p.client_id, p.seq) for p in request.applied])
+        service.adopt_coordination(request.coordination)
         with self._order[share]:
             queued = self._pending[share]
             for name, forwarded in queued:
