@@ -236,7 +236,10 @@ def test_async_job_grows_by_a_server_that_takes_a_third_of_the_shares(
     """Async 2 servers x 2 workers, replication 2, 6 shares: ``psfleet grow`` mid-epoch
     has fleetrun start server 2, which joins and takes a third of the copies (4 of 12)
     and serves 2 of the 6 shares; the job trains to its end, every row it had before the
-    grow is in its last checkpoint (written as 6 shares), and the AUC is sane."""
+    grow is in its last checkpoint (written as 6 shares), and the AUC is sane. The
+    workers are held (SIGSTOP) while the command runs, so the job trains on the grown
+    servers however slow the machine (the moves under concurrent pushes are
+    tests/test_grow.py's)."""
     train, test = data_slice(3000), data_slice(400, source="dev.csv")
     config = _config(tmp_path, "grow", train, test, replication=2)
     raw = json.loads(config.read_text())
@@ -249,20 +252,34 @@ def test_async_job_grows_by_a_server_that_takes_a_third_of_the_shares(
     with _job(config, None) as job:
         _wait_for_checkpoint(job, checkpoints, 20)
         run = run_folder(tmp_path / "out-grow")
-        grown = run_command([sys.executable, "-m", "psfleet.cli.main", "grow", str(run)],
-                            timeout=180)
-        grown_at = max(int(_manifest(p)["batch"]) for p in _checkpoints(checkpoints))  # type: ignore[call-overload]
+        workers = [_job_process(run / "config.yaml", "PADDLE_TRAINER_ID", str(i))
+                   for i in range(2)]
+        for worker in workers:
+            worker.suspend()
+        grow = subprocess.Popen([sys.executable, "-m", "psfleet.cli.main", "grow", str(run)],
+                                env=clean_env(None), text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            _hold(workers, job, lambda: grow.poll() is not None, timeout_s=180)
+            grown, grow_err = grow.communicate(timeout=10)
+        finally:
+            if grow.poll() is None:
+                grow.kill()
+                grow.wait()
+            for worker in workers:
+                worker.resume()
+        grown_at = max(int(_manifest(p)["step"]) for p in _checkpoints(checkpoints))  # type: ignore[call-overload]
         _, err = job.communicate(timeout=240)
-    assert grown.returncode == 0, grown.stdout[-3000:] + grown.stderr[-3000:]
-    assert "server(s) [2] joined the job" in grown.stdout
-    rows = re.findall(r"^\s+(\d)\s+\S+\s+([\d,]+)\s+([\d,-]+)$", grown.stdout, re.M)
+    assert grow.returncode == 0, grown[-3000:] + grow_err[-3000:]
+    assert "server(s) [2] joined the job" in grown
+    rows = re.findall(r"^\s+(\d)\s+\S+\s+([\d,]+)\s+([\d,-]+)$", grown, re.M)
     assert [(i, len(held.split(",")), len(served.split(","))) for i, held, served in rows] == [
-        ("0", 4, 2), ("1", 4, 2), ("2", 4, 2)], grown.stdout
+        ("0", 4, 2), ("1", 4, 2), ("2", 4, 2)], grown
     assert job.returncode == 0, err[-3000:]
     logs = run / "log"
     assert "joined the job as host 2" in _read(logs / "serverlog.2")
-    batches = [int(_manifest(p)["batch"]) for p in _checkpoints(checkpoints)]  # type: ignore[call-overload]
-    assert max(batches) > grown_at, "no checkpoint after the grow"
+    steps = [int(_manifest(p)["step"]) for p in _checkpoints(checkpoints)]  # type: ignore[call-overload]
+    assert max(steps) > grown_at + 100, "no training after the grow"
     latest = max(_checkpoints(checkpoints), key=lambda p: int(_manifest(p)["step"]))  # type: ignore[call-overload]
     assert sorted(p.name for p in latest.glob("server-*")) == [f"server-{i}" for i in range(6)]
 
