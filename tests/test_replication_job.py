@@ -52,6 +52,20 @@ def _config(tmp_path: Path, name: str, train: Path, test: Path, replication: int
     return path
 
 
+def _async_config(tmp_path: Path, name: str, data_slice: Callable[..., Path], epochs: int,
+                  checkpoint: dict[str, int] | None = None, **cluster: int) -> Path:
+    """:func:`_config` of an async, replication-2 job of ``epochs`` epochs on 3000 rows,
+    with ``checkpoint`` and ``cluster`` settings changed."""
+    train, test = data_slice(3000), data_slice(400, source="dev.csv")
+    config = _config(tmp_path, name, train, test, replication=2)
+    raw = json.loads(config.read_text())
+    raw["runner"].update(sync_mode="async", epochs=epochs)
+    raw["runner"]["checkpoint"].update(checkpoint or {})
+    raw["cluster"].update(cluster)
+    config.write_text(json.dumps(raw))
+    return config
+
+
 @contextlib.contextmanager
 def _job(config: Path, env: dict[str, str] | None) -> Iterator[subprocess.Popen[str]]:
     """``psfleet train`` of ``config`` (``env`` added), stderr piped; killed at the end
@@ -167,13 +181,7 @@ def test_async_job_with_a_killed_server_restarted_rejoins(
     goes on, serves its own share again, and the job ends with a sane AUC. Each copy
     travels in parts of at most 64 KiB (``PSFLEET_COPY_CHUNK_BYTES``), so its files
     are cut into pieces and joined again."""
-    train, test = data_slice(3000), data_slice(400, source="dev.csv")
-    config = _config(tmp_path, "rejoin", train, test, replication=2)
-    raw = json.loads(config.read_text())
-    raw["runner"]["sync_mode"] = "async"
-    raw["runner"]["epochs"] = 3
-    raw["cluster"]["max_restarts"] = 1
-    config.write_text(json.dumps(raw))
+    config = _async_config(tmp_path, "rejoin", data_slice, 3, max_restarts=1)
     run, err = _kill_server_1_mid_epoch(tmp_path, config, "rejoin",
                                         {"PSFLEET_COPY_CHUNK_BYTES": str(64 << 10)},
                                         hold_workers=True)
@@ -198,13 +206,8 @@ def test_async_job_survives_two_dead_servers_one_after_the_other(
     servers take new copies of its shares (refill, ``PSFLEET_REFILL_DELAY_S=0``); then
     server 2 is SIGKILLed too. Server 0 serves every share, the job trains to its end,
     and every row the job had before the kills is in its last checkpoint."""
-    train, test = data_slice(3000), data_slice(400, source="dev.csv")
-    config = _config(tmp_path, "twice", train, test, replication=2)
-    raw = json.loads(config.read_text())
-    raw["runner"]["sync_mode"] = "async"
-    raw["runner"]["epochs"] = 2
-    raw["runner"]["checkpoint"].update(step_interval=20, max_num_checkpoints=1000)
-    config.write_text(json.dumps(raw))
+    config = _async_config(tmp_path, "twice", data_slice, 2,
+                           {"step_interval": 20, "max_num_checkpoints": 1000})
     checkpoints = tmp_path / "ck-twice"
     with _job(config, {"PSFLEET_REFILL_DELAY_S": "0"}) as job:
         _wait_for_checkpoint(job, checkpoints, 20)
@@ -240,14 +243,9 @@ def test_async_job_grows_by_a_server_that_takes_a_third_of_the_shares(
     workers are held (SIGSTOP) while the command runs, so the job trains on the grown
     servers however slow the machine (the moves under concurrent pushes are
     tests/test_grow.py's)."""
-    train, test = data_slice(3000), data_slice(400, source="dev.csv")
-    config = _config(tmp_path, "grow", train, test, replication=2)
-    raw = json.loads(config.read_text())
-    raw["runner"]["sync_mode"] = "async"
-    raw["runner"]["epochs"] = 2
-    raw["runner"]["checkpoint"].update(step_interval=20, max_num_checkpoints=1000)
-    raw["cluster"].update(server_num=2, shares=6)
-    config.write_text(json.dumps(raw))
+    config = _async_config(tmp_path, "grow", data_slice, 2,
+                           {"step_interval": 20, "max_num_checkpoints": 1000},
+                           server_num=2, shares=6)
     checkpoints = tmp_path / "ck-grow"
     with _job(config, None) as job:
         _wait_for_checkpoint(job, checkpoints, 20)
