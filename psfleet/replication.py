@@ -180,6 +180,19 @@ class ShareMap:
         """The shares ``member`` holds, in index order."""
         return [s for s in self.shares if self.holds(member, s)]
 
+    def held_when_dead(self, host: int) -> list[int]:
+        """The shares the newest dead process of ``host`` that held any held when it
+        died, in index order: what the host's next process takes back when it rejoins
+        (its placement's shares unless moves or refills changed them; empty: none of
+        its processes held any)."""
+        for incarnation in range(self.dead.get(host, -1), -1, -1):
+            member = (host, incarnation)
+            held = [s for s in self.shares if (n := self.copy_of(s, member)) is not None
+                    and (s, *member, n) not in self.released]
+            if held:
+                return held
+        return []
+
     def served_by(self, member: Member) -> list[int]:
         """The shares ``member`` serves (is primary of), in index order."""
         return [s for s in self.shares if self.primary(s) == member]

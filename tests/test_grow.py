@@ -164,6 +164,61 @@ def test_an_added_server_that_died_is_refilled_then_restarted_and_joins_again(
             restarted.stop(grace_s=0.1)
 
 
+def test_a_first_server_restarted_in_a_grown_job_takes_back_only_what_it_held(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Server 1 of the grown job (placed on all six shares, holding four after the
+    moves) dies while a worker pushes and its next process rejoins before any refill:
+    it takes back the four shares it held, not its placement's six, so no copy is
+    made only to be released and no move follows; every row is unchanged."""
+    monkeypatch.setenv("PSFLEET_REFILL_DELAY_S", "600")  # the restart comes first
+    with servers(2) as started:
+        endpoints = [r.endpoint for _, r in started]
+        client = _job(started)
+        hosts = [r.handler for _, r in started]
+        _train(client, KEYS, 15, 0)
+        running, added = _added(endpoints, 2)
+        restarted = None
+        try:
+            added.join(running.endpoint)
+            _wait_for(lambda: _counts([*hosts, added]) == [(4, 2)] * 3,  # type: ignore[list-item]
+                      "the moves to the added server")
+            assert added._map is not None
+            held, released = added._map.held_by((1, 0)), added._map.released
+            started[1][1].handler.close()
+            started[1][1].stop(grace_s=0.1)
+            _train(client, KEYS, 3, 1)  # fails server 1's shares over
+            rows = client.pull_sparse(SPARSE, KEYS, create=False)
+            _, restarted = start_server(HOST, int(endpoints[1].rpartition(":")[2]), CONFIG,
+                                        layout=Layout(tuple(endpoints), 1, 2, SHARES),
+                                        incarnation=1)
+            again = restarted.handler
+            assert isinstance(again, ReplicaHost)
+            training = threading.Thread(target=_train, args=(client, KEYS, 10, 2))
+            training.start()
+            again.rejoin()
+            training.join()
+            assert sorted(again._shares) == held and len(held) == 4
+            every = [hosts[0], again, added]
+            assert [len(h._shares) for h in every] == [4, 4, 4]  # type: ignore[attr-defined]
+            assert again._map is not None and again._map.released == released
+            for share in held:
+                primary = again._map.primary(share)
+                assert primary is not None
+                if primary[0] != 1:
+                    _assert_copies_equal(every[primary[0]]._shares[share],  # type: ignore[attr-defined]
+                                         again._shares[share])
+            client.push_sparse(SPARSE, KEYS, np.ones((KEYS.size, 8), np.float32),
+                               mode=PushMode.DELTA)  # lands once, wherever the share is
+            after = client.pull_sparse(SPARSE, KEYS, create=False)
+            assert not np.array_equal(after, rows)  # the worker's 10 steps landed too
+        finally:
+            client.close()
+            for server in (running, restarted):
+                if server is not None:
+                    server.handler.close()
+                    server.stop(grace_s=0.1)
+
+
 def test_a_server_added_with_a_taken_index_or_to_a_sync_job_is_refused() -> None:
     with servers(2) as started:
         endpoints = [r.endpoint for _, r in started]
@@ -205,6 +260,14 @@ def test_moves_even_out_the_shares() -> None:
     # No move while a share has a copy fewer (the refill comes first), nor when even.
     assert grown.with_dead([(1, 0)]).rebalance_move() is None
     assert ShareMap(3, 2, share_num=6).rebalance_move() is None
+    # What a restarted server takes back: what its last process that held any held.
+    dead = grown.with_dead([(0, 0)])
+    assert dead.held_when_dead(0) == [1, 2, 4, 5]  # not its placement's six
+    assert dead.with_dead([(0, 1)]).held_when_dead(0) == [1, 2, 4, 5]  # 1 died unfilled
+    filled = dead.with_joined(4, (0, 1)).with_dead([(0, 1)])
+    assert filled.held_when_dead(0) == [4]
+    assert ShareMap(3, 2).with_dead([(1, 0)]).held_when_dead(1) == [0, 1]  # never grown
+    assert ShareMap(3, 2).held_when_dead(1) == []  # never dead
 
 
 def test_the_share_setting() -> None:

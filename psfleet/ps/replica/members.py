@@ -121,21 +121,18 @@ class ShareMembers:
             self._map = self._map.with_dead([(layout.index, self._me[1] - 1)])
         for share in self._map.shares:
             self._order[share] = threading.Lock()
-            if layout.index not in hosts_of(share, num, layout.replication):
-                continue
-            if self._me[1] > 0:
-                self._pending[share] = []
-                continue
+            if self._me[1] > 0 or layout.index not in hosts_of(share, num,
+                                                               layout.replication):
+                continue  # a restarted member: nothing until it is filled (rejoin)
             service = self.own if share == layout.index else self._copy_service()
             if self._map.primary(share) == self._me:
                 service.wait_budget.slots = self._wait_slots
             self._shares[share] = service
-        logger.info("host %d of %d (incarnation %d), replication %d, %d shares: %s %s",
+        logger.info("host %d of %d (incarnation %d), replication %d, %d shares: %s",
                     layout.index, num, self._me[1], layout.replication, layout.share_num,
                     "added to the running job, holds nothing yet" if layout.added else
-                    "to be filled:" if self._me[1] > 0 else "holds",
-                    "" if layout.added else sorted(
-                        self._pending if self._me[1] > 0 else self._shares))
+                    "restarted, holds nothing until it rejoined" if self._me[1] > 0 else
+                    f"holds {sorted(self._shares)}")
 
     def SetReplicas(self, request: msg.ReplicasRequest) -> msg.ShareMapMessage:  # noqa: N802
         """Take the job's layout (the first call) or check it (later ones), and merge

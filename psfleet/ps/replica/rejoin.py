@@ -2,16 +2,18 @@
 while training goes on, and the job is back to R copies (``psfleet.ps.replica``).
 
 A server restarted in a replicated job (``PSFLEET_RESTART_NUM`` > 0) holds nothing at
-first and asks a live host to fill it (``Rejoin``; the first that answers decides).
-For each share its host is placed on, the share's primary copies it
-(``CopyShare``): a snapshot under the share's order lock, so it is an exact cut of the
-writes; every write after it is forwarded to the new member, which queues them until
-the copy is loaded (``ReceiveShare``, in parts of at most ``PSFLEET_COPY_CHUNK_BYTES``)
-and then applies them in order. The primary then
-adds the member to the map, still under the order lock, and sends the map to every
-live host. A member on its own host ranks first among a share's holders, so it serves
-its share again from then on. A sync-mode share is not copied (rounds in flight are not
-part of a copy): the restarted server fails, and the share keeps its other copies.
+first and asks a live host to declare its older processes dead (``Rejoin``; the first
+that answers). It then takes back the shares its last process held when it died
+(``ShareMap.held_when_dead``: its placement's shares, unless moves or refills changed
+them): for each, it asks the share's primary to copy it (``CopyShare``): a snapshot
+under the share's order lock, so it is an exact cut of the writes; every write after it
+is forwarded to the new member, which queues them until the copy is loaded
+(``ReceiveShare``, in parts of at most ``PSFLEET_COPY_CHUNK_BYTES``) and then applies
+them in order. The primary then adds the member to the map, still under the order
+lock, and sends the map to every live host. A member on its own host ranks first among
+a share's holders, so it serves its share again from then on. A sync-mode share is not
+copied (rounds in flight are not part of a copy): the restarted server fails, and the
+share keeps its other copies.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from psfleet.ps.replica.copy import (
 )
 from psfleet.ps.replica.members import ShareMembers
 from psfleet.ps.replica.wire import map_to_message
-from psfleet.replication import Member, Move, hosts_of
+from psfleet.replication import Member, Move
 from psfleet.rpc import messages as msg
 
 __all__ = ["Rejoining"]
@@ -41,12 +43,14 @@ class Rejoining(ShareMembers):
     share's primary (``CopyShare``)."""
 
     def rejoin(self) -> None:
-        """Have this restarted member filled with copies of its host's shares (asks the
-        live hosts in index order, the first that answers decides). Blocks.
+        """Have this restarted member filled with copies of the shares its host's last
+        process held (module docstring): asks the live hosts in index order to declare
+        that process dead (the first that answers), then each share's primary for a
+        copy. Blocks until every copy is in.
 
         Raises:
-            FatalError: no other host could fill it, or the copy was refused (a
-                sync-mode job; names the reason).
+            FatalError: no other host answered, a share's primary failed during its
+                copy, or the copy was refused (a sync-mode job; names the reason).
         """
         assert self._layout is not None and self._me[1] > 0
         request = msg.RejoinRequest(host=self._me[0], incarnation=self._me[1])
@@ -62,6 +66,13 @@ class Rejoining(ShareMembers):
                                  f"rejoin: {exc}") from None
             with self._lock:
                 self._merge_message(reply)
+                assert self._map is not None
+                shares = self._map.held_when_dead(self._me[0])
+                for share in shares:
+                    self._pending[share] = []
+            for share in shares:
+                self._take(share)
+            with self._lock:
                 missing = sorted(self._pending)
             logger.info("rejoined: holds shares %s%s", sorted(self._shares),
                         f"; shares {missing} had no live copy to fill from" if missing else "")
@@ -69,32 +80,39 @@ class Rejoining(ShareMembers):
         raise FatalError(f"host {self._me[0]} incarnation {self._me[1]} cannot rejoin: no "
                          "other server could fill it (they are down, or the job ended)")
 
+    def _take(self, share: int) -> None:
+        """Have ``share``'s primary copy it to this restarted member (blocks); a share
+        with no live copy stays pending (its rows are lost).
+
+        Raises:
+            FatalError: the primary failed meanwhile, or refused the copy.
+        """
+        with self._lock:
+            assert self._map is not None
+            primary = self._map.primary(share)
+        if primary is None:
+            logger.error("share %d has no live copy to fill host %d from", share, self._me[0])
+            return
+        try:
+            reply = self._peer(primary, None).call("CopyShare", msg.CopyShareRequest(
+                share=share, host=self._me[0], incarnation=self._me[1]))
+        except (RpcError, MovedError, RemoteError) as exc:
+            raise FatalError(f"host {self._me[0]} incarnation {self._me[1]} cannot rejoin: "
+                             f"the copy of share {share} from host {primary[0]} failed: "
+                             f"{exc}") from None
+        with self._lock:
+            self._merge_message(reply)
+
     def Rejoin(self, request: msg.RejoinRequest) -> msg.ShareMapMessage:  # noqa: N802
-        """Fill the restarted member ``(host, incarnation)``: its older incarnations are
-        dead; each share its host is placed on is copied to it by the share's primary.
-        Blocks until every copy is in. Returns the map."""
+        """Declare the older processes of the restarted member ``(host, incarnation)``
+        dead and tell every live host. Returns the map, from which the member takes
+        back its shares (:meth:`rejoin`)."""
         member = (request.host, request.incarnation)
         with self._lock:
             if self._map is None or self._layout is None:
                 raise RemoteError("Rejoin: this server has no replicated layout yet")
             self._merge(self._map.with_dead([(member[0], member[1] - 1)]))
-            num, replication = self._map.host_num, self._map.replication
-            shares = self._map.shares
         self._broadcast()
-        for share in shares:
-            if member[0] not in hosts_of(share, num, replication):
-                continue
-            with self._lock:
-                primary = self._map.primary(share)
-            if primary is None:
-                logger.error("share %d has no live copy to fill host %d from", share, member[0])
-            elif primary[0] == self._me[0]:
-                self._copy_share(share, member)
-            else:
-                reply = self._peer(primary[0], None).call("CopyShare", msg.CopyShareRequest(
-                    share=share, host=member[0], incarnation=member[1]))
-                with self._lock:
-                    self._merge_message(reply)
         with self._lock:
             return map_to_message(self._map)
 
