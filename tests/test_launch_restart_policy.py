@@ -4,6 +4,7 @@ Issue 15, findings 6 and 10; the jobs themselves are in test_launch_gang_jobs.py
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -85,13 +86,25 @@ def test_restart_policy_names_are_checked() -> None:
 
 def test_respec_numbers_the_restart_and_keeps_a_free_ports_server_on_its_port() -> None:
     endpoints = {0: "127.0.0.1:41295", 1: "127.0.0.1:41296"}
-    server = RestartPolicy.respec(_spec(Role.SERVER, 1), 3, endpoints)
+    server = RestartPolicy.respec(_spec(Role.SERVER, 1), 3, endpoints, 2)
     assert server.env["PSFLEET_RESTART_NUM"] == "3"
     assert server.env["PADDLE_PORT"] == "41296"
-    fixed = RestartPolicy.respec(_spec(Role.SERVER, 0, port="6170"), 1, endpoints)
+    fixed = RestartPolicy.respec(_spec(Role.SERVER, 0, port="6170"), 1, endpoints, 2)
     assert fixed.env["PADDLE_PORT"] == "6170"
-    worker = RestartPolicy.respec(_spec(Role.WORKER, 1), 1, endpoints)
+    worker = RestartPolicy.respec(_spec(Role.WORKER, 1), 1, endpoints, 2)
     assert dict(worker.env) == {"PADDLE_TRAINER_ID": "1", "PSFLEET_RESTART_NUM": "1"}
+
+
+def test_a_restarted_server_of_a_grown_job_gets_the_first_servers_list() -> None:
+    """Server 0 of a replicated job that psfleet grow added server 2 to is restarted
+    with the list every worker has (the job's first two servers), not with the added
+    server in it: with it, it took itself for host 0 of 3 and refused the workers."""
+    endpoints = {0: "127.0.0.1:41295", 1: "127.0.0.1:41296", 2: "127.0.0.1:41297"}
+    spec = _spec(Role.SERVER, 0)
+    spec = dataclasses.replace(spec, env={**spec.env, "PSFLEET_REPLICATION": "2"})
+    server = RestartPolicy.respec(spec, 1, endpoints, 2)
+    assert server.env["PADDLE_PSERVERS_IP_PORT_LIST"] == "127.0.0.1:41295,127.0.0.1:41296"
+    assert server.env["PADDLE_PORT"] == "41295"
 
 
 # -- the whole-job restart line ---------------------------------------------------------

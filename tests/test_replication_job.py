@@ -94,18 +94,24 @@ def _kill_server_1_mid_epoch(tmp_path: Path, config: Path, name: str,
         run = run_folder(tmp_path / f"out-{name}")
         workers = [_job_process(run / "config.yaml", "PADDLE_TRAINER_ID", str(i))
                    for i in range(2)] if hold_workers else []
-        for worker in workers:
-            worker.suspend()
+        _signal(workers, "suspend")
         try:
             _job_process(run / "config.yaml", "PSFLEET_SERVER_INDEX", "1").kill()
             if workers:
                 _hold(workers, job, lambda: "incarnation 1" in _read(run / "log" / "serverlog.1"))
         finally:
-            for worker in workers:
-                worker.resume()
+            _signal(workers, "resume")
         _, err = job.communicate(timeout=240)
     assert job.returncode == 0, err[-3000:]
     return run, err
+
+
+def _signal(workers: list[psutil.Process], action: str) -> None:
+    """``suspend`` or ``resume`` each worker still alive (one that failed meanwhile is
+    reported by the job's exit)."""
+    for worker in workers:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            getattr(worker, action)()
 
 
 def _hold(workers: list[psutil.Process], job: subprocess.Popen[str],
@@ -120,11 +126,9 @@ def _hold(workers: list[psutil.Process], job: subprocess.Popen[str],
         if time.monotonic() > deadline:
             pytest.fail(f"the workers were held {timeout_s:g} s without the condition")
         if time.monotonic() - stopped_at > 10:
-            for worker in workers:
-                worker.resume()
+            _signal(workers, "resume")
             time.sleep(0.1)
-            for worker in workers:
-                worker.suspend()
+            _signal(workers, "suspend")
             stopped_at = time.monotonic()
         time.sleep(0.02)
 
@@ -242,40 +246,46 @@ def test_async_job_grows_by_a_server_that_takes_a_third_of_the_shares(
     grow is in its last checkpoint (written as 6 shares), and the AUC is sane. The
     workers are held (SIGSTOP) while the command runs, so the job trains on the grown
     servers however slow the machine (the moves under concurrent pushes are
-    tests/test_grow.py's)."""
+    tests/test_grow.py's). Then server 0 is SIGKILLed: fleetrun restarts it with the
+    job's first two servers' list (with the added one in it, it took itself for host 0
+    of 3 and refused the workers), and it takes back the four shares it held."""
     config = _async_config(tmp_path, "grow", data_slice, 2,
                            {"step_interval": 20, "max_num_checkpoints": 1000},
-                           server_num=2, shares=6)
+                           server_num=2, shares=6, max_restarts=1)
     checkpoints = tmp_path / "ck-grow"
     with _job(config, None) as job:
         _wait_for_checkpoint(job, checkpoints, 20)
         run = run_folder(tmp_path / "out-grow")
         workers = [_job_process(run / "config.yaml", "PADDLE_TRAINER_ID", str(i))
                    for i in range(2)]
-        for worker in workers:
-            worker.suspend()
+        _signal(workers, "suspend")
         grow = subprocess.Popen([sys.executable, "-m", "psfleet.cli.main", "grow", str(run)],
                                 env=clean_env(None), text=True, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
+        logs = run / "log"
         try:
             _hold(workers, job, lambda: grow.poll() is not None, timeout_s=180)
             grown, grow_err = grow.communicate(timeout=10)
+            assert grow.returncode == 0, grown[-3000:] + grow_err[-3000:]
+            _job_process(run / "config.yaml", "PSFLEET_SERVER_INDEX", "0").kill()
+            _hold(workers, job, lambda: "rejoined: holds" in _read(logs / "serverlog.0"))
         finally:
             if grow.poll() is None:
                 grow.kill()
                 grow.wait()
-            for worker in workers:
-                worker.resume()
+            _signal(workers, "resume")
         grown_at = max(int(_manifest(p)["step"]) for p in _checkpoints(checkpoints))  # type: ignore[call-overload]
         _, err = job.communicate(timeout=240)
-    assert grow.returncode == 0, grown[-3000:] + grow_err[-3000:]
     assert "server(s) [2] joined the job" in grown
     rows = re.findall(r"^\s+(\d)\s+\S+\s+([\d,]+)\s+([\d,-]+)$", grown, re.M)
     assert [(i, len(held.split(",")), len(served.split(","))) for i, held, served in rows] == [
         ("0", 4, 2), ("1", 4, 2), ("2", 4, 2)], grown
     assert job.returncode == 0, err[-3000:]
-    logs = run / "log"
     assert "joined the job as host 2" in _read(logs / "serverlog.2")
+    held = [int(s) for s in rows[0][1].split(",")]
+    restarted = _read(logs / "serverlog.0")
+    assert "host 0 of 2 (incarnation 1)" in restarted, restarted[-3000:]
+    assert f"rejoined: holds shares {held}" in restarted, restarted[-3000:]
     steps = [int(_manifest(p)["step"]) for p in _checkpoints(checkpoints)]  # type: ignore[call-overload]
     assert max(steps) > grown_at + 100, "no training after the grow"
     latest = max(_checkpoints(checkpoints), key=lambda p: int(_manifest(p)["step"]))  # type: ignore[call-overload]

@@ -441,14 +441,17 @@ class Job:
             lines.append(f"  last {len(tail)} line(s) of its log:")
             lines.extend(f"    | {line}" for line in tail)
         logger.warning("%s", "\n".join(lines))
-        respec = self._restarts.respec
-        self.servers = [self._start(respec(c.spec, k, self._endpoints)) for c in self.servers]
-        self.workers = [self._start(respec(c.spec, k, self._endpoints)) for c in self.workers]
+        respec, first = self._restarts.respec, len(self.layout.servers)
+        self.servers = [self._start(respec(c.spec, k, self._endpoints, first))
+                        for c in self.servers]
+        self.workers = [self._start(respec(c.spec, k, self._endpoints, first))
+                        for c in self.workers]
         return None
 
     def _replace(self, child: ChildProcess, cause: str | None = None) -> None:
         """Restart a failed child in its place (``--max_restarts``)."""
-        spec = self._restarts.restart(child, self._endpoints, cause, self._who(child))
+        spec = self._restarts.restart(child, self._endpoints, len(self.layout.servers), cause,
+                                      self._who(child))
         group = self.servers if child in self.servers else self.workers
         group[group.index(child)] = self._start(spec)
 

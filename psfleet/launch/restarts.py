@@ -148,7 +148,7 @@ class RestartPolicy:
             return Action.FAIL
         return Action.RESTART_JOB if self.policy == "gang" else Action.RESTART_CHILD
 
-    def restart(self, child: ChildProcess, endpoints: Mapping[int, str],
+    def restart(self, child: ChildProcess, endpoints: Mapping[int, str], server_num: int,
                 cause: str | None = None, who: str | None = None) -> ProcessSpec:
         """``process`` policy: log the failure of ``child`` with its cause, clean up
         after it and return the spec to start in its place.
@@ -156,6 +156,8 @@ class RestartPolicy:
         Args:
             child: the failed (reaped) child.
             endpoints: server index -> the endpoint it had bound (for port-0 servers).
+            server_num: the servers the job started with (indices ``0..server_num-1``;
+                ``psfleet grow`` adds the ones after them).
             cause: what happened, when not its exit (``did not answer health checks
                 for 30 s; killed``); default from its exit code.
             who: how the child is named, default ``worker 1 (pid 123)``.
@@ -172,7 +174,7 @@ class RestartPolicy:
             lines.append(f"  last {len(tail)} line(s) of its log:")
             lines.extend(f"    | {line}" for line in tail)
         logger.warning("%s", "\n".join(lines))
-        return self.respec(spec, count, endpoints)
+        return self.respec(spec, count, endpoints, server_num)
 
     def begin_job_restart(self) -> int:
         """``gang`` policy: count one more restart of the job; return k (1-based)."""
@@ -196,11 +198,14 @@ class RestartPolicy:
         return tail, kept
 
     @staticmethod
-    def respec(spec: ProcessSpec, count: int, endpoints: Mapping[int, str]) -> ProcessSpec:
+    def respec(spec: ProcessSpec, count: int, endpoints: Mapping[int, str],
+               server_num: int) -> ProcessSpec:
         """``spec`` for its ``count``-th restart: ``PSFLEET_RESTART_NUM=count``, and a
         port-0 server binds the port it had (``endpoints``: index -> host:port). A
-        server of a replicated job is also given every server's endpoint: it rejoins
-        by asking the others (``psfleet.ps.replica``)."""
+        server of a replicated job is also given the endpoints of the job's first
+        ``server_num`` servers, the list every worker has: it rejoins by asking the
+        others (``psfleet.ps.replica``), and learns of servers added since from them
+        (one added by ``psfleet grow`` already has that list)."""
         env = {**spec.env, "PSFLEET_RESTART_NUM": str(count)}
         if spec.role is Role.SERVER and env.get("PADDLE_PORT") == "0":
             endpoint = endpoints.get(spec.index)
@@ -209,5 +214,5 @@ class RestartPolicy:
         if spec.role is Role.SERVER and env.get("PSFLEET_REPLICATION", "1") != "1" and \
                 endpoints and "PADDLE_PSERVERS_IP_PORT_LIST" not in env:
             env["PADDLE_PSERVERS_IP_PORT_LIST"] = ",".join(
-                endpoints[i] for i in sorted(endpoints))
+                endpoints[i] for i in sorted(endpoints) if i < server_num)
         return dataclasses.replace(spec, env=env)
