@@ -102,18 +102,18 @@ def test_run_overrides_set_cluster_mode_and_run_folder(tmp_path: Path) -> None:
 
 
 def _record(configuration: str, auc: float | None, logloss: float = 0.5,
-            speed: float = 1000.0) -> dict[str, Any]:
+            speed: float = 1000.0, copc: float = 1.0) -> dict[str, Any]:
     finished = auc is not None
     return {"configuration": configuration, "finished": finished,
-            "metrics": {"test": {"auc": auc, "logloss": logloss},
+            "metrics": {"test": {"auc": auc, "logloss": logloss, "copc": copc},
                         "examples_per_s": speed} if finished else None}
 
 
 def test_summary_medians_ranges_and_differences() -> None:
     records = [
-        _record("single", 0.70, 0.50, 900.0), _record("async 1x2", 0.69, 0.52, 2000.0),
+        _record("single", 0.70, 0.50, 900.0), _record("async 1x2", 0.69, 0.52, 2000.0, 0.8),
         _record("geo 1x2", None),
-        _record("single", 0.72, 0.48, 1100.0), _record("async 1x2", 0.71, 0.51, 1800.0),
+        _record("single", 0.72, 0.48, 1100.0), _record("async 1x2", 0.71, 0.51, 1800.0, 1.3),
         _record("geo 1x2", None),
         _record("single", 0.71, 0.49, 1000.0), _record("async 1x2", 0.66, 0.55, 1900.0),
         _record("geo 1x2", None),
@@ -134,6 +134,7 @@ def test_summary_medians_ranges_and_differences() -> None:
     assert async_["auc_diff_max"] == pytest.approx(0.0)
     assert async_["logloss_diff"] == pytest.approx(0.03)
     assert async_["examples_per_s_median"] == 1900.0
+    assert single["copc_median"] == 1.0 and async_["copc_median"] == 1.0  # of 0.8, 1.3, 1.0
     assert async_["within_tolerance"] is False  # |-0.02| > 0.015
     assert (geo["runs"], geo["finished"], geo["auc_median"], geo["auc_diff"],
             geo["within_tolerance"]) == (3, 0, None, None, None)
@@ -142,10 +143,10 @@ def test_summary_medians_ranges_and_differences() -> None:
     table = parity.format_table(rows, 0.015).splitlines()
     assert table[0].split("  ")[0] == "configuration" and "within 0.015" in table[0]
     assert re.match(r"single\s+3\s+0\.7100 \(0\.7000-0\.7200\)\s+\+0\.0000\s+0\.4900\s+"
-                    r"\+0\.0000\s+1,000\s+yes$", table[1]), table[1]
+                    r"\+0\.0000\s+1\.000\s+1,000\s+yes$", table[1]), table[1]
     assert re.match(r"async 1x2\s+3\s+0\.6900 \(0\.6600-0\.7100\)\s+-0\.0200\s+0\.5200\s+"
-                    r"\+0\.0300\s+1,900\s+NO$", table[2]), table[2]
-    assert re.match(r"geo 1x2\s+0/3 ok\s+-\s+-\s+-\s+-\s+-\s+-$", table[3]), table[3]
+                    r"\+0\.0300\s+1\.000\s+1,900\s+NO$", table[2]), table[2]
+    assert re.match(r"geo 1x2\s+0/3 ok\s+-\s+-\s+-\s+-\s+-\s+-\s+-$", table[3]), table[3]
 
 
 def test_summary_without_a_finished_reference_has_no_differences() -> None:
@@ -279,9 +280,11 @@ def test_parity_on_the_sample_reports_the_runs_own_metrics(
         assert run["metrics"]["test"] == metrics["test"]
         assert (row["auc_median"], row["auc_min"], row["auc_max"]) == (auc, auc, auc)
         assert row["logloss_median"] == logloss
+        assert row["copc_median"] == metrics["test"]["copc"]
         assert row["examples_per_s_median"] == metrics["examples_per_s"]
         line = table[run["configuration"]]
         assert f"{auc:.4f} ({auc:.4f}-{auc:.4f})" in line and f"  {logloss:.4f}  " in line
+        assert f"  {metrics['test']['copc']:.3f}  " in line
         assert f"test auc {auc:.4f}, logloss {logloss:.4f}" in r.stdout
     reference_auc = summary["single"]["auc_median"]
     assert summary["single"]["auc_diff"] == 0.0 and summary["single"]["logloss_diff"] == 0.0

@@ -13,7 +13,7 @@ count), each --repeats times, one ``psfleet train`` after another, with the user
 folder ``OUT/runs/<name>`` (``single-r1``, ``async-1x2-r1``, ...; its output in
 ``OUT/logs/<name>.stdout|.stderr``). Then it prints one table row per configuration
 (test AUC median and range, its difference to the reference's median, log loss, its
-difference, examples/s, and whether ``|AUC diff| <= --tolerance``) and writes
+difference, COPC, examples/s, and whether ``|AUC diff| <= --tolerance``) and writes
 ``OUT/parity.json`` (every run's record and metrics, the summary) and
 ``OUT/parity.png`` (the AUC differences with the tolerance band). docs/parity.md
 explains how to read them.

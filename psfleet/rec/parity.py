@@ -13,7 +13,7 @@ metrics): :func:`parse_modes` / :func:`parse_counts` (the flags), :func:`plan_ru
 (the runs in order), :func:`run_overrides` (each run's ``-o``), :func:`execute` (the
 subprocesses), :func:`run_record` (a run's record from its exit code and
 ``metrics.json``), :func:`summarise` (per configuration: median, min and max of the
-test AUC and log loss, their differences to the reference's medians, examples/s, and
+test AUC and log loss, their differences to the reference's medians, COPC, examples/s, and
 whether ``|AUC diff| <= tolerance``) and :func:`format_table`.
 """
 
@@ -249,7 +249,8 @@ def summarise(records: Sequence[Mapping[str, Any]], tolerance: float
               ) -> list[dict[str, Any]]:
     """Per configuration, in first-seen order (the reference first): ``runs`` and
     ``finished`` (counts), the finished runs' test AUC median / min / max, log loss
-    median / min / max and examples/s median; ``auc_diff`` (median minus the
+    median / min / max, COPC median (clicks over predicted clicks, calibration) and
+    examples/s median; ``auc_diff`` (median minus the
     reference's median) with ``auc_diff_min`` / ``auc_diff_max`` (min / max minus the
     reference's median), ``logloss_diff``; ``within_tolerance`` (``|auc_diff| <=
     tolerance``; None when a median is missing: every run of it, or of the
@@ -257,7 +258,8 @@ def summarise(records: Sequence[Mapping[str, Any]], tolerance: float
 
     Args:
         records: :func:`run_record` dicts (only ``configuration``, ``finished`` and
-            ``metrics`` with ``test.auc``, ``test.logloss``, ``examples_per_s`` read).
+            ``metrics`` with ``test.auc``, ``test.logloss``, ``test.copc``,
+            ``examples_per_s`` read).
         tolerance: the allowed |AUC difference|, >= 0.
     """
     groups: dict[str, list[Mapping[str, Any]]] = {}
@@ -269,12 +271,15 @@ def summarise(records: Sequence[Mapping[str, Any]], tolerance: float
         auc = _stats([float(m["test"]["auc"]) for m in done])
         logloss = _stats([float(m["test"]["logloss"]) for m in done
                           if m["test"].get("logloss") is not None])
+        copc = _stats([float(m["test"]["copc"]) for m in done
+                       if m["test"].get("copc") is not None])
         speed = _stats([float(m["examples_per_s"]) for m in done
                         if m.get("examples_per_s") is not None])
         rows.append({"configuration": name, "runs": len(group), "finished": len(done),
                      "auc_median": auc[0], "auc_min": auc[1], "auc_max": auc[2],
                      "logloss_median": logloss[0], "logloss_min": logloss[1],
-                     "logloss_max": logloss[2], "examples_per_s_median": speed[0]})
+                     "logloss_max": logloss[2], "copc_median": copc[0],
+                     "examples_per_s_median": speed[0]})
     reference = next((r for r in rows if r["configuration"] == REFERENCE), None)
     ref_auc = reference["auc_median"] if reference else None
     ref_logloss = reference["logloss_median"] if reference else None
@@ -294,9 +299,11 @@ def _number(value: float | None, spec: str) -> str:
 
 def format_table(rows: Sequence[Mapping[str, Any]], tolerance: float) -> str:
     """The summary as an aligned text table, one line per configuration (AUC and log
-    loss to 4 decimals, as ``psfleet train`` prints them; differences signed)."""
+    loss to 4 decimals, as ``psfleet train`` prints them; differences signed; COPC to
+    3)."""
     header = ["configuration", "runs", "test AUC median (min-max)", "AUC diff",
-              "log loss median", "log loss diff", "examples/s", f"within {tolerance:g}"]
+              "log loss median", "log loss diff", "COPC median", "examples/s",
+              f"within {tolerance:g}"]
     lines = [header]
     for r in rows:
         runs = f"{r['finished']}" if r["finished"] == r["runs"] else \
@@ -306,6 +313,7 @@ def format_table(rows: Sequence[Mapping[str, Any]], tolerance: float) -> str:
         within = {True: "yes", False: "NO", None: "-"}[r["within_tolerance"]]
         lines.append([r["configuration"], runs, auc, _number(r["auc_diff"], "+.4f"),
                       _number(r["logloss_median"], ".4f"), _number(r["logloss_diff"], "+.4f"),
+                      _number(r["copc_median"], ".3f"),
                       _number(r["examples_per_s_median"], ",.0f"), within])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True))
