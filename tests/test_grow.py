@@ -129,6 +129,24 @@ def test_an_added_server_takes_a_third_of_the_shares_with_nothing_lost() -> None
             running.stop(grace_s=0.1)
 
 
+def _grown(started: list[tuple[TableService, RunningServer]], steps: int
+           ) -> tuple[list[str], RemoteClient, list[ReplicaHost], RunningServer, ReplicaHost]:
+    """A worker of the two servers ``started`` that pushed ``steps`` steps, and a third
+    server added to them once the moves have evened the shares out (each holds 4 and
+    serves 2). Returns (the first endpoints, the worker, the first two hosts, the added
+    server and its host)."""
+    endpoints = [r.endpoint for _, r in started]
+    client = _job(started)
+    hosts = [r.handler for _, r in started]
+    assert all(isinstance(h, ReplicaHost) for h in hosts)
+    _train(client, KEYS, steps, 0)
+    running, added = _added(endpoints, 2)
+    added.join(running.endpoint)
+    _wait_for(lambda: _counts([*hosts, added]) == [(4, 2)] * 3,  # type: ignore[list-item]
+              "the moves to the added server")
+    return endpoints, client, hosts, running, added  # type: ignore[return-value]
+
+
 def test_an_added_server_that_died_is_refilled_then_restarted_and_joins_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The added server dies: its shares fail over and are refilled on the first two
@@ -136,14 +154,7 @@ def test_an_added_server_that_died_is_refilled_then_restarted_and_joins_again(
     joins again and moves bring it its third back, nothing lost."""
     monkeypatch.setenv("PSFLEET_REFILL_DELAY_S", "0")
     with servers(2) as started:
-        endpoints = [r.endpoint for _, r in started]
-        client = _job(started)
-        hosts = [r.handler for _, r in started]
-        _train(client, KEYS, 5, 0)
-        running, added = _added(endpoints, 2)
-        added.join(running.endpoint)
-        _wait_for(lambda: _counts([*hosts, added]) == [(4, 2)] * 3,  # type: ignore[list-item]
-                  "the moves to the added server")
+        endpoints, client, hosts, running, _ = _grown(started, 5)
         port = int(running.endpoint.rpartition(":")[2])
         running.handler.close()
         running.stop(grace_s=0.1)
@@ -172,16 +183,9 @@ def test_a_first_server_restarted_in_a_grown_job_takes_back_only_what_it_held(
     made only to be released and no move follows; every row is unchanged."""
     monkeypatch.setenv("PSFLEET_REFILL_DELAY_S", "600")  # the restart comes first
     with servers(2) as started:
-        endpoints = [r.endpoint for _, r in started]
-        client = _job(started)
-        hosts = [r.handler for _, r in started]
-        _train(client, KEYS, 15, 0)
-        running, added = _added(endpoints, 2)
+        endpoints, client, hosts, running, added = _grown(started, 15)
         restarted = None
         try:
-            added.join(running.endpoint)
-            _wait_for(lambda: _counts([*hosts, added]) == [(4, 2)] * 3,  # type: ignore[list-item]
-                      "the moves to the added server")
             assert added._map is not None
             held, released = added._map.held_by((1, 0)), added._map.released
             started[1][1].handler.close()
