@@ -13,8 +13,8 @@ metrics): :func:`parse_modes` / :func:`parse_counts` (the flags), :func:`plan_ru
 (the runs in order), :func:`run_overrides` (each run's ``-o``), :func:`execute` (the
 subprocesses), :func:`run_record` (a run's record from its exit code and
 ``metrics.json``), :func:`summarise` (per configuration: median, min and max of the
-test AUC and log loss, their differences to the reference's medians, COPC, examples/s, and
-whether ``|AUC diff| <= tolerance``) and :func:`format_table`.
+test AUC and log loss, their differences to the reference's medians, COPC, examples/s,
+and whether ``|AUC diff| <= tolerance``) and :func:`format_table`.
 """
 
 from __future__ import annotations
@@ -249,12 +249,11 @@ def summarise(records: Sequence[Mapping[str, Any]], tolerance: float
               ) -> list[dict[str, Any]]:
     """Per configuration, in first-seen order (the reference first): ``runs`` and
     ``finished`` (counts), the finished runs' test AUC median / min / max, log loss
-    median / min / max, COPC median (clicks over predicted clicks, calibration) and
-    examples/s median; ``auc_diff`` (median minus the
-    reference's median) with ``auc_diff_min`` / ``auc_diff_max`` (min / max minus the
-    reference's median), ``logloss_diff``; ``within_tolerance`` (``|auc_diff| <=
-    tolerance``; None when a median is missing: every run of it, or of the
-    reference, failed). Pure.
+    median / min / max, COPC median (clicks over predicted clicks: calibration) and
+    examples/s median; ``auc_diff`` (median minus the reference's median) with
+    ``auc_diff_min`` / ``auc_diff_max`` (min / max minus the reference's median),
+    ``logloss_diff``; ``within_tolerance`` (``|auc_diff| <= tolerance``; None when a
+    median is missing: every run of it, or of the reference, failed). Pure.
 
     Args:
         records: :func:`run_record` dicts (only ``configuration``, ``finished`` and
