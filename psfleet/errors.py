@@ -17,6 +17,7 @@ from __future__ import annotations
 __all__ = [
     "PsfleetError",
     "ConfigError",
+    "ParserConfigError",
     "DataError",
     "RetryableError",
     "RpcError",
@@ -45,6 +46,15 @@ class ConfigError(PsfleetError, ValueError):
 
     The message names the field path (``runner.sync_mode``), the offending value
     and the allowed values.
+    """
+
+
+class ParserConfigError(ConfigError):
+    """A parser's own config key does not fit a data file (a column the file lacks).
+
+    The message starts with the key's path within the parser's config section
+    (``columns.sparse[1]: 'devise' is not a column of ...``): the caller knows the
+    section and names it whole (``runner.columns.sparse[1]``).
     """
 
 

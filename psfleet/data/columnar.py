@@ -53,7 +53,7 @@ from psfleet.data.jagged_rows import JaggedRows
 from psfleet.data.malformed import RateLimitedWarner
 from psfleet.data.parsers import Parser, register_parser
 from psfleet.data.types import FeatureSchema, ParsedChunk, RawChunk
-from psfleet.errors import ConfigError, DataError
+from psfleet.errors import ConfigError, DataError, ParserConfigError
 
 __all__ = ["ColumnsConfig", "ColumnarParser"]
 
@@ -126,7 +126,7 @@ class ColumnarParser:
         kind: ``text`` for CSV/TSV, ``parquet`` for Parquet files.
 
     Raises:
-        ConfigError: (when parsing) a named column is not in the header / schema, or a
+        ParserConfigError: (when parsing) a named column is not in the header / schema, or a
             position is past the last column; names the column and lists the known ones.
     """
 
@@ -149,15 +149,16 @@ class ColumnarParser:
         def find(column: Column, key: str) -> int:
             if isinstance(column, int):
                 if not 0 <= column < width:
-                    raise ConfigError(f"columns.{key}: position {column} is past the last "
-                                      f"column ({width} columns) of {source}")
+                    raise ParserConfigError(f"columns.{key}: position {column} is past the "
+                                            f"last column ({width} columns) of {source}")
                 return column
             if names is None:
-                raise ConfigError(f"columns.{key}: {column!r} is a name but {source} has no "
-                                  "header; set columns.header: true or use 0-based positions")
+                raise ParserConfigError(f"columns.{key}: {column!r} is a name but {source} "
+                                        "has no header; set columns.header: true or use "
+                                        "0-based positions")
             if column not in names:
-                raise ConfigError(f"columns.{key}: {column!r} is not a column of {source}; its "
-                                  f"columns are {names}")
+                raise ParserConfigError(f"columns.{key}: {column!r} is not a column of "
+                                        f"{source}; its columns are {names}")
             return names.index(column)
 
         config = self.config

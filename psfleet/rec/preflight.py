@@ -44,7 +44,7 @@ from psfleet.data.compression import (
     open_data_file,
 )
 from psfleet.data.split import plan_share
-from psfleet.errors import ConfigError, DataError
+from psfleet.errors import ConfigError, DataError, ParserConfigError
 from psfleet.nn.table_checks import check_accessor
 from psfleet.ps import SparseTable, SparseTableConfig
 from psfleet.ps.communicator.local_mode import simulated_staleness
@@ -237,7 +237,7 @@ def _check_first_lines(parser: Parser, field: str, file: Path) -> None:
     try:
         parser.parse(RawChunk(str(file), 2 if header is not None else 1, 1, 1, 1, payload,
                               header), strict=False)
-    except ConfigError as exc:  # a runner.columns key first, then the field
-        message = str(exc)
-        raise ConfigError(f"runner.{message} ({field})" if message.startswith("columns.")
-                          else f"{field}: {message}") from None
+    except ParserConfigError as exc:  # a key of the parser's section: runner.<key>
+        raise ConfigError(f"runner.{exc} ({field})") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{field}: {exc}") from None
