@@ -68,6 +68,14 @@ def _added(endpoints: list[str], index: int, port: int = 0,
     return running, running.handler
 
 
+def _assert_a_push_lands_once(client: RemoteClient, rows: np.ndarray) -> None:
+    """A delta push of ones to every key of ``KEYS`` (whose rows are ``rows`` now)
+    moves each row by exactly one, wherever its share is served."""
+    client.push_sparse(SPARSE, KEYS, np.ones((KEYS.size, 8), np.float32), mode=PushMode.DELTA)
+    np.testing.assert_allclose(client.pull_sparse(SPARSE, KEYS, create=False), rows + 1.0,
+                               rtol=0, atol=1e-6)
+
+
 def _counts(hosts: list[ReplicaHost]) -> list[tuple[int, int]]:
     """(shares held, shares served) per host, as each one holds them."""
     counts = []
@@ -119,10 +127,7 @@ def test_an_added_server_takes_a_third_of_the_shares_with_nothing_lost() -> None
             np.testing.assert_array_equal(client.pull_dense(DENSE), dense)
             assert client._directory is not None
             assert client._directory.endpoints == [*endpoints, running.endpoint]
-            client.push_sparse(SPARSE, KEYS, np.ones((KEYS.size, 8), np.float32),
-                               mode=PushMode.DELTA)  # lands once, wherever the share is
-            np.testing.assert_allclose(client.pull_sparse(SPARSE, KEYS, create=False),
-                                       rows + 1.0, rtol=0, atol=1e-6)
+            _assert_a_push_lands_once(client, rows)
         finally:
             client.close()
             running.handler.close()
@@ -214,10 +219,7 @@ def test_a_first_server_restarted_in_a_grown_job_takes_back_only_what_it_held(
                                          again._shares[share])
             before = client.pull_sparse(SPARSE, KEYS, create=False)
             assert not np.array_equal(before, rows)  # the 10 steps during the rejoin landed
-            client.push_sparse(SPARSE, KEYS, np.ones((KEYS.size, 8), np.float32),
-                               mode=PushMode.DELTA)  # lands once, wherever the share is
-            np.testing.assert_allclose(client.pull_sparse(SPARSE, KEYS, create=False),
-                                       before + 1.0, rtol=0, atol=1e-6)
+            _assert_a_push_lands_once(client, before)
         finally:
             client.close()
             for server in (running, restarted):
