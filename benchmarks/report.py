@@ -16,7 +16,7 @@ PHASE_ORDER = ("reader", "pull", "forward", "backward", "push (hand-off)",
 
 _PS_CONTEXT = """\
 psfleet's PS paths are Python end to end: the sparse table is a numpy open-addressing
-index (``psfleet/ps/hash_index.py``) over float32 row matrices, the wire is grpcio with
+index (``psfleet/ps/table/hash_index.py``) over float32 row matrices, the wire is grpcio with
 protobuf ``bytes`` fields, and the server applies Adam with numpy. Everything here ran
 on 127.0.0.1; on this machine workers, servers and the launcher share 2 cores, so a PS
 job with W workers and S servers has W + S busy processes on 2 cores."""

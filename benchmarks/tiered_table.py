@@ -60,7 +60,7 @@ def _keys(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 class _Rocks:
-    """RocksDB as ``psfleet.ps.disk_tier`` opens it (raw bytes, bloom filters, a 32 MB
+    """RocksDB as ``psfleet.ps.table.disk_tier`` opens it (raw bytes, bloom filters, a 32 MB
     block cache, no compression, no write-ahead log)."""
 
     name = "rocksdb"

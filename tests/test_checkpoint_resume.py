@@ -27,7 +27,7 @@ from conftest import clean_env, kill_processes, run_command, run_folder
 from psfleet.checkpoint import CheckpointStore
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.persist import load_server, saved_table_configs
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import DenseTableConfig, SparseTableConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

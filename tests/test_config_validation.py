@@ -68,7 +68,7 @@ def test_mode_fields_take_the_one_declaration() -> None:
 
 
 def test_rule_names_are_the_rules_registry() -> None:
-    from psfleet.ps.rules import RULES
+    from psfleet.ps.table.rules import RULES
 
     assert set(RULE_NAMES) == set(RULES)
     for name in RULE_NAMES:

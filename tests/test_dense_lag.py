@@ -25,7 +25,7 @@ from psfleet.ps import RemoteClient, RuleConfig, SparseTableConfig, TableService
 from psfleet.ps.clients import LocalClient
 from psfleet.ps.communicator import AsyncCommunicator, AsyncConfig, LocalCommunicator
 from psfleet.ps.communicator.local_mode import simulated_staleness
-from psfleet.ps.rules import make_rule
+from psfleet.ps.table.rules import make_rule
 from psfleet.rpc import RpcConfig
 
 pytestmark = pytest.mark.service

@@ -1,4 +1,4 @@
-"""The disk tier of a sparse table (``accessor.memory_rows``, ``psfleet.ps.disk_tier``):
+"""The disk tier of a sparse table (``accessor.memory_rows``, ``psfleet.ps.table.disk_tier``):
 rows beyond the memory budget spill to RocksDB and come back when read, invisibly.
 
 - A tiered table and an all-in-memory table given the same operations (pull with and

@@ -4,7 +4,7 @@
 SGD (a fixed order of updates), once with every row in memory and once with
 ``hyper_parameters.sparse_accessor.memory_rows`` a quarter of the rows: the exported
 embedding rows and dense tower are equal, bit for bit; the tiered run held most rows
-on disk (``psfleet.ps.disk_tier``), and its tier folder is gone after the job.
+on disk (``psfleet.ps.table.disk_tier``), and its tier folder is gone after the job.
 """
 
 from __future__ import annotations

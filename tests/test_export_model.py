@@ -31,7 +31,7 @@ from psfleet.export.save import read_saved_rows
 from psfleet.nn import SparseEmbedding
 from psfleet.ps import LocalClient
 from psfleet.ps.persist import save_server
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import RuleConfig, SparseTableConfig
 from psfleet.rec.models import DNN
 

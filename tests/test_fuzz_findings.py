@@ -39,7 +39,7 @@ from psfleet.ps import TableService
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.persist import load_server, save_server
 from psfleet.ps.request_checks import check_table_config, config_difference
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import DenseTableConfig, RuleConfig, ServerLimits, SparseTableConfig
 from psfleet.rpc import messages as msg
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psfleet.ps.hash_index import HashIndex
+from psfleet.ps.table.hash_index import HashIndex
 
 pytestmark = pytest.mark.unit
 

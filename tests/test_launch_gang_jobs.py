@@ -42,7 +42,7 @@ from psfleet.api import prepare
 from psfleet.export import load_inference_model
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.restore import read_checkpoint
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.rec.run_folder import open_run_folder
 
 pytestmark = [pytest.mark.job, pytest.mark.slow]

@@ -35,7 +35,7 @@ from psfleet.ps.communicator import (
     SyncCommunicator,
     make_communicator,
 )
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.rpc import RpcConfig, RunningServer
 
 pytestmark = pytest.mark.service

@@ -33,8 +33,8 @@ from psfleet.ps import LocalClient, TableService, start_server
 from psfleet.ps.communicator import LocalCommunicator, PassCommunicator, PassConfig
 from psfleet.ps.communicator.pass_mode import selected_gpu
 from psfleet.ps.pass_cache import split_pass
-from psfleet.ps.rules import make_rule
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.rules import make_rule
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import RuleConfig, SparseTableConfig
 from psfleet.rpc import RpcConfig
 from psfleet.rpc.server import RunningServer

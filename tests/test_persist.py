@@ -13,7 +13,7 @@ import pytest
 from psfleet.errors import RemoteError
 from psfleet.ps import LocalClient, RemoteClient, RuleConfig, SparseTableConfig, start_server
 from psfleet.ps.persist import load_server, save_server
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.rpc import RpcConfig
 
 pytestmark = pytest.mark.service

@@ -1,4 +1,4 @@
-"""Tests of psfleet.ps.rules: each rule against its published formula and torch.optim.
+"""Tests of psfleet.ps.table.rules: each rule against its published formula and torch.optim.
 
 Two oracles per rule: an independent float64 numpy reference written here from the
 paper's formula, and torch.optim applied to a tensor (what a user compares against).
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from psfleet.ps.dense_table import DenseTable
-from psfleet.ps.rules import make_rule
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.rules import make_rule
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import DenseTableConfig, RuleConfig, SparseTableConfig
 
 pytestmark = pytest.mark.unit

@@ -32,7 +32,7 @@ from psfleet.ps.communicator.geo_mode import _aligned_counts
 from psfleet.ps.communicator.types import Communicator
 from psfleet.ps.merge import merge_pushes, merge_sparse, merge_sparse_counts
 from psfleet.ps.routing import RoutedKeys
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 
 pytestmark = pytest.mark.unit
 

@@ -33,7 +33,7 @@ from psfleet.fleet.role_maker import RoleInfo
 from psfleet.fleet.runtime import ParameterServerHooks, RuntimeConfig, WorkerRuntime
 from psfleet.nn import SparseEmbedding
 from psfleet.ps import TableService, start_server
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.rpc import RpcConfig
 
 pytestmark = pytest.mark.service

@@ -1,4 +1,4 @@
-"""Tests of psfleet.ps.sparse_table, hash_index and the key-seeded initializer.
+"""Tests of psfleet.ps.table.sparse_table, hash_index and the key-seeded initializer.
 
 Oracle: a table's rows equal a reference dict (key -> float64 row updated by the
 published formula) after random interleaved pulls and pushes.
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from psfleet.errors import RemoteError
-from psfleet.ps.hash_index import HashIndex
 from psfleet.ps.hashing import init_rows
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.hash_index import HashIndex
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import RESERVED_KEY, RuleConfig, SparseTableConfig
 
 pytestmark = pytest.mark.unit

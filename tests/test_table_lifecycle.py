@@ -3,7 +3,7 @@ the row cap with eviction, shrink and aging.
 
 Oracle: a reference model, plain Python dicts (per internal shard: key -> [row,
 show, click, unseen_days, delta_score, last_access]) updated one key at a time by the
-rules as documented in psfleet.ps.lifecycle / admission / eviction / accessor, driven
+rules as documented in psfleet.ps.table.lifecycle / admission / eviction / accessor, driven
 by the same random stream of pulls, pushes, shrinks and agings as the table. With
 SGD, a power-of-two learning rate and gradients, shows and clicks that are small
 multiples of 1/8, every sum is exact in float32, so the surviving keys, values,
@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psfleet.ps.admission import pending_slot, probability_u, shard_pending_slots
 from psfleet.ps.hashing import init_rows, mix64
-from psfleet.ps.lifecycle import LifecycleCounts, shard_caps
-from psfleet.ps.sparse_table import SparseTable
-from psfleet.ps.table_shard import Shard
+from psfleet.ps.table.admission import pending_slot, probability_u, shard_pending_slots
+from psfleet.ps.table.lifecycle import LifecycleCounts, shard_caps
+from psfleet.ps.table.shard import Shard
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import AccessorConfig, RuleConfig, SparseTableConfig
 
 pytestmark = pytest.mark.unit

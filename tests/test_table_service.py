@@ -281,9 +281,9 @@ def test_ledger_duplicate_waits_for_the_first_and_failed_pushes_can_be_retried()
 def test_keys_are_hashed_once_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
     # Worker: a step's pull and push share one routing. Server: one mix64 per request
     # gives both the shard and the hash-index slot.
-    import psfleet.ps.hash_index as hash_index
     import psfleet.ps.routing as routing
-    import psfleet.ps.sparse_table as sparse_table
+    import psfleet.ps.table.hash_index as hash_index
+    import psfleet.ps.table.sparse_table as sparse_table
 
     calls = {"route": 0, "table": 0, "index": 0}
 

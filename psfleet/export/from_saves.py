@@ -25,7 +25,7 @@ from psfleet.export.tower import export_dense_tower
 from psfleet.export.types import InferenceManifest
 from psfleet.ps.persist import saved_table_configs
 from psfleet.ps.restore import replay
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import SparseTableConfig
 
 __all__ = ["export_from_saves"]

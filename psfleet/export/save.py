@@ -43,7 +43,7 @@ from psfleet.export.types import (
 )
 from psfleet.ps.client import TableClient
 from psfleet.ps.persist import load_server
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import SparseTableConfig
 
 __all__ = ["save_inference_model", "read_saved_rows", "write_inference_model"]

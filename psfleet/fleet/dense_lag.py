@@ -46,7 +46,7 @@ __all__ = ["LocalStep", "OwnStepCompensation"]
 
 
 class LocalStep:
-    """Applies table ``rule`` (``psfleet.ps.rules``: sgd, adagrad, adam) to ``params``
+    """Applies table ``rule`` (``psfleet.ps.table.rules``: sgd, adagrad, adam) to ``params``
     from their ``.grad``, for the worker's own dense steps.
 
     It calls ``torch.optim``'s functional form of the rule (``torch.optim.adam.adam``,

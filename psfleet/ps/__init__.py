@@ -12,12 +12,12 @@ if TYPE_CHECKING:
     from psfleet.ps.client import PullHandle, TableClient
     from psfleet.ps.clients import LocalClient, RemoteClient
     from psfleet.ps.dense_table import DenseTable
-    from psfleet.ps.lifecycle import LifecycleCounts
     from psfleet.ps.routing import BucketRouter, DenseLayout, bucket_of
-    from psfleet.ps.rules import make_rule
     from psfleet.ps.server import run_server, start_server
     from psfleet.ps.service import TableService
-    from psfleet.ps.sparse_table import SparseTable
+    from psfleet.ps.table.lifecycle import LifecycleCounts
+    from psfleet.ps.table.rules import make_rule
+    from psfleet.ps.table.sparse_table import SparseTable
     from psfleet.ps.types import AccessorConfig, DenseTableConfig, RuleConfig, SparseTableConfig
 
 __all__ = [
@@ -47,17 +47,17 @@ __getattr__ = lazy_exports(__name__, {
     "DenseLayout": "psfleet.ps.routing",
     "DenseTable": "psfleet.ps.dense_table",
     "DenseTableConfig": "psfleet.ps.types",
-    "LifecycleCounts": "psfleet.ps.lifecycle",
+    "LifecycleCounts": "psfleet.ps.table.lifecycle",
     "LocalClient": "psfleet.ps.clients",
     "PullHandle": "psfleet.ps.client",
     "RemoteClient": "psfleet.ps.clients",
     "RuleConfig": "psfleet.ps.types",
-    "SparseTable": "psfleet.ps.sparse_table",
+    "SparseTable": "psfleet.ps.table.sparse_table",
     "SparseTableConfig": "psfleet.ps.types",
     "TableClient": "psfleet.ps.client",
     "TableService": "psfleet.ps.service",
     "bucket_of": "psfleet.ps.routing",
-    "make_rule": "psfleet.ps.rules",
+    "make_rule": "psfleet.ps.table.rules",
     "run_server": "psfleet.ps.server",
     "start_server": "psfleet.ps.server",
 })

@@ -26,7 +26,7 @@ from psfleet.ps.handles import PullHandle, PushHandle, wait_all
 from psfleet.ps.lifecycle_service import check_show_clicks
 from psfleet.ps.persist_delta import check_save_mode
 from psfleet.ps.routing import BucketRouter, DenseLayout, RoutedKeys
-from psfleet.ps.rules import make_rule
+from psfleet.ps.table.rules import make_rule
 from psfleet.ps.transport import Transport
 from psfleet.ps.types import (
     DenseTableConfig,

@@ -12,7 +12,7 @@ import threading
 import numpy as np
 
 from psfleet.errors import InvalidRequestError, RemoteError, clip_text
-from psfleet.ps.rules import make_rule
+from psfleet.ps.table.rules import make_rule
 from psfleet.ps.types import DenseTableConfig
 
 __all__ = ["DenseTable", "dc_asgd_compensate"]

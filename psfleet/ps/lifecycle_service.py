@@ -18,9 +18,9 @@ import numpy as np
 
 from psfleet.errors import InvalidRequestError, RemoteError
 from psfleet.ps.dense_table import DenseTable
-from psfleet.ps.lifecycle import LifecycleCounts
 from psfleet.ps.merge import merge_sparse
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.lifecycle import LifecycleCounts
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.rpc import codec
 
 __all__ = ["ShowClicks", "lifecycle_stats", "decode_counts", "check_show_clicks",

@@ -2,7 +2,7 @@
 
 ``begin_pass`` pulls every row a pass will read, with its rule state, into a
 :class:`PassRows`; the pass's steps look rows up there and apply the table's own rule
-(``psfleet.ps.rules``, the servers' formulas, run on tensors) without any RPC;
+(``psfleet.ps.table.rules``, the servers' formulas, run on tensors) without any RPC;
 ``end_pass`` sends back each touched row's change (values and rule state) and the
 show/click counts the pass gathered. The seeds' GPUBox keeps a pass's rows in a GPU
 hash table the same way (Paddle's ``PSGPUWrapper::BuildGPUTask`` / ``EndPass``).
@@ -10,7 +10,7 @@ hash table the same way (Paddle's ``PSGPUWrapper::BuildGPUTask`` / ``EndPass``).
 The rows live in one tensor ``float32[P, dim + state]`` on ``device`` (the CPU, or
 ``cuda:N``): every operation is a torch call on that tensor, so the code is the same
 for any device. Keys stay on the host, in the servers' vectorised hash index
-(``psfleet.ps.hash_index``: 0.6 ms for a batch of 13k keys among 1M, where a
+(``psfleet.ps.table.hash_index``: 0.6 ms for a batch of 13k keys among 1M, where a
 ``np.searchsorted`` over the sorted keys takes 3 ms). The values the pass started
 from stay on the host (the delta's base), as do the per-row counts.
 """
@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from psfleet.errors import ConfigError, FatalError
-from psfleet.ps.hash_index import HashIndex
-from psfleet.ps.rules import Rule
+from psfleet.ps.table.hash_index import HashIndex
+from psfleet.ps.table.rules import Rule
 
 __all__ = ["PassRows", "split_pass"]
 

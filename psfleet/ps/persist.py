@@ -43,7 +43,7 @@ from psfleet.errors import ConfigError, DataError, RemoteError
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.persist_stats import StatsSnapshot, load_stats, snapshot_stats, write_stats
 from psfleet.ps.routing import BucketRouter, bucket_of
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import TableConfig, table_config_from_json
 
 __all__ = ["save_server", "load_server", "snapshot_tables", "write_snapshot",

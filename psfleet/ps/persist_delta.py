@@ -63,7 +63,6 @@ import numpy as np
 
 from psfleet.checkpoint.storage import FileDigest, Storage
 from psfleet.errors import ConfigError, DataError
-from psfleet.ps.accessor import CtrAccessor
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.persist import (
     Snapshot,
@@ -76,7 +75,8 @@ from psfleet.ps.persist import (
 from psfleet.ps.persist_stats import StatsSnapshot, snapshot_stats
 from psfleet.ps.persist_stream import TieredSnapshot, snapshot_tiered
 from psfleet.ps.routing import BucketRouter, bucket_of
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.accessor import CtrAccessor
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import SAVE_MODES, SaveMode, SparseTableConfig
 
 __all__ = ["ModeSnapshot", "check_save_mode", "snapshot_mode", "write_mode_snapshot",

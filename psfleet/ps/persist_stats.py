@@ -1,7 +1,7 @@
 """The row statistics of ``ctr`` tables in a save, beside their rows (issue 17).
 
 A sparse table with the ``ctr`` accessor keeps show, click, unseen_days and
-delta_score per row (``psfleet.ps.table_shard.STAT_COLUMNS``). A save writes them to
+delta_score per row (``psfleet.ps.table.shard.STAT_COLUMNS``). A save writes them to
 ``server-<i>/table-<id>.stats`` next to ``table-<id>.sparse``: an npz with ``keys``
 uint64[n] and ``stats`` float32[n, 4], sorted by key (a table in memory) or by
 (bucket, key) (a tiered table's, streamed: ``psfleet.ps.persist_stream``). Loading
@@ -22,7 +22,7 @@ import numpy as np
 from psfleet.checkpoint.storage import FileDigest, Storage
 from psfleet.errors import DataError
 from psfleet.ps.routing import BucketRouter, bucket_of
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 
 __all__ = ["StatsSnapshot", "snapshot_stats", "write_stats", "load_stats"]
 

@@ -1,5 +1,5 @@
 """Saving a tiered sparse table without holding it in memory (issue 17's saves, for
-tables with a disk tier, ``psfleet.ps.disk_tier``).
+tables with a disk tier, ``psfleet.ps.table.disk_tier``).
 
 A save of an in-memory table copies its rows under the push gate and writes the copy
 (``psfleet.ps.persist``). A tiered table may be many times its memory budget, so its
@@ -8,7 +8,7 @@ save copies only what is in memory and reads the rest from disk while writing:
 1. :func:`snapshot_tiered`, under the gate, each shard under its lock: the memory
    tier's rows to write (all of them, or a ctr table's base/delta selection, whose
    delta_score and ``saved`` flag are reset as ``psfleet.ps.persist_delta`` does),
-   sorted by (bucket, key); a :class:`~psfleet.ps.disk_tier.DiskView` of the shard's
+   sorted by (bucket, key); a :class:`~psfleet.ps.table.disk_tier.DiskView` of the shard's
    rows on disk as they are at that moment, with their count per bucket; the
    shard's tombstones. For a base or delta save of a ctr table the disk rows' own
    reset is written back here too, in chunks (one pass over the shard's disk rows,
@@ -38,12 +38,12 @@ from typing import IO, cast
 import numpy as np
 
 from psfleet.checkpoint.storage import FileDigest, Storage
-from psfleet.ps.accessor import CtrAccessor
-from psfleet.ps.disk_tier import DiskRows, DiskTier, DiskView
 from psfleet.ps.persist import _HEADER, _MAGIC, FORMAT_VERSION
 from psfleet.ps.routing import bucket_of
-from psfleet.ps.sparse_table import SparseTable
-from psfleet.ps.table_shard import DELTA_SCORE
+from psfleet.ps.table.accessor import CtrAccessor
+from psfleet.ps.table.disk_tier import DiskRows, DiskTier, DiskView
+from psfleet.ps.table.shard import DELTA_SCORE
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import SaveMode, SparseTableConfig
 
 __all__ = ["CHUNK_ROWS", "TieredSnapshot", "snapshot_tiered"]

@@ -18,8 +18,8 @@ from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.global_batch import GlobalBatches, SparseMean
 from psfleet.ps.lifecycle_service import ShowClicks, sync_mean_with_counts
 from psfleet.ps.merge import merge_sparse
-from psfleet.ps.sparse_table import SparseTable
 from psfleet.ps.sync_rounds import SyncRounds
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import PushMeta, PushMode
 from psfleet.ps.wait_budget import WaitBudget
 

@@ -28,7 +28,7 @@ from psfleet.ps.persist_delta import (
     restore_tombstones,
     saved_mode,
 )
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import DenseTableConfig, SparseTableConfig
 
 __all__ = ["empty_table", "read_checkpoint", "read_save", "replay"]

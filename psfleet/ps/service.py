@@ -50,7 +50,7 @@ from psfleet.ps.request_checks import (
     count_non_finite,
 )
 from psfleet.ps.request_counters import RequestCounters, RequestCounts
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.table_admin import TableAdmin
 from psfleet.ps.types import (
     PushMeta,

@@ -32,7 +32,7 @@ from psfleet.ps.persist_delta import (
 )
 from psfleet.ps.push_ledger import PushLedger
 from psfleet.ps.restore import read_checkpoint, read_save
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import SaveMode
 from psfleet.rpc import codec
 from psfleet.rpc import messages as msg

@@ -44,7 +44,7 @@ __all__ = [
 #: uint64 key that cannot be stored (it marks free rows and empty pending slots).
 RESERVED_KEY = 0xFFFF_FFFF_FFFF_FFFF
 
-#: Optimizer rules the servers apply (one ``psfleet.ps.rules.Rule`` class per name).
+#: Optimizer rules the servers apply (one ``psfleet.ps.table.rules.Rule`` class per name).
 RuleName = Literal["sgd", "adagrad", "adam"]
 RULE_NAMES: tuple[str, ...] = get_args(RuleName)
 
@@ -58,11 +58,11 @@ OPTIMIZER_CLASSES: tuple[str, ...] = get_args(OptimizerClass)
 Initializer = Literal["uniform", "normal", "zeros"]
 INITIALIZERS: tuple[str, ...] = get_args(Initializer)
 
-#: Per-row statistics a sparse table keeps (``psfleet.ps.accessor``).
+#: Per-row statistics a sparse table keeps (``psfleet.ps.table.accessor``).
 AccessorName = Literal["none", "ctr"]
-#: Which new ids get a row (``psfleet.ps.admission``).
+#: Which new ids get a row (``psfleet.ps.table.admission``).
 AdmissionPolicy = Literal["none", "probability", "count_filter", "show_click_score"]
-#: Which rows go when a table reaches ``max_rows`` (``psfleet.ps.eviction``).
+#: Which rows go when a table reaches ``max_rows`` (``psfleet.ps.table.eviction``).
 EvictionPolicy = Literal["lowest_score", "lru"]
 
 #: What a save writes (Paddle's CtrCommonAccessor save params 0, 2, 1):
@@ -187,7 +187,7 @@ class RuleConfig(_Frozen):
     """An optimizer rule applied by the server, per row (sparse) or per element (dense).
 
     Attributes:
-        name: ``sgd``, ``adagrad`` or ``adam`` (see ``psfleet.ps.rules``).
+        name: ``sgd``, ``adagrad`` or ``adam`` (see ``psfleet.ps.table.rules``).
         learning_rate: step size (> 0).
         beta1, beta2, epsilon: Adam's constants (Kingma & Ba 2015).
         initial_accumulator: Adagrad's initial sum of squared gradients
@@ -250,7 +250,7 @@ class AccessorConfig(_Frozen):
         memory_rows: rows per table per server kept in memory (split over the shards
             as ``max_rows``); a full shard *spills* rows by ``eviction`` to the disk
             tier instead of dropping them, and a spilled row read again comes back
-            (``psfleet.ps.disk_tier``). None: every row in memory. A shard must hold
+            (``psfleet.ps.table.disk_tier``). None: every row in memory. A shard must hold
             one request's keys in it (a request with more is refused, naming this).
         memory_budget_bytes: the same as a memory budget per table per server: the
             memory rows are the budget over the bytes a row takes in memory (its

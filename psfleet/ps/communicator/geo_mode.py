@@ -26,8 +26,8 @@ from psfleet.ps.communicator.types import Communicator
 from psfleet.ps.dense_table import DenseTable
 from psfleet.ps.merge import sum_equal_keys
 from psfleet.ps.routing import RoutedKeys, keys_of
-from psfleet.ps.rules import SgdRule
-from psfleet.ps.sparse_table import SparseTable
+from psfleet.ps.table.rules import SgdRule
+from psfleet.ps.table.sparse_table import SparseTable
 from psfleet.ps.types import (
     AccessorConfig,
     DenseTableConfig,

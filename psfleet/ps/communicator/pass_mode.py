@@ -11,7 +11,7 @@ look rows up and update them there, ``end_pass`` writes them back (Paddle's
   (``PullSparse`` with ``with_state``) into a :class:`~psfleet.ps.pass_cache.PassRows`
   per table, on the configured torch device;
 - a step's sparse pull reads the cache; its push applies the table's own rule there
-  (``psfleet.ps.rules``, the servers' formulas), so one worker with SGD computes what
+  (``psfleet.ps.table.rules``, the servers' formulas), so one worker with SGD computes what
   one process does;
 - :meth:`PassCommunicator.end_pass` pushes every touched row's change of values and
   rule state (``PushMode.ROW_DELTA``), divided by the number of workers as GEO does
@@ -36,7 +36,7 @@ from psfleet.ps.client import PullHandle, PushHandle, TableClient
 from psfleet.ps.communicator.types import Communicator, PassConfig
 from psfleet.ps.pass_cache import PassRows, split_pass
 from psfleet.ps.routing import RoutedKeys, keys_of
-from psfleet.ps.rules import make_rule
+from psfleet.ps.table.rules import make_rule
 from psfleet.ps.types import PushMode, RuleConfig, SparseTableConfig
 
 __all__ = ["PassCommunicator", "pass_device", "selected_gpu"]

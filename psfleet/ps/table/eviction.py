@@ -2,7 +2,7 @@
 
 Policies (``AccessorConfig.eviction``):
 
-- ``lowest_score``: the rows with the lowest CTR score (``psfleet.ps.accessor``), as
+- ``lowest_score``: the rows with the lowest CTR score (``psfleet.ps.table.accessor``), as
   Paddle's shrink ranks rows;
 - ``lru``: the rows least recently pulled or pushed, by the table clock stamped on a
   row at each pull and push (``Shard.last_access``), as TorchRec's and HugeCTR's

@@ -7,7 +7,7 @@ indexed by the same row numbers, the arrays it needs, each allocated only when u
 rows, then read their keys there):
 
 - ``stats`` float32[capacity, 4]: show, click, unseen_days, delta_score (the CTR
-  accessor; ``psfleet.ps.accessor``);
+  accessor; ``psfleet.ps.table.accessor``);
 - ``last_access`` int64[capacity]: the table clock of the row's last pull or push
   (LRU eviction);
 - ``saved`` bool[capacity] (``ctr`` tables): the row's key is in the base/delta chain
@@ -26,7 +26,7 @@ import threading
 
 import numpy as np
 
-from psfleet.ps.hash_index import HashIndex, row_capacity
+from psfleet.ps.table.hash_index import HashIndex, row_capacity
 from psfleet.ps.types import RESERVED_KEY
 
 __all__ = ["Shard", "STAT_COLUMNS", "SHOW", "CLICK", "UNSEEN_DAYS", "DELTA_SCORE"]
@@ -63,7 +63,7 @@ class Shard:
         self.cap = cap
         # LifecycleCounts: admitted, rejected, evicted, deleted, spilled, promoted
         self.counts = [0, 0, 0, 0, 0, 0]
-        # The count filter's pending ids (psfleet.ps.admission), fixed size.
+        # The count filter's pending ids (psfleet.ps.table.admission), fixed size.
         self.pending_keys = np.full(pending_slots, RESERVED_KEY, dtype=np.uint64)
         self.pending_counts = np.zeros(pending_slots, dtype=np.int64)
         self.pending_scores = np.zeros(pending_slots if pending_scores else 0, np.float32)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from psfleet.ps.hashing import mix64
-from psfleet.ps.table_shard import Shard
+from psfleet.ps.table.shard import Shard
 from psfleet.ps.types import RESERVED_KEY, AccessorConfig
 
 __all__ = ["admit", "probability_u", "pending_slot", "shard_pending_slots",

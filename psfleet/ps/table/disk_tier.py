@@ -3,7 +3,7 @@
 A table with ``AccessorConfig.memory_rows`` (or ``memory_budget_bytes``) keeps at most
 that many rows per server in memory; when a shard is full, its least recently used
 rows *spill* here instead of being dropped, and a pull or push of a spilled key
-*promotes* its row back into memory (``psfleet.ps.sparse_table``). Workers never see
+*promotes* its row back into memory (``psfleet.ps.table.sparse_table``). Workers never see
 which tier a row is in: values, rule state and CTR statistics travel with the row.
 
 Store: RocksDB through ``rocksdict``, one database per table per server, in a fresh
@@ -48,7 +48,7 @@ import numpy as np
 import rocksdict
 
 from psfleet.ps.routing import bucket_of
-from psfleet.ps.table_shard import UNSEEN_DAYS
+from psfleet.ps.table.shard import UNSEEN_DAYS
 
 __all__ = ["DiskRows", "DiskTier", "DiskView"]
 

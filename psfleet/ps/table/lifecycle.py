@@ -6,12 +6,12 @@ the caller holds, vectorised over the request's keys.
 
 Inserting ``M`` new keys into a shard holding ``L`` rows with cap ``C``:
 
-1. admission (``psfleet.ps.admission``) keeps ``A <= M`` of them (ascending key);
+1. admission (``psfleet.ps.table.admission``) keeps ``A <= M`` of them (ascending key);
 2. if ``L + A > C``: rows of this request's keys already in the shard are protected
    (never evicted by the request that uses them); if even evicting every other row
    leaves no room, the largest admitted keys beyond the room are rejected; then
    ``min(evictable, L + A - C + floor(C * evict_batch_fraction))`` rows are evicted
-   by the policy (``psfleet.ps.eviction``);
+   by the policy (``psfleet.ps.table.eviction``);
 3. the admitted keys get rows (initializer values, fresh rule state, zero statistics).
 """
 
@@ -23,11 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from psfleet.errors import InvalidRequestError
-from psfleet.ps.accessor import CtrAccessor
-from psfleet.ps.admission import admit, shard_pending_slots
-from psfleet.ps.disk_tier import DiskTier
-from psfleet.ps.eviction import select_victims
-from psfleet.ps.table_shard import UNSEEN_DAYS, Shard
+from psfleet.ps.table.accessor import CtrAccessor
+from psfleet.ps.table.admission import admit, shard_pending_slots
+from psfleet.ps.table.disk_tier import DiskTier
+from psfleet.ps.table.eviction import select_victims
+from psfleet.ps.table.shard import UNSEEN_DAYS, Shard
 from psfleet.ps.types import AccessorConfig
 
 __all__ = ["LifecycleCounts", "Lifecycle", "shard_caps"]

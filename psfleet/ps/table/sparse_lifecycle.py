@@ -1,7 +1,7 @@
 """A sparse table's lifecycle operations and the moves between its memory and disk
-tiers: the part of :class:`~psfleet.ps.sparse_table.SparseTable` that exists only for
-tables with an active ``AccessorConfig`` (``psfleet.ps.lifecycle``) or a disk tier
-(``psfleet.ps.disk_tier``). Without one, every method here is a no-op or returns what
+tiers: the part of :class:`~psfleet.ps.table.sparse_table.SparseTable` that exists only for
+tables with an active ``AccessorConfig`` (``psfleet.ps.table.lifecycle``) or a disk tier
+(``psfleet.ps.table.disk_tier``). Without one, every method here is a no-op or returns what
 an empty lifecycle would, and pull and push never reach it.
 """
 
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from psfleet.errors import RemoteError
-from psfleet.ps.disk_tier import DiskRows, DiskTier
-from psfleet.ps.lifecycle import Lifecycle, LifecycleCounts
 from psfleet.ps.merge import distinct_summed
-from psfleet.ps.rules import Rule
-from psfleet.ps.table_shard import STAT_COLUMNS, Shard
+from psfleet.ps.table.disk_tier import DiskRows, DiskTier
+from psfleet.ps.table.lifecycle import Lifecycle, LifecycleCounts
+from psfleet.ps.table.rules import Rule
+from psfleet.ps.table.shard import STAT_COLUMNS, Shard
 from psfleet.ps.types import SparseTableConfig
 
 __all__ = ["LifecycleOps"]

@@ -8,10 +8,10 @@ one gather and a push one gather, update and scatter. Every operation is vectori
 over the batch; there is no Python loop per key.
 
 A table whose ``config.accessor`` is active also has a row lifecycle
-(``psfleet.ps.lifecycle``): CTR statistics beside the rows, admission of new ids, a
-row cap with eviction, ``shrink`` and ``age_one_day`` (``psfleet.ps.sparse_lifecycle``),
+(``psfleet.ps.table.lifecycle``): CTR statistics beside the rows, admission of new ids, a
+row cap with eviction, ``shrink`` and ``age_one_day`` (``psfleet.ps.table.sparse_lifecycle``),
 and optionally a disk tier that rows beyond a memory budget spill to
-(``psfleet.ps.disk_tier``). Without one, pull and push run exactly the code they ran
+(``psfleet.ps.table.disk_tier``). Without one, pull and push run exactly the code they ran
 before lifecycles existed (one ``is None`` test more).
 """
 
@@ -22,13 +22,13 @@ from collections.abc import Callable
 import numpy as np
 
 from psfleet.errors import InvalidRequestError, RemoteError, clip_text
-from psfleet.ps.disk_tier import DiskTier
 from psfleet.ps.hashing import init_rows, mix64
-from psfleet.ps.lifecycle import Lifecycle, LifecycleCounts
 from psfleet.ps.merge import distinct_summed
-from psfleet.ps.rules import make_rule
-from psfleet.ps.sparse_lifecycle import LifecycleOps
-from psfleet.ps.table_shard import Shard
+from psfleet.ps.table.disk_tier import DiskTier
+from psfleet.ps.table.lifecycle import Lifecycle, LifecycleCounts
+from psfleet.ps.table.rules import make_rule
+from psfleet.ps.table.shard import Shard
+from psfleet.ps.table.sparse_lifecycle import LifecycleOps
 from psfleet.ps.types import RESERVED_KEY, SparseTableConfig
 
 __all__ = ["SparseTable", "LifecycleCounts"]
@@ -63,7 +63,7 @@ class SparseTable(LifecycleOps):
         """Bytes one row takes in a full memory tier: its floats (values and rule
         state), the lifecycle's arrays (statistics and the saved flag with the ``ctr``
         accessor, the LRU stamp) and its index entry (key, and 4-byte slots at a load
-        of at most a quarter, ``psfleet.ps.hash_index``)."""
+        of at most a quarter, ``psfleet.ps.table.hash_index``)."""
         accessor = config.accessor
         floats = config.dim + make_rule(config.rule).state_width(config.dim)
         lifecycle = (17 if accessor.name == "ctr" else 0) + (8 if accessor.eviction == "lru"

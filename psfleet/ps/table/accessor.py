@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from psfleet.ps.table_shard import CLICK, DELTA_SCORE, SHOW, UNSEEN_DAYS
+from psfleet.ps.table.shard import CLICK, DELTA_SCORE, SHOW, UNSEEN_DAYS
 from psfleet.ps.types import AccessorConfig
 
 __all__ = ["CtrAccessor"]
