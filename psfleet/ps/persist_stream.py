@@ -258,7 +258,6 @@ def snapshot_tiered(table: SparseTable, mode: SaveMode) -> TieredSnapshot:
     ctr = config.accessor.name == "ctr"
     select = CtrAccessor(config.accessor) if ctr and mode != "full" else None
     delta = mode == "delta"
-    num_shards = len(table.shards)
     memory: list[_Piece] = []
     views: list[DiskView] = []
     bucket_rows = np.zeros(config.num_buckets, dtype=np.int64)
@@ -280,9 +279,9 @@ def snapshot_tiered(table: SparseTable, mode: SaveMode) -> TieredSnapshot:
             bucket_rows += np.bincount(buckets, minlength=config.num_buckets)
             if ctr:
                 tombs.append(shard.take_tombstones(clear=mode != "full"))
-            view = disk.view(shard.number, num_shards)
+            view = disk.view(shard.number)
             if select is None:
-                bucket_rows[shard.number::num_shards] += view.bucket_rows
+                bucket_rows += view.bucket_rows
             else:
                 bucket_rows += _reset_disk(disk, view, select, delta)
             views.append(view)
@@ -299,8 +298,8 @@ def _reset_disk(disk: DiskTier, view: DiskView, select: CtrAccessor, delta: bool
     holds the shard's lock. Returns int64[num_buckets]: the rows the save writes per
     bucket. The view is rewound for the writer."""
     chosen = np.zeros(disk.num_buckets, dtype=np.int64)
-    for _, end in _bucket_ranges(view.bucket_rows, CHUNK_ROWS):  # the shard's j-th buckets
-        rows = view.read_to(view.shard + end * view.num_shards)
+    for _, end in _bucket_ranges(view.bucket_rows, CHUNK_ROWS):
+        rows = view.read_to(end)
         if not rows.keys.size:
             continue
         assert rows.stats is not None and rows.buckets is not None

@@ -89,13 +89,14 @@ class DiskTier:
         disk_dir: the folder to create this tier's folder in (None: the system's
             temporary folder).
         label: the table's name, in the folder's name.
+        num_shards: the table's internal shards (``SparseTableConfig.num_shards``).
 
     Raises:
         OSError: the folder cannot be created (names it).
     """
 
     def __init__(self, width: int, stats: bool, disk_dir: str | None, label: str,
-                 num_buckets: int = 4096) -> None:
+                 num_buckets: int = 4096, num_shards: int = 1) -> None:
         self.width = width
         self.has_stats = stats
         self.num_buckets = num_buckets
@@ -117,7 +118,8 @@ class DiskTier:
         write.disable_wal = True  # type: ignore[method-assign,assignment]  # a property
         self._db.set_write_options(write)
         self._counts: collections.Counter[int] = collections.Counter()  # rows per shard
-        self._bucket_rows = np.zeros(num_buckets, dtype=np.int64)  # rows per bucket
+        # rows per (shard, bucket): a shard's keys come from every bucket
+        self._bucket_rows = np.zeros((num_shards, num_buckets), dtype=np.int64)
         self._lock = threading.Lock()  # the counts and the day
         self.day = 0
         self._closer = weakref.finalize(self, _close, self._db, self.path)
@@ -151,7 +153,7 @@ class DiskTier:
         buckets = self._put(shard, keys, data, stats, saved)
         with self._lock:
             self._counts[shard] += keys.size
-            np.add.at(self._bucket_rows, buckets, 1)
+            np.add.at(self._bucket_rows[shard], buckets, 1)
 
     def rewrite(self, shard: int, keys: np.ndarray, data: np.ndarray,
                 stats: np.ndarray | None, saved: np.ndarray) -> None:
@@ -222,19 +224,13 @@ class DiskTier:
         return self._decode(keys.astype(np.uint64),
                             b"".join(map(operator.itemgetter(1), items)))
 
-    def view(self, shard: int, num_shards: int) -> DiskView:
+    def view(self, shard: int) -> DiskView:
         """The rows of ``shard`` as they are now, to read later while the tier changes
-        (a save's copy: call with the shard's lock held, read after releasing it).
-
-        Args:
-            shard: the shard; its buckets are ``shard, shard + num_shards, ...``
-                (``SparseTable``: bucket % num_shards).
-            num_shards: the table's shards.
-        """
+        (a save's copy: call with the shard's lock held, read after releasing it)."""
         with self._lock:
-            counts = self._bucket_rows[shard::num_shards].copy()
+            counts = self._bucket_rows[shard].copy()
             day = self.day
-        return DiskView(self, shard, num_shards, counts, day, self._db.iter())
+        return DiskView(self, shard, counts, day, self._db.iter())
 
     def rewrite_stats(self, shard: int, keys: np.ndarray, stats: np.ndarray) -> None:
         """Replace the statistics (float32[n, 4], unseen_days as of now) of the rows
@@ -285,7 +281,7 @@ class DiskTier:
         self._db.write(batch)
         with self._lock:
             self._counts[shard] -= len(encoded)
-            np.subtract.at(self._bucket_rows, buckets, 1)
+            np.subtract.at(self._bucket_rows[shard], buckets, 1)
 
 
 class DiskView:
@@ -298,19 +294,16 @@ class DiskView:
 
     Attributes:
         shard: the shard.
-        num_shards: the table's shards (the shard's buckets: ``shard + j * num_shards``).
-        bucket_rows: int64[ceil((num_buckets - shard) / num_shards)]: the rows of
-            bucket ``shard + j * num_shards`` at ``[j]``.
+        bucket_rows: int64[num_buckets]: the shard's rows in each bucket.
         day: the tier's day count then (unseen_days of rows read are as of it).
     """
 
-    def __init__(self, tier: DiskTier, shard: int, num_shards: int,
-                 bucket_rows: np.ndarray, day: int, iterator: rocksdict.RdictIter) -> None:
+    def __init__(self, tier: DiskTier, shard: int, bucket_rows: np.ndarray, day: int,
+                 iterator: rocksdict.RdictIter) -> None:
         self.shard = shard
         self.bucket_rows = bucket_rows
         self.day = day
         self._tier = tier
-        self.num_shards = num_shards
         self._iter = iterator
         self._next_bucket = 0  # the first bucket not read yet
         self.rewind()
@@ -327,9 +320,7 @@ class DiskView:
         Raises:
             RuntimeError: the store holds fewer rows than counted (a bug).
         """
-        first = -(-(self._next_bucket - self.shard) // self.num_shards)
-        last = -(-(bucket - self.shard) // self.num_shards)
-        n = int(self.bucket_rows[max(first, 0): max(last, 0)].sum())
+        n = int(self.bucket_rows[self._next_bucket: max(bucket, self._next_bucket)].sum())
         self._next_bucket = max(self._next_bucket, bucket)
         it, keys, values = self._iter, [], []
         for _ in range(n):

@@ -1,11 +1,12 @@
 """The sparse table: uint64 key -> row of ``dim`` float32 plus optimizer state.
 
-A table is split into internal shards by virtual bucket (``bucket % num_shards``),
-each with its own lock, hash index and row matrix, so handler threads working on
-different keys do not serialise on one lock. Rows live in one float32 matrix per
-shard, ``[capacity, dim + state_width]``: values first, rule state after, so a pull is
-one gather and a push one gather, update and scatter. Every operation is vectorised
-over the batch; there is no Python loop per key.
+A table is split into internal shards by bits of the key's hash that neither its
+bucket (so its share, ``bucket % shares``) nor its hash-index slot uses
+(:func:`shard_of_hashes`), each with its own lock, hash index and row matrix, so
+handler threads working on different keys do not serialise on one lock. Rows live in
+one float32 matrix per shard, ``[capacity, dim + state_width]``: values first, rule
+state after, so a pull is one gather and a push one gather, update and scatter.
+Every operation is vectorised over the batch; there is no Python loop per key.
 
 A table whose ``config.accessor`` is active also has a row lifecycle
 (``psfleet.ps.table.lifecycle``): CTR statistics beside the rows, admission of new ids, a
@@ -31,7 +32,26 @@ from psfleet.ps.table.shard import Shard
 from psfleet.ps.table.sparse_lifecycle import LifecycleOps
 from psfleet.ps.types import RESERVED_KEY, SparseTableConfig
 
-__all__ = ["SparseTable", "LifecycleCounts"]
+__all__ = ["SparseTable", "LifecycleCounts", "shard_of_hashes"]
+
+#: The hash bits a key's internal shard comes from: bits 16 and up. A key's bucket is
+#: ``mix64 % num_buckets`` and its share ``bucket % shares`` (``ps.routing``), which
+#: use the low bits (at most 4,096 shares: 12 bits); the hash index's slot uses the top
+#: bits. With the bucket's bits (``bucket % num_shards``, before issue 41) a server
+#: holding share s of S saw only the buckets ``s mod S`` and, with S and the shard count
+#: sharing a factor, used only 8 / gcd(8, S) of its 8 shards and kept that part of its
+#: ``max_rows``.
+SHARD_SHIFT = 16
+
+
+def shard_of_hashes(hashes: np.ndarray, num_shards: int) -> np.ndarray:
+    """int64[N]: the internal shard of keys whose ``mix64`` is ``hashes`` (uint64[N]):
+    ``(hash >> 16) % num_shards``, independent of the key's share and of the server
+    count (so a checkpoint loads into any server count: each key is re-sharded on
+    load)."""
+    return ((hashes >> np.uint64(SHARD_SHIFT)) % np.uint64(num_shards)).astype(np.int64)
+
+
 class SparseTable(LifecycleOps):
     """A sparse table's shards on one server. Thread safe.
 
@@ -48,7 +68,7 @@ class SparseTable(LifecycleOps):
         width = self.dim + self.state_width
         accessor = config.accessor
         self._disk = DiskTier(width, accessor.name == "ctr", accessor.disk_dir, config.name,
-                              config.num_buckets) if accessor.tiered else None
+                              config.num_buckets, config.num_shards) if accessor.tiered else None
         life = Lifecycle(accessor, config.num_shards, self._disk,
                          self.memory_rows(config)) if accessor.active else None
         self._life = life
@@ -86,22 +106,20 @@ class SparseTable(LifecycleOps):
 
     def shard_of(self, keys: np.ndarray) -> np.ndarray:
         """int64[N]: the internal shard of each of ``keys`` (uint64[N])."""
-        buckets = (mix64(keys) % np.uint64(self.config.num_buckets)).astype(np.int64)
-        return buckets % len(self._shards)
+        return shard_of_hashes(mix64(keys), len(self._shards))
 
     def _split(self, keys: np.ndarray) -> list[tuple[Shard, np.ndarray, np.ndarray]]:
         """(shard, positions in ``keys``, their hashes) for every shard that has keys.
 
-        ``mix64`` runs once per key here: the bucket (so the shard) and the hash
-        index's slot both come from it.
+        ``mix64`` runs once per key here: the shard and the hash index's slot both
+        come from it.
         """
         if keys.size and (keys == np.uint64(RESERVED_KEY)).any():
             raise InvalidRequestError(f"table {self._label}: key 2^64-1 is reserved")
         hashes = mix64(keys)
         if len(self._shards) == 1:
             return [(self._shards[0], np.arange(keys.size), hashes)]
-        buckets = (hashes % np.uint64(self.config.num_buckets)).astype(np.int64)
-        shard_ids = buckets % len(self._shards)
+        shard_ids = shard_of_hashes(hashes, len(self._shards))
         # A stable sort of small integers is a radix sort in numpy: O(N).
         small = np.uint8 if len(self._shards) <= 256 else np.uint16
         order = np.argsort(shard_ids.astype(small), kind="stable")
