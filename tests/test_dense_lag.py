@@ -201,3 +201,10 @@ def _dense_rule_on_the_server(correction: bool) -> RuleConfig:
 def test_a_two_worker_async_job_creates_its_dense_table_with_corrected_momentum() -> None:
     assert _dense_rule_on_the_server(True).beta1 == pytest.approx(0.4)
     assert _dense_rule_on_the_server(False).beta1 == pytest.approx(0.9)
+
+
+def test_an_unknown_rule_is_an_error_naming_it_not_sgd() -> None:
+    """A rule the local step does not know once fell through to SGD silently."""
+    rule = RuleConfig.model_construct(name="rmsprop", learning_rate=0.1)  # unvalidated
+    with pytest.raises(ConfigError, match="rule.name: 'rmsprop' is not one of adagrad, adam, sgd"):
+        LocalStep([torch.zeros(3)], rule)

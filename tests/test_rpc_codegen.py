@@ -34,3 +34,16 @@ def test_committed_module_equals_freshly_generated(generated: dict[str, bytes],
     committed = (RPC_DIR / name).read_bytes()
     assert committed == generated[name], (
         f"psfleet/rpc/{name} is stale: run `python -m psfleet.rpc.codegen`")
+
+
+def test_push_mode_is_the_wire_enum_every_value_exported() -> None:
+    """``ps.types.PushMode`` mirrors the proto's ``PushMode`` (mypy needs a class), and
+    ``rpc.messages`` exports every wire value: AGGREGATE was once missing there."""
+    from psfleet.ps.types import PushMode
+    from psfleet.rpc import messages as msg
+    from psfleet.rpc import psfleet_pb2
+
+    wire = dict(psfleet_pb2.PushMode.items())
+    assert {mode.name: mode.value for mode in PushMode} == wire
+    assert {name: getattr(msg, name) for name in wire} == wire
+    assert set(wire) <= set(msg.__all__)

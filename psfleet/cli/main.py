@@ -296,8 +296,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train":
             # A server keeps the default handlers (SIGTERM ends it: nothing to save); a
             # worker or the command the user ran stops training as on Ctrl-C.
-            role = env.read("TRAINING_ROLE") or env.read("PADDLE_TRAINING_ROLE")
-            with (contextlib.nullcontext() if role == "PSERVER" else signals_interrupt()):
+            from psfleet.fleet.role_maker import env_role
+            from psfleet.types import Role
+
+            server = env_role()[0] is Role.SERVER
+            with (contextlib.nullcontext() if server else signals_interrupt()):
                 return _train(args)
         if args.command == "datagen":
             return _datagen(args)

@@ -32,7 +32,7 @@ gradient is computed on are made fresh for the worker's own part of the delay.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -40,6 +40,7 @@ from torch.optim.adagrad import adagrad
 from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
+from psfleet.errors import ConfigError
 from psfleet.ps.types import RuleConfig
 
 __all__ = ["LocalStep", "OwnStepCompensation"]
@@ -59,9 +60,16 @@ class LocalStep:
     Args:
         params: the dense parameters (float32 tensors), stepped in place.
         rule: the dense table's rule.
+
+    Raises:
+        ConfigError: ``rule.name`` is not a rule this class steps (names the known
+            ones); only a config built without validation can carry one.
     """
 
     def __init__(self, params: Sequence[torch.Tensor], rule: RuleConfig) -> None:
+        if rule.name not in _STEPS:
+            raise ConfigError(f"rule.name: {rule.name!r} is not one of "
+                              f"{', '.join(sorted(_STEPS))}")
         self.params = list(params)
         self.rule = rule
         self._fused: bool | None = True  # None: this build has no fused kernel
@@ -86,19 +94,32 @@ class LocalStep:
                 self._apply(grads)
 
     def _apply(self, grads: list[torch.Tensor]) -> None:
-        rule, fused = self.rule, self._fused
-        if rule.name == "adam":
-            adam(self.params, grads, self._first, self._second, [], self._steps, fused=fused,
-                 amsgrad=False, beta1=rule.beta1, beta2=rule.beta2, lr=rule.learning_rate,
-                 weight_decay=0.0, eps=rule.epsilon, maximize=False)
-        elif rule.name == "adagrad":
-            adagrad(self.params, grads, self._sums, self._steps, fused=fused,
-                    lr=rule.learning_rate, weight_decay=0.0, lr_decay=0.0, eps=rule.epsilon,
-                    maximize=False)
-        else:
-            sgd(self.params, grads, [None] * len(grads), fused=fused, weight_decay=0.0,
-                momentum=0.0, lr=rule.learning_rate, dampening=0.0, nesterov=False,
-                maximize=False)
+        _STEPS[self.rule.name](self, grads, self._fused)
+
+
+def _adam(local: LocalStep, grads: list[torch.Tensor], fused: bool | None) -> None:
+    rule = local.rule
+    adam(local.params, grads, local._first, local._second, [], local._steps, fused=fused,
+         amsgrad=False, beta1=rule.beta1, beta2=rule.beta2, lr=rule.learning_rate,
+         weight_decay=0.0, eps=rule.epsilon, maximize=False)
+
+
+def _adagrad(local: LocalStep, grads: list[torch.Tensor], fused: bool | None) -> None:
+    rule = local.rule
+    adagrad(local.params, grads, local._sums, local._steps, fused=fused,
+            lr=rule.learning_rate, weight_decay=0.0, lr_decay=0.0, eps=rule.epsilon,
+            maximize=False)
+
+
+def _sgd(local: LocalStep, grads: list[torch.Tensor], fused: bool | None) -> None:
+    sgd(local.params, grads, [None] * len(grads), fused=fused, weight_decay=0.0,
+        momentum=0.0, lr=local.rule.learning_rate, dampening=0.0, nesterov=False,
+        maximize=False)
+
+
+#: Each rule's step through torch.optim's functional form, by ``RuleConfig.name``.
+_STEPS: dict[str, Callable[[LocalStep, list[torch.Tensor], bool | None], None]] = {
+    "adam": _adam, "adagrad": _adagrad, "sgd": _sgd}
 
 
 class OwnStepCompensation:

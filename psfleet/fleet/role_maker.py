@@ -47,12 +47,19 @@ __all__ = [
     "SlurmRoleMaker",
     "UserDefinedRoleMaker",
     "default_role_maker",
+    "env_role",
     "mpi_world_size",
 ]
 
 
-def _role(environ: Mapping[str, str]) -> tuple[Role, str]:
-    """The role and the variable that named it (TRAINER when neither is set)."""
+def env_role(environ: Mapping[str, str] | None = None) -> tuple[Role, str]:
+    """The role ``TRAINING_ROLE`` / ``PADDLE_TRAINING_ROLE`` name and the variable that
+    named it (TRAINER when neither is set): the one reading of the role for every
+    caller, case and surrounding blanks ignored (``pserver`` is ``PSERVER``).
+
+    Raises:
+        ConfigError: an unknown role, or the two variables disagree.
+    """
     named = [(name, raw) for name in ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE")
              if (raw := env.read(name, environ)) is not None]
     if not named:
@@ -102,7 +109,7 @@ class PaddleCloudRoleMaker(RoleMaker):
         self._env = dict(os.environ if environ is None else environ)
 
     def serves(self) -> bool:
-        return _role(self._env)[0] is Role.SERVER
+        return env_role(self._env)[0] is Role.SERVER
 
     def generate_role(self) -> RoleInfo:
         """Return the role.
@@ -112,7 +119,7 @@ class PaddleCloudRoleMaker(RoleMaker):
                 is out of range, or a server cannot tell its index.
         """
         e = self._env
-        role, role_var = _role(e)
+        role, role_var = env_role(e)
         endpoints, source = server_endpoints(e)
         workers = workers_of(e)
         if role is Role.SERVER:

@@ -1,6 +1,7 @@
 """The message classes of ``psfleet.proto``, for layers that must not import grpc."""
 
 from psfleet.rpc.psfleet_pb2 import (
+    AGGREGATE,
     APPLY,
     DELTA,
     KEEP_PARKING,
@@ -48,6 +49,7 @@ from psfleet.rpc.psfleet_pb2 import (
 )
 
 __all__ = [
+    "AGGREGATE",
     "APPLY",
     "KEEP_PARKING",
     "PARK",
