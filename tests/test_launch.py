@@ -229,6 +229,18 @@ def test_server_crash_before_endpoint_fails_at_once(job: Job) -> None:
     assert job.alive() == {}
 
 
+def test_fleetrun_waits_as_long_as_the_environment_says(job: Job) -> None:
+    """Without the flag, fleetrun's own wait is PSFLEET_SERVER_WAIT_TIMEOUT_S, as the
+    workers' is (it once waited 300 s whatever the variable said)."""
+    job.env["PSFLEET_SERVER_WAIT_TIMEOUT_S"] = "1.5"
+    r = job.run("--server_num", "1", "--worker_num", "1", script_args=["--silent_server", "0"])
+
+    assert r.returncode == 1
+    assert "--server_wait_timeout_s=1.5:" in r.stderr
+    assert r.elapsed_s < 60
+    assert job.alive() == {}
+
+
 def test_server_that_never_reports_endpoint_times_out(job: Job) -> None:
     r = job.run(
         "--server_num", "2", "--worker_num", "1", "--server_wait_timeout_s", "1",

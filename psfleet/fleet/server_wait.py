@@ -35,10 +35,10 @@ def server_wait_timeout_s(*configured: float | None,
     for value in configured:
         if value is not None:
             return float(value)
-    raw = env.read("PSFLEET_SERVER_WAIT_TIMEOUT_S", environ) or "300"
+    raw = env.read("PSFLEET_SERVER_WAIT_TIMEOUT_S", environ)
     try:
-        seconds = float(raw)
-    except ValueError:
+        seconds = float(raw)  # type: ignore[arg-type]  # declared with a default
+    except (TypeError, ValueError):
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds > 0):
         raise ConfigError(f"PSFLEET_SERVER_WAIT_TIMEOUT_S: {raw!r} is not a number of seconds "

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from psfleet.errors import ConfigError, LaunchError
+from psfleet.fleet.server_wait import server_wait_timeout_s as resolve_server_wait
 from psfleet.launch._signals import SignalCatcher
 from psfleet.launch.cluster import JobLayout, plan_job
 from psfleet.launch.console import ConsoleFilter
@@ -37,7 +38,7 @@ def launch_local(
     worker_num: int,
     log_dir: Path,
     *,
-    server_wait_timeout_s: float = 300.0,
+    server_wait_timeout_s: float | None = None,
     stop_grace_s: float = 10.0,
     python_executable: str | None = None,
     tee_worker_0: bool = True,
@@ -62,7 +63,8 @@ def launch_local(
         server_num: number of servers, >= 0.
         worker_num: number of workers, >= 1.
         log_dir: directory for ``serverlog.N`` / ``workerlog.N``; created if missing.
-        server_wait_timeout_s: bound on waiting for the servers' endpoints.
+        server_wait_timeout_s: bound on waiting for the servers' endpoints, seconds;
+            None: ``PSFLEET_SERVER_WAIT_TIMEOUT_S`` (``fleet.server_wait``).
         stop_grace_s: time processes get to exit before they are killed.
         python_executable: interpreter of the children; ``sys.executable`` when None.
         tee_worker_0: also copy worker 0's output to this process's stdout.
@@ -106,7 +108,7 @@ def launch_local(
         server_num=server_num,
         worker_num=worker_num,
         log_dir=Path(log_dir),
-        server_wait_timeout_s=server_wait_timeout_s,
+        server_wait_timeout_s=resolve_server_wait(server_wait_timeout_s),
         stop_grace_s=stop_grace_s,
         tee_worker_0=tee_worker_0,
         python_executable=python_executable or sys.executable,

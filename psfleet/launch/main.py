@@ -35,7 +35,8 @@ Options:
                                 addresses and loopback; 127.0.0.1 always matches).
     --log_dir DIR               where the logs go (default ./log), created if missing.
     --server_wait_timeout_s T   how long to wait for the servers, seconds > 0 (default
-                                300): fleetrun waits for endpoint files this long; with
+                                PSFLEET_SERVER_WAIT_TIMEOUT_S, else 300): fleetrun
+                                waits for endpoint files this long; with
                                 fixed ports the workers wait (PSFLEET_SERVER_WAIT_TIMEOUT_S,
                                 unless already set).
     --stop_grace_s G            how long processes get to exit by themselves, seconds
@@ -321,6 +322,7 @@ from pathlib import Path
 
 from psfleet import env
 from psfleet.errors import ConfigError
+from psfleet.fleet.server_wait import server_wait_timeout_s
 from psfleet.launch.collective import CollectiveOptions, run_collective
 from psfleet.launch.console import version_text
 from psfleet.launch.hosts import split_list
@@ -387,8 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--server_wait_timeout_s",
         type=float,
-        default=300.0,
-        help="seconds to wait for every server's endpoint (default 300)",
+        default=None,
+        help="seconds to wait for every server's endpoint (default "
+             "PSFLEET_SERVER_WAIT_TIMEOUT_S, else 300)",
     )
     parser.add_argument(
         "--stop_grace_s",
@@ -506,7 +509,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         server_num=0 if args.server_num is None else args.server_num,
         worker_num=1 if args.worker_num is None else args.worker_num,
         log_dir=args.log_dir,
-        server_wait_timeout_s=args.server_wait_timeout_s,
+        server_wait_timeout_s=server_wait_timeout_s(args.server_wait_timeout_s),
         stop_grace_s=args.stop_grace_s,
         servers=split_list(args.servers) if args.servers is not None else (),
         workers=split_list(args.workers) if args.workers is not None else (),

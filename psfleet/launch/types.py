@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from psfleet.errors import ConfigError
+from psfleet.fleet.server_wait import server_wait_timeout_s
 from psfleet.launch.hosts import normalize_host, parse_server_list, parse_worker_list, split_list
 from psfleet.replication import (
     check_replication,
@@ -100,7 +101,7 @@ class LaunchConfig:
     server_num: int = 0
     worker_num: int = 1
     log_dir: Path = field(default_factory=lambda: Path("log"))
-    server_wait_timeout_s: float = 300.0
+    server_wait_timeout_s: float = field(default_factory=server_wait_timeout_s)
     stop_grace_s: float = 10.0
     python_executable: str = field(default_factory=lambda: sys.executable)
     tee_worker_0: bool = True
