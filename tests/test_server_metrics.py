@@ -7,14 +7,13 @@
   away with the server (the leak check holds). ``PSFLEET_METRICS_PORT=off`` serves
   none; a malformed value or a taken port is a ConfigError naming the variable.
 - The in-process tables (LocalClient) count the same requests.
-- ``psfleet status`` (``run(args)`` in process) prints each table's rows, the rates
+- ``psfleet status`` (``main(argv)`` in process) prints each table's rows, the rates
   (averages since start, or over an interval) and the uptime; an endpoint that does not
   answer exits 1 naming it; a folder without endpoint files exits 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import socket
 import threading
 import time
@@ -27,7 +26,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from psfleet.cli import status
+from psfleet.cli.main import main as cli_main
 from psfleet.errors import ConfigError
 from psfleet.ps import LocalClient, RemoteClient, RuleConfig, SparseTableConfig, TableService
 from psfleet.ps.client import TableClient
@@ -227,9 +226,7 @@ def test_metrics_port_setting_and_a_taken_port() -> None:
 
 def _status(capsys: pytest.CaptureFixture[str], target: str, *options: str
             ) -> tuple[int, list[list[str]], str]:
-    parser = argparse.ArgumentParser()
-    status.add_arguments(parser)
-    code = status.run(parser.parse_args([target, *options]))
+    code = cli_main(["status", target, *options])
     out, err = capsys.readouterr()
     return code, [line.split() for line in out.splitlines()], err
 

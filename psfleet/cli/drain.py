@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from psfleet.cli.commands import help_of
 from psfleet.cli.status import finished_run, job_servers
 from psfleet.errors import ConfigError, PsfleetError
 from psfleet.rpc import RpcClient
@@ -40,7 +41,7 @@ def register(commands: Any) -> None:
     """Add ``drain`` to ``commands`` (the subparsers action of ``psfleet``'s parser);
     it sets ``handler``, a function of the parsed arguments returning the exit code."""
     p = commands.add_parser(
-        "drain", help="remove a server from a running replicated job, nothing lost",
+        "drain", help=help_of("drain"),
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", metavar="RUN_FOLDER | LOG_DIR | ENDPOINT[,ENDPOINT...]",
                    help="a run folder, a job's log folder, or the servers' host:port in "

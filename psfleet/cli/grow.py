@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from psfleet.cli.commands import help_of
 from psfleet.cli.status import (
     ServerTarget,
     find_servers,
@@ -56,8 +57,7 @@ def register(commands: Any) -> None:
     """Add ``grow`` to ``commands`` (the subparsers action of ``psfleet``'s parser);
     it sets ``handler``, a function of the parsed arguments returning the exit code."""
     p = commands.add_parser(
-        "grow", help="add servers to a running replicated job; they take their part of "
-        "the shares", description=__doc__,
+        "grow", help=help_of("grow"), description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", metavar="RUN_FOLDER | LOG_DIR",
                    help="a run folder, or the job's log folder (fleetrun --log_dir)")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from psfleet.cli.cluster_args import add_job_arguments, job_from_args
+from psfleet.cli.commands import help_of
 from psfleet.cluster.k8s import (
     IMAGE_WORKDIR,
     K8sOptions,
@@ -82,8 +83,8 @@ def register(commands: Any) -> None:
     """Add ``k8s`` (``render``, ``submit``) to ``commands`` (the subparsers action of
     ``psfleet``'s parser); each sets ``handler``, a function of the parsed arguments
     returning the exit code (raising ConfigError on a bad argument)."""
-    k8s = commands.add_parser("k8s", help="run the job on Kubernetes (render or submit "
-                              "its manifests)", description=__doc__.split("\n\n")[0])
+    k8s = commands.add_parser("k8s", help=help_of("k8s"),
+                              description=__doc__.split("\n\n")[0])
     actions = k8s.add_subparsers(dest="action", required=True)
     for action, text, handler in (
             ("render", "write the job's manifests", _render),

@@ -71,17 +71,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import logging
 import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 from psfleet import env, logs
-from psfleet.cli import drain, grow, k8s, parity, slurm, starter
-from psfleet.cli import status as status_cli
+from psfleet.cli.commands import SUBCOMMANDS
 from psfleet.cli.console import (
     close_progress_bars,
     exit_now,
@@ -227,8 +227,9 @@ def _datagen(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``psfleet`` argument parser."""
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``psfleet`` argument parser for ``argv`` (default ``sys.argv[1:]``): every
+    subcommand, the one ``argv`` names with all its arguments."""
     parser = argparse.ArgumentParser(prog="psfleet", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=version_text())
@@ -276,21 +277,29 @@ def build_parser() -> argparse.ArgumentParser:
                               "inference model directory (path or fsspec URL) with -m")
     predict.add_argument("--data", required=True, type=Path, help="a data file or directory")
     predict.add_argument("--out", type=Path, help="write label<TAB>probability per example")
-    status_cli.add_arguments(commands.add_parser(
-        "status", help="rows, memory and request rates of a running job's servers",
-        description=status_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
-    drain.register(commands)
-    grow.register(commands)
-    starter.register(commands)
-    parity.register(commands)
-    k8s.register(commands)
-    slurm.register(commands)
+    _add_subcommands(commands, _named_command(sys.argv[1:] if argv is None else argv))
     return parser
+
+
+def _named_command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names (its first word that is not an option), or None."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def _add_subcommands(commands: Any, named: str | None) -> None:
+    """Add :data:`~psfleet.cli.commands.SUBCOMMANDS` to ``commands``: the one ``named``
+    in full, importing its module; the others by their help line only (``psfleet
+    --help`` lists them; naming one builds its parser)."""
+    if named in SUBCOMMANDS:
+        importlib.import_module(SUBCOMMANDS[named][0]).register(commands)
+    for name, (_, text) in SUBCOMMANDS.items():
+        if name not in commands.choices:
+            commands.add_parser(name, help=text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``psfleet`` command; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     logs.setup_logging()
     try:
         if args.command == "train":
@@ -307,9 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "predict":
             set_console_level(logging.WARNING)  # the result line, warnings and errors
             return _predict(args)
-        if args.command == "status":
-            return status_cli.run(args)
-        if hasattr(args, "handler"):  # init, example, k8s, slurm (cli.starter, .k8s, .slurm)
+        if hasattr(args, "handler"):  # the SUBCOMMANDS (cli.commands)
             return int(args.handler(args))
     except (ConfigError, DataError) as exc:
         print(f"psfleet: error: {exc}", file=sys.stderr)

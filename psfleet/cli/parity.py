@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from psfleet.cli.commands import help_of
 from psfleet.cli.console import received_signal, signals_interrupt
 from psfleet.errors import ConfigError
 from psfleet.rec import parity
@@ -180,7 +181,7 @@ def register(commands: Any) -> None:
     it sets ``handler``, a function of the parsed arguments returning the exit code
     (raising ConfigError on a bad argument, before any run)."""
     p = commands.add_parser(
-        "parity", help="compare distributed training's test AUC with one process's",
+        "parity", help=help_of("parity"),
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--config", required=True, type=Path,
                    help="the YAML config (needs runner.test_data_dir)")

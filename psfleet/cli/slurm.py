@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from psfleet.cli.cluster_args import add_job_arguments, job_from_args
+from psfleet.cli.commands import help_of
 from psfleet.cluster.sbatch_options import SlurmOptions
 from psfleet.cluster.slurm import render_script, workdir_conflict
 from psfleet.errors import ConfigError
@@ -78,8 +79,8 @@ def register(commands: Any) -> None:
     """Add ``slurm`` (``render``) to ``commands`` (the subparsers action of ``psfleet``'s
     parser); ``render`` sets ``handler``, a function of the parsed arguments returning
     the exit code (raising ConfigError on a bad argument)."""
-    slurm = commands.add_parser("slurm", help="run the job on Slurm (render its sbatch "
-                                "script)", description=__doc__.split("\n\n")[0])
+    slurm = commands.add_parser("slurm", help=help_of("slurm"),
+                                description=__doc__.split("\n\n")[0])
     actions = slurm.add_subparsers(dest="action", required=True)
     parser = actions.add_parser(
         "render", help="write the job's sbatch script",

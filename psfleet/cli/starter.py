@@ -35,6 +35,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from psfleet.cli.commands import help_of
 from psfleet.errors import ConfigError
 
 __all__ = ["MODELS", "DATA_KINDS", "EXAMPLES", "CONFIG_NAME", "Template", "load_template",
@@ -222,7 +223,7 @@ def register(commands: Any) -> None:
     ``psfleet``'s parser); each sets ``handler``, a function of the parsed arguments
     returning the exit code (raising ConfigError on a bad argument)."""
     init = commands.add_parser(
-        "init", help="write a commented starter config (and print how to get its data)",
+        "init", help=help_of("init"),
         description=__doc__.split("\n\n")[0])
     init.add_argument("--model", default="dnn", metavar="|".join(MODELS),
                       help="runner.model of the config (default dnn; docs/models.md)")
@@ -234,7 +235,7 @@ def register(commands: Any) -> None:
                       help="folder of the config (created; data goes to DIR/data)")
     init.set_defaults(handler=_init)
     example = commands.add_parser(
-        "example", help="write a shipped example config; prints its path",
+        "example", help=help_of("example"),
         description="Write the example NAME's config.yaml and print its path (only) on "
                     "stdout: psfleet train -m $(psfleet example criteo_dnn). The command "
                     "that makes its data goes to stderr.")

@@ -41,14 +41,16 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from psfleet.cli.commands import help_of
 from psfleet.errors import ConfigError, PsfleetError
 from psfleet.launch.security import job_client_config
 from psfleet.rpc import RpcClient, RpcConfig, parse_endpoint
 from psfleet.rpc import messages as msg
 from psfleet.rpc.endpoint_file import read_endpoint_file
 
-__all__ = ["add_arguments", "run", "ServerTarget", "find_servers", "finished_run",
+__all__ = ["register", "run", "ServerTarget", "find_servers", "finished_run",
            "job_servers", "print_shares"]
 
 
@@ -60,8 +62,11 @@ class ServerTarget:
     endpoint: str
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``psfleet status``'s arguments to ``parser``."""
+def register(commands: Any) -> None:
+    """Add ``status`` to ``commands`` (the subparsers action of ``psfleet``'s parser);
+    it sets ``handler``, a function of the parsed arguments returning the exit code."""
+    parser = commands.add_parser("status", help=help_of("status"), description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", metavar="LOG_DIR | ENDPOINT[,ENDPOINT...]",
                         help="a job's log folder, or the servers' host:port in index order")
     parser.add_argument("--interval_s", type=float, default=1.0,
@@ -69,6 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(0: averages since each server started); default 1")
     parser.add_argument("--timeout_s", type=float, default=5.0,
                         help="how long a server may take to answer, seconds; default 5")
+    parser.set_defaults(handler=run)
 
 
 def _endpoints(text: str, what: str) -> list[str]:
