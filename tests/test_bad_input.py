@@ -184,8 +184,8 @@ def test_training_on_nothing_fails(run_cli: RunCli, config: Path, tmp_path: Path
                                    fraction: float | None) -> None:
     # Every line malformed (comma-separated, not Criteo TSV): no example is trained, so
     # the run must not report success (it used to print a test AUC and exit 0). By
-    # default the malformed fraction stops it; with every line allowed to be malformed,
-    # the count of trained examples does.
+    # default the check before start stops it (the malformed fraction would, later);
+    # with every line allowed to be malformed, the count of trained examples does.
     data = tmp_path / "commas.csv"
     data.write_text("".join(f"{i % 2},{i},{i * 3},abc\n" for i in range(40)))
     out = tmp_path / "out"
@@ -194,13 +194,15 @@ def test_training_on_nothing_fails(run_cli: RunCli, config: Path, tmp_path: Path
     r = run_cli([*_local(config, out, data), *extra], timeout=60)
 
     assert r.returncode != 0, r.stderr[-3000:]
-    if fraction is None:
-        assert "40 of 40 lines" in r.stderr and "runner.max_malformed_fraction" in r.stderr
+    if fraction is None:  # refused before any process started
+        assert r.returncode == 2
+        assert "every one of its first 40 data lines is malformed" in r.stderr
         assert "commas.csv:1" in r.stderr  # the first bad line
+        _assert_nothing_started(out)
     else:
         assert "skipped 40 malformed lines of 40" in r.stderr
         assert "trained on 0 examples" in r.stderr and "runner.parser" in r.stderr
-    assert not (run_folder(out) / "metrics.json").exists()  # the run started, failed
+        assert not (run_folder(out) / "metrics.json").exists()  # the run started, failed
     assert_no_processes_mentioning(str(tmp_path))
 
 

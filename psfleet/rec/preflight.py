@@ -17,7 +17,9 @@ cheaply, by each process of the job):
 - with ``runner.split_file_list: False`` there are at least ``cluster.worker_num``
   training files (each worker reads whole files);
 - the first lines of every data file parse with the configured parser (a column
-  the config names that the file's header lacks is a ConfigError naming it);
+  the config names that the file's header lacks is a ConfigError naming it), and
+  unless ``runner.max_malformed_fraction`` is 1, not all of them are malformed (text
+  labels without ``columns.label_positive``: a DataError naming the first line);
 - ``runner.model`` is a registered model and builds over the declared tables (checked
   after the data: building it imports torch, seconds, so the other mistakes are
   named sooner);
@@ -43,6 +45,7 @@ from psfleet.data.compression import (
     codec_of,
     open_data_file,
 )
+from psfleet.data.malformed import first_malformed
 from psfleet.data.split import plan_share
 from psfleet.errors import ConfigError, DataError, ParserConfigError
 from psfleet.nn.table_checks import check_accessor
@@ -53,6 +56,8 @@ from psfleet.rec.config import TrainConfig, parser_kind, parser_options, parser_
 __all__ = ["check_before_start", "check_data_files", "check_model"]
 
 _BLOCK_BYTES = 1 << 16
+#: Data lines (Parquet rows) of each file parsed before a job starts.
+_FIRST_LINES = 100
 
 def _open_text(path: Path, pipe_command: str | None) -> ByteStream:
     """The lines of ``path`` as the parser (or the pipe_command) reads them."""
@@ -128,7 +133,8 @@ def check_before_start(config: TrainConfig) -> None:
 
     Raises:
         DataError: a missing, empty, unreadable or (zip, unsuffixed) compressed data
-            path (names the field and the file).
+            path, or a file whose first lines are all malformed (names the field, the
+            file and the first bad line).
         ConfigError: too few files for ``split_file_list: False``, an unknown model,
             a pipe_command that decompresses a file psfleet decompresses, or a bad
             ``PSFLEET_SIMULATE_STALENESS``.
@@ -157,7 +163,7 @@ def check_before_start(config: TrainConfig) -> None:
                              ("runner.test_data_dir", test_files),
                              ("runner.valid_data_dir", valid_files)):
             for file in files:
-                _check_first_lines(parser, field, file)
+                _check_first_lines(parser, field, file, runner.max_malformed_fraction < 1)
     # Last: the model imports torch (seconds), so every other mistake is named sooner.
     check_model(config)
     _check_memory_tiers(config)
@@ -212,32 +218,46 @@ def _check_memory_tiers(config: TrainConfig) -> None:
                 f"(or memory_budget_bytes) to at least {2 * request:,} rows")
 
 
-def _check_first_lines(parser: Parser, field: str, file: Path) -> None:
-    """Parse the header and first data line of ``file`` (the first row of Parquet),
-    so that a column the config names but the file lacks fails now. A compressed file
-    is decompressed only as far as its first lines.
+def _check_first_lines(parser: Parser, field: str, file: Path, some_well_formed: bool) -> None:
+    """Parse the header and first :data:`_FIRST_LINES` data lines of ``file`` (rows of
+    Parquet), so that a column the config names but the file lacks, or data the config
+    cannot read at all (text labels without ``columns.label_positive``), fails now,
+    not in every worker after the job started. A compressed file is decompressed only
+    as far as its first lines. ``some_well_formed``: at least one of them must be
+    (``runner.max_malformed_fraction`` below 1: a file that starts with nothing but
+    malformed lines would fail the job anyway).
 
     Raises:
         ConfigError: the parser rejects the file's columns (names the column, the
             field and the file).
-        DataError: the file's first block is corrupt compressed data.
+        DataError: the file's first block is corrupt compressed data, or every one of
+            its first lines is malformed (names the first line and why).
     """
     if parser.kind == "parquet":
         import pyarrow.parquet as pq
 
-        payload: bytes | pa.Table = pq.ParquetFile(file).read_row_group(0).slice(0, 1)
+        payload: bytes | pa.Table = pq.ParquetFile(file).read_row_group(0).slice(
+            0, _FIRST_LINES)
         header = None
     else:
         try:
             with open_data_file(file) as f:
                 header = f.readline().rstrip(b"\r\n") if parser.header else None
-                payload = f.readline()
+                payload = b"".join(f.readline() for _ in range(_FIRST_LINES))
         except DataError as exc:
             raise DataError(f"{field}: {exc}") from None
+    first = 2 if header is not None else 1
+    lines = payload.num_rows if isinstance(payload, pa.Table) else \
+        len(payload.splitlines())
     try:
-        parser.parse(RawChunk(str(file), 2 if header is not None else 1, 1, 1, 1, payload,
-                              header), strict=False)
+        with first_malformed() as record:
+            parsed = parser.parse(RawChunk(str(file), first, 1, lines, lines, payload, header),
+                                  strict=False)
     except ParserConfigError as exc:  # a key of the parser's section: runner.<key>
         raise ConfigError(f"runner.{exc} ({field})") from None
     except ConfigError as exc:
         raise ConfigError(f"{field}: {exc}") from None
+    if some_well_formed and parsed.malformed and not len(parsed):
+        raise DataError(f"{field}: {file}: every one of its first {parsed.malformed} "
+                        f"data lines is malformed (first: {record}); fix the data or the "
+                        "config's columns")
