@@ -137,11 +137,12 @@ def job_launcher(config: TrainConfig, tee_stream: BinaryIO | None = None
     Every process reads the run folder's ``config.yaml``, which this writes
     (:func:`~psfleet.rec.run_folder.open_run_folder`); logs go to ``<run folder>/log``.
     """
+    from psfleet.job.modes import mode_spec
     from psfleet.launch.console import plural
     from psfleet.replication import check_shares, replication_from_env, shares_from_env
 
     cluster = config.cluster
-    collective = config.runner.sync_mode == "collective"
+    collective = not mode_spec(config.runner.sync_mode).servers
     if not ((collective and cluster.worker_num > 1) or cluster.server_num >= 1):
         return None
     # PSFLEET_REPLICATION and PSFLEET_SHARES are checked before the run folder is made
@@ -171,7 +172,7 @@ def job_launcher(config: TrainConfig, tee_stream: BinaryIO | None = None
         server_wait_timeout_s=server_wait_timeout_s(cluster.server_wait_timeout_s),
         max_restarts=cluster.max_restarts, tls=cluster.tls, tee_stream=tee_stream,
         # sync mode cannot take back one replaced worker mid-round: restart them all
-        restart_policy="gang" if config.runner.sync_mode == "sync" else "process",
+        restart_policy=mode_spec(config.runner.sync_mode).restart_policy,
         checkpoint_dir=(str(config.runner.checkpoint.checkpoint_dir)
                         if config.runner.checkpoint else None),
         replication=replication, shares=shares), \

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from psfleet.errors import ConfigError
+from psfleet.job.modes import mode_spec
 from psfleet.rec.config import TrainConfig
 from psfleet.rec.config_load import config_from_mapping, read_yaml
 
@@ -136,7 +137,7 @@ def load_cluster_job(config_file: Path, overrides: Sequence[str] = (), *,
     if isinstance(port, bool) or not 1 <= port <= 65535:
         raise ConfigError(f"--port: {port} must be in 1..65535")
     config = config_from_mapping(raw, Path(workdir), str(config_file), overrides)
-    if config.runner.sync_mode == "collective":
+    if not mode_spec(config.runner.sync_mode).servers:
         raise ConfigError(
             f"runner.sync_mode: collective has no servers; {launcher} renders parameter-"
             "server jobs. Run collective jobs with torchrun-based operators (Kubeflow "

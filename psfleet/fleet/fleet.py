@@ -50,6 +50,7 @@ from psfleet.fleet.runtime import (
 )
 from psfleet.fleet.server_wait import server_wait_timeout_s
 from psfleet.fleet.strategy import DistributedStrategy
+from psfleet.job.modes import mode_spec
 from psfleet.nn import SparseEmbedding, live_embeddings
 from psfleet.ps import TableClient
 from psfleet.ps.types import RuleConfig, SaveMode
@@ -101,7 +102,7 @@ class Fleet(ProcessRole):
             FatalError: collective mode: the rendezvous endpoint cannot be reached
                 within PSFLEET_COLLECTIVE_CONNECT_TIMEOUT_S (names it).
         """
-        if is_collective or (strategy is not None and strategy.mode == "collective"):
+        if is_collective or (strategy is not None and not mode_spec(strategy.mode).servers):
             self._refuse_second_init()
             self._init_collective(role_maker, strategy)
             return
@@ -113,7 +114,7 @@ class Fleet(ProcessRole):
             raise ConfigError("role_maker: not used in collective mode; the rank and world size "
                               "come from RANK / WORLD_SIZE (or PADDLE_TRAINER_ID / "
                               "PADDLE_TRAINERS_NUM): drop role_maker")
-        if strategy is not None and strategy.mode != "collective":
+        if strategy is not None and mode_spec(strategy.mode).servers:
             raise ConfigError(f"strategy.mode is {strategy.mode!r} but is_collective=True: use "
                               "DistributedStrategy(mode='collective') or drop is_collective")
         logs.setup_logging()
@@ -172,7 +173,7 @@ class Fleet(ProcessRole):
                 is collective and fleet.init() was not (or the reverse).
         """
         if strategy is not None:
-            if (strategy.mode == "collective") != self._hooks.is_collective:
+            if (not mode_spec(strategy.mode).servers) != self._hooks.is_collective:
                 raise ConfigError(f"strategy.mode {strategy.mode!r} does not match "
                                   "fleet.init(): pass the strategy to fleet.init() instead")
             self.strategy = strategy

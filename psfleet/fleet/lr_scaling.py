@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from typing import Literal, get_args
 
+from psfleet.job.modes import MODE_SPECS, mode_spec
 from psfleet.ps.types import RuleConfig
 from psfleet.types import Mode
 
@@ -46,12 +47,13 @@ __all__ = ["LrScaling", "LR_SCALINGS", "SCALED_MODES", "check_lr_scaling", "lr_f
 LrScaling = Literal["auto", "none", "sqrt", "linear"]
 LR_SCALINGS: tuple[str, ...] = get_args(LrScaling)
 #: The modes whose updates average the workers' batches: the only ones scaled.
-SCALED_MODES: tuple[Mode, ...] = ("sync", "geo", "collective")
+SCALED_MODES: tuple[str, ...] = tuple(m.name for m in MODE_SPECS.values() if m.averages)
 
 
 def _averages(mode: Mode, global_batch: bool) -> bool:
     """Whether an update of ``mode`` averages the workers' batches."""
-    return mode in SCALED_MODES or (mode == "async" and global_batch)
+    spec = mode_spec(mode)
+    return spec.averages or (spec.step_pushes and global_batch)
 
 
 def check_lr_scaling(scaling: LrScaling, mode: Mode, global_batch: bool = False) -> None:
@@ -77,7 +79,8 @@ def lr_factor(scaling: LrScaling, mode: Mode, worker_num: int,
     scaled with ``global_batch``: its global batch aggregation); else W or sqrt(W)
     (``auto``: sqrt(W) in ``geo`` and with ``global_batch``, else 1.0)."""
     if scaling == "auto":
-        scaling = "sqrt" if mode == "geo" or (mode == "async" and global_batch) else "none"
+        spec = mode_spec(mode)
+        scaling = "sqrt" if spec.step_pushes and global_batch else spec.auto_lr_scaling
     if scaling == "none" or worker_num <= 1 or not _averages(mode, global_batch):
         return 1.0
     return float(worker_num) if scaling == "linear" else math.sqrt(worker_num)

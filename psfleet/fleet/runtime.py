@@ -38,6 +38,7 @@ from psfleet.fleet.role_maker import RoleInfo
 from psfleet.fleet.step import StepCollector
 from psfleet.fleet.strategy import DistributedStrategy
 from psfleet.fleet.tables import TableRegistry
+from psfleet.job.modes import MODE_SPECS, mode_spec
 from psfleet.nn import SparseEmbedding
 from psfleet.ps import LocalClient, RemoteClient, TableClient
 from psfleet.ps.communicator import Communicator, PassCommunicator, make_communicator
@@ -167,7 +168,7 @@ class WorkerRuntime:
         client: TableClient
         if hooks.tables_in_process or role.is_local:
             client = LocalClient()
-            mode = hooks.communicator_mode or ("gpubox" if strategy.mode == "gpubox"
+            mode = hooks.communicator_mode or (strategy.mode if mode_spec(strategy.mode).passes
                                                else "local")
         else:
             remote = RemoteClient(role.server_endpoints, config.rpc_config, role.worker_index,
@@ -175,8 +176,9 @@ class WorkerRuntime:
             remote.wait_ready(config.wait_timeout_s)
             client, mode = remote, strategy.mode
         communicator = make_communicator(mode, client, settings)
-        dense_mode = strategy.pass_configs.dense_mode if mode == "gpubox" else mode
-        if dense_mode == "async" and strategy.a_sync_configs.momentum_correction:
+        dense = strategy.pass_configs.dense_mode if mode_spec(strategy.mode).passes else mode
+        step_pushes = dense in MODE_SPECS and mode_spec(dense).step_pushes
+        if step_pushes and strategy.a_sync_configs.momentum_correction:
             optimizer.dense_rule = async_dense_rule(optimizer.rule, role.worker_num)
             if optimizer.dense_rule != optimizer.rule:
                 logger.info("async with %d workers: dense Adam beta1 %g -> %g (the momentum "

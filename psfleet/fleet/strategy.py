@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from psfleet.collective.types import BackendChoice
 from psfleet.errors import ConfigError
 from psfleet.fleet.lr_scaling import LrScaling, check_lr_scaling, lr_factor
+from psfleet.job.modes import mode_spec
 from psfleet.ps.communicator.types import (
     GEO_STEP,
     AsyncConfig,
@@ -93,7 +94,7 @@ class DistributedStrategy(BaseModel):
 
     @model_validator(mode="after")
     def _mode_specific_settings(self) -> DistributedStrategy:
-        if self.dc_asgd and self.mode != "async":
+        if self.dc_asgd and not mode_spec(self.mode).step_pushes:
             raise ValueError(f"dc_asgd compensates async delays; mode is {self.mode!r}")
         check_async_only(self.mode, self.a_sync_configs)
         check_lr_scaling(self.lr_scaling, self.mode,

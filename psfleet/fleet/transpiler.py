@@ -42,6 +42,7 @@ from psfleet.fleet.optimizer import DistributedOptimizer
 from psfleet.fleet.role_maker import Role, UserDefinedRoleMaker
 from psfleet.fleet.strategy import DistributedStrategy
 from psfleet.fleet.transpiler_config import DistributeTranspilerConfig
+from psfleet.job.modes import mode_spec
 from psfleet.rpc import parse_endpoint
 
 __all__ = ["DistributeTranspiler", "DistributeTranspilerConfig", "Executor",
@@ -130,7 +131,7 @@ class TrainerProgram:
         if model is None or optimizer is None:
             raise ConfigError("TrainerProgram.start(): pass model and optimizer, here or as "
                               "transpile(program=(model, optimizer))")
-        if t.strategy is not None and t.strategy.mode == "collective":  # nccl2 at transpile
+        if t.strategy is not None and not mode_spec(t.strategy.mode).servers:  # nccl2
             t.export_collective_env()
             fleet.init(is_collective=True, strategy=t.strategy)
         else:
@@ -270,7 +271,7 @@ class DistributeTranspiler:
         """
         if self.strategy is None:
             raise FatalError("call DistributeTranspiler.transpile() first")
-        if self.strategy.mode == "collective":
+        if not mode_spec(self.strategy.mode).servers:
             raise ConfigError("config.mode was 'nccl2' at transpile(): there are no servers; "
                               "run get_trainer_program() on every trainer")
         endpoint = endpoint.strip()

@@ -37,6 +37,7 @@ from psfleet.data.slot_format import SlotFormatConfig
 from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
 from psfleet.fleet.lr_scaling import LrScaling, check_lr_scaling
+from psfleet.job.modes import mode_spec
 from psfleet.nn.table_checks import Pooling, check_table_features
 from psfleet.ps.communicator.types import (
     GEO_STEP,
@@ -247,8 +248,9 @@ class RunnerConfig(_Section):
     def needs_equal_steps(self) -> bool:
         """Whether every worker must run the same number of steps per epoch: in sync
         mode, and with checkpoints inside epochs (every worker takes part in each)."""
-        sync_dense = self.sync_mode == "gpubox" and self.pass_configs.dense_mode == "sync"
-        return self.sync_mode == "sync" or sync_dense or bool(
+        mode = mode_spec(self.sync_mode)
+        rounds = mode_spec(self.pass_configs.dense_mode).rounds if mode.passes else mode.rounds
+        return rounds or bool(
             self.checkpoint is not None and self.checkpoint.step_interval)
 
     @model_validator(mode="after")
@@ -273,11 +275,11 @@ class RunnerConfig(_Section):
         if self.early_stopping is not None and self.valid_data_dir is None:
             raise ConfigError("runner.early_stopping: needs runner.valid_data_dir (the "
                               "validation data whose metric it watches)")
-        if self.sync_mode == "gpubox" and self.reader_type != "InMemoryDataset":
+        if mode_spec(self.sync_mode).passes and self.reader_type != "InMemoryDataset":
             raise ConfigError(f"runner.reader_type: sync_mode gpubox (pass mode) loads each "
                               f"pass into memory to collect its ids; set reader_type: "
                               f"InMemoryDataset (got {self.reader_type})")
-        if (self.sync_mode == "gpubox" and self.checkpoint is not None
+        if (mode_spec(self.sync_mode).passes and self.checkpoint is not None
                 and self.checkpoint.step_interval):
             raise ConfigError("runner.checkpoint.step_interval: sync_mode gpubox checkpoints "
                               "at pass boundaries only (a pass's rows are on the workers "
@@ -304,14 +306,14 @@ def check_equal_steps_reader(runner: RunnerConfig, worker_num: int, equal_steps:
         ConfigError: QueueDataset over ``pipe_command`` or Parquet (example count
             unknown before reading) with several workers that need equal steps.
     """
+    within = "" if mode_spec(runner.sync_mode).rounds else " with runner.checkpoint.step_interval"
     if (equal_steps and runner.reader_type == "QueueDataset"
             and worker_num > 1 and (runner.pipe_command or runner.parser == "parquet")):
         raise ConfigError(
             "runner.reader_type: QueueDataset with "
             f"{'runner.pipe_command' if runner.pipe_command else 'runner.parser: parquet'} "
             "cannot guarantee the same number of steps on every worker, which "
-            f"runner.sync_mode: {runner.sync_mode}"
-            f"{' with runner.checkpoint.step_interval' if runner.sync_mode != 'sync' else ''} "
+            f"runner.sync_mode: {runner.sync_mode}{within} "
             "needs (the example count is unknown before reading); use reader_type "
             "InMemoryDataset or DataLoader, or sync_mode async / geo without step "
             "checkpoints")
@@ -405,16 +407,16 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _cross_section_rules(self) -> TrainConfig:
-        cluster, mode = self.cluster, self.runner.sync_mode
-        if mode == "collective" and cluster.server_num != 0:
+        cluster, servers = self.cluster, mode_spec(self.runner.sync_mode).servers
+        if not servers and cluster.server_num != 0:
             raise ConfigError(f"cluster.server_num: {cluster.server_num}, but runner.sync_mode:"
                               " collective has no servers; set cluster.server_num: 0 (ranks "
                               "are cluster.worker_num)")
-        if mode == "collective" and cluster.tls is not None:
+        if not servers and cluster.tls is not None:
             raise ConfigError("cluster.tls: runner.sync_mode: collective has no gRPC channels "
                               "to protect (torch.distributed's gloo traffic is not "
                               "encrypted); remove cluster.tls, or run on a trusted network")
-        if mode != "collective" and cluster.server_num == 0 and cluster.worker_num > 1:
+        if servers and cluster.server_num == 0 and cluster.worker_num > 1:
             raise ConfigError(f"cluster.worker_num: {cluster.worker_num} workers need servers; "
                               "set cluster.server_num >= 1 (or worker_num: 1 to train alone, "
                               "or runner.sync_mode: collective)")
@@ -423,7 +425,7 @@ class TrainConfig(_Section):
         runner = self.runner
         check_online_keys(passes=runner.train_passes, after=runner.after_pass,
                           early_stopping=runner.early_stopping is not None,
-                          valid_data=runner.valid_data_dir is not None, mode=mode,
+                          valid_data=runner.valid_data_dir is not None, mode=runner.sync_mode,
                           accessors=self.hyper_parameters.accessors)
         return self
 

@@ -23,6 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from psfleet.errors import ConfigError
+from psfleet.job.modes import mode_spec
 from psfleet.ps.types import AccessorConfig
 
 __all__ = ["AfterPassConfig", "SaveAfterPass", "check_online_keys", "table_accessors"]
@@ -97,7 +98,7 @@ def check_online_keys(*, passes: Sequence[Path] | None, after: AfterPassConfig |
             (its shows and clicks are not pushed there).
     """
     ctr = any(a is not None and a.name == "ctr" for a in accessors)
-    if mode == "collective" and ctr:
+    if not mode_spec(mode).servers and ctr:
         raise ConfigError("hyper_parameters.sparse_accessor: name 'ctr' is not supported "
                           "with runner.sync_mode: collective (the ranks push no show/click "
                           "counts, so every row would score 0); use a parameter-server "

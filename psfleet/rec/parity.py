@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from psfleet.errors import ConfigError
+from psfleet.job.modes import mode_spec
 from psfleet.types import MODES
 
 __all__ = ["REFERENCE", "PS_MODES", "RunSpec", "parse_modes", "parse_counts", "plan_runs",
@@ -122,13 +123,13 @@ def plan_runs(modes: Sequence[str], servers: Sequence[int], workers: Sequence[in
     if repeats < 1:
         raise ConfigError(f"--repeats: {repeats} must be >= 1")
     for mode in modes:
-        if mode != "collective" and 0 in servers:
+        if mode_spec(mode).servers and 0 in servers:
             raise ConfigError(f"--servers: 0 with --modes {mode}: a parameter-server mode "
                               "needs servers >= 1 (0 is the single-process reference, "
                               "which always runs)")
     configurations: list[tuple[str, int, int]] = []
     for mode in modes:
-        for s in ([0] if mode == "collective" else servers):
+        for s in (servers if mode_spec(mode).servers else [0]):
             configurations.extend((mode, s, w) for w in workers)
     return [spec for r in range(1, repeats + 1)
             for spec in [RunSpec(REFERENCE, None, 0, 1, r)] + [
@@ -141,9 +142,10 @@ def run_overrides(spec: RunSpec, runs_dir: Path, configured_mode: str) -> list[s
     reader, ``InMemoryDataset`` (the same examples as the other readers). The
     reference keeps ``configured_mode`` unless that is ``collective`` or ``gpubox``
     (one process trains on tables in process, a parameter-server mode: ``async``)."""
-    mode = spec.mode or ("async" if configured_mode in ("collective", "gpubox")
+    configured = mode_spec(configured_mode)
+    mode = spec.mode or ("async" if configured.passes or not configured.servers
                          else configured_mode)
-    reader = ["runner.reader_type=InMemoryDataset"] if mode == "gpubox" else []
+    reader = ["runner.reader_type=InMemoryDataset"] if mode_spec(mode).passes else []
     return [f"runner.sync_mode={mode}", f"cluster.server_num={spec.server_num}",
             f"cluster.worker_num={spec.worker_num}", f"runner.model_save_path={runs_dir}",
             f"runner.run_name={spec.run_name}", "runner.export_model=false", *reader]

@@ -48,6 +48,7 @@ from psfleet.data.compression import (
 from psfleet.data.malformed import first_malformed
 from psfleet.data.split import plan_share
 from psfleet.errors import ConfigError, DataError, ParserConfigError
+from psfleet.job.modes import mode_spec
 from psfleet.nn.table_checks import check_accessor
 from psfleet.ps import SparseTable, SparseTableConfig
 from psfleet.ps.communicator.local_mode import simulated_staleness
@@ -205,7 +206,7 @@ def _check_memory_tiers(config: TrainConfig) -> None:
         rule = spec.rule or rule_of_class(hp.optimizer.class_, hp.optimizer.learning_rate)
         rows = SparseTable.memory_rows(SparseTableConfig(name=spec.name, dim=spec.dim,
                                                          rule=rule, accessor=accessor))
-        workers = config.cluster.worker_num if runner.sync_mode == "sync" else 1
+        workers = config.cluster.worker_num if mode_spec(runner.sync_mode).rounds else 1
         request = runner.batch_size * len(spec.features) * workers
         if rows is not None and rows < 2 * request:
             key = (f"hyper_parameters.tables[{k}].accessor" if hp.tables is not None

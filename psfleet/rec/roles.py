@@ -22,6 +22,7 @@ from psfleet.fleet.role_maker import (
     mpi_world_size,
 )
 from psfleet.fleet.strategy import DistributedStrategy
+from psfleet.job.modes import mode_spec
 from psfleet.rec.config import TrainConfig
 
 __all__ = ["role_maker_of", "run", "serve", "strategy_of"]
@@ -45,7 +46,7 @@ def run(config: TrainConfig) -> dict[str, Any] | None:
         TrainingInterrupted: as :func:`psfleet.rec.trainer.train`.
     """
     role_maker = role_maker_of(config)
-    if config.runner.sync_mode != "collective" and (
+    if mode_spec(config.runner.sync_mode).servers and (
             role_maker or default_role_maker()[0]).serves():
         server = ProcessRole()
         server.init(role_maker, strategy_of(config))
@@ -66,7 +67,7 @@ def serve(config: TrainConfig, server: ProcessRole) -> None:
         server: this process's role, initialized (``ProcessRole.init``) as a server.
     """
     runner = config.runner
-    if runner.sync_mode == "sync" or runner.a_sync_configs.global_batch_aggregation:
+    if mode_spec(runner.sync_mode).rounds or runner.a_sync_configs.global_batch_aggregation:
         # Their rounds merge the workers' pushes, with torch's index_add_ once torch is
         # imported (2-3x faster than numpy's add.at, psfleet.ps.merge): import it now.
         importlib.import_module("torch")
@@ -86,7 +87,7 @@ def strategy_of(config: TrainConfig) -> DistributedStrategy:
         mode=runner.sync_mode, geo_step=runner.geo_step, lr_scaling=runner.lr_scaling,
         a_sync_configs=runner.a_sync_configs, pass_configs=runner.pass_configs,
         server_wait_timeout_s=config.cluster.server_wait_timeout_s,
-        collective_backend="gloo" if runner.sync_mode == "collective" else "auto")
+        collective_backend="auto" if mode_spec(runner.sync_mode).servers else "gloo")
 
 
 def role_maker_of(config: TrainConfig) -> RoleMaker | None:
@@ -100,7 +101,7 @@ def role_maker_of(config: TrainConfig) -> RoleMaker | None:
             ``cluster.replication`` is above 1.
     """
     cluster = config.cluster
-    if config.runner.sync_mode == "collective":
+    if not mode_spec(config.runner.sync_mode).servers:
         return None
     role_maker, why = default_role_maker(server_num=cluster.server_num or None)
     if not isinstance(role_maker, MPIRoleMaker):

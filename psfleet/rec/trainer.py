@@ -40,6 +40,7 @@ from psfleet.fleet.role_info import restart_num
 from psfleet.fleet.role_maker import (
     RoleMaker,
 )
+from psfleet.job.modes import mode_spec
 from psfleet.metrics import StreamingAuc
 from psfleet.nn import FeatureEmbeddings, Prefetch, SparseEmbedding, use_prefetched
 from psfleet.rec.config import TrainConfig
@@ -127,7 +128,7 @@ def _train_epoch(model: nn.Module, optimizer: DistributedOptimizer, reader: Read
                disable=not show, mininterval=0.5, unit="batch", dynamic_ncols=True)
     modules = list(prefetchers(model))
     batches = (((batch, []) for batch in pass_batches(reader, model))
-               if config.runner.sync_mode == "gpubox" else _with_prefetch(reader, modules))
+               if mode_spec(config.runner.sync_mode).passes else _with_prefetch(reader, modules))
     for step, (batch, prefetched) in enumerate(batches):
         interrupts.raise_pending()  # a stop signal whose interrupt was swallowed
         with use_prefetched(prefetched):

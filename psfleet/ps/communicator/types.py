@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from psfleet.job.modes import mode_spec
 from psfleet.ps.routing import RoutedKeys
 from psfleet.ps.types import RuleConfig, SparseTableConfig
 
@@ -123,7 +124,7 @@ def check_async_only(mode: str, config: AsyncConfig) -> None:
             is set and ``mode`` is not ``async`` (the message names the setting and
             what to change).
     """
-    if mode == "async":
+    if mode_spec(mode).step_pushes:
         return
     if config.global_batch_aggregation:
         raise ValueError(f"a_sync_configs.global_batch_aggregation: gathers the pushes of "
