@@ -53,7 +53,7 @@ def _write_config(tmp_path: Path, **sections: dict[str, object]) -> Path:
 
 
 def test_modes_are_the_communicator_registry_modes() -> None:
-    from psfleet.ps.communicator.registry import MODES as REGISTRY
+    from psfleet.ps.communicator.registry import COMMUNICATORS as REGISTRY
 
     assert MODES == ("sync", "async", "geo", "gpubox", "collective")
     assert set(MODES) <= set(REGISTRY)  # every mode has a communicator ("local" besides)

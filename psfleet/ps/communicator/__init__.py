@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from psfleet.ps.communicator.global_batch_mode import GlobalBatchCommunicator
     from psfleet.ps.communicator.local_mode import LocalCommunicator
     from psfleet.ps.communicator.pass_mode import PassCommunicator
-    from psfleet.ps.communicator.registry import MODES, make_communicator
+    from psfleet.ps.communicator.registry import COMMUNICATORS, make_communicator
     from psfleet.ps.communicator.sync_mode import SyncCommunicator
     from psfleet.ps.communicator.types import (
         GEO_STEP,
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GEO_STEP",
-    "MODES",
+    "COMMUNICATORS",
     "AsyncCommunicator",
     "AsyncConfig",
     "CollectiveCommunicator",
@@ -54,7 +54,7 @@ __getattr__ = lazy_exports(__name__, {
     "GeoCommunicator": "psfleet.ps.communicator.geo_mode",
     "GlobalBatchCommunicator": "psfleet.ps.communicator.global_batch_mode",
     "LocalCommunicator": "psfleet.ps.communicator.local_mode",
-    "MODES": "psfleet.ps.communicator.registry",
+    "COMMUNICATORS": "psfleet.ps.communicator.registry",
     "PassCommunicator": "psfleet.ps.communicator.pass_mode",
     "PassConfig": "psfleet.ps.communicator.types",
     "SyncCommunicator": "psfleet.ps.communicator.sync_mode",

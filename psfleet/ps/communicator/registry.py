@@ -1,4 +1,5 @@
-"""Communicators registered by mode name."""
+"""Communicators registered by name: each mode's, and ``local`` (one worker on
+in-process tables)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from psfleet.ps.communicator.pass_mode import PassCommunicator
 from psfleet.ps.communicator.sync_mode import SyncCommunicator
 from psfleet.ps.communicator.types import Communicator, CommunicatorSettings
 
-__all__ = ["make_communicator", "MODES"]
+__all__ = ["make_communicator", "COMMUNICATORS"]
 
 
-MODES: dict[str, Callable[[TableClient, CommunicatorSettings], Communicator]] = {
+COMMUNICATORS: dict[str, Callable[[TableClient, CommunicatorSettings], Communicator]] = {
     "local": lambda client, settings: LocalCommunicator(client, simulated_staleness()),
     "async": lambda client, settings: (
         GlobalBatchCommunicator(client, settings.async_config, settings.worker_num)
@@ -30,7 +31,7 @@ MODES: dict[str, Callable[[TableClient, CommunicatorSettings], Communicator]] = 
     "collective": lambda client, settings: CollectiveCommunicator(
         client, settings.example_count, settings.device),
     "gpubox": lambda client, settings: PassCommunicator(
-        client, MODES[settings.pass_config.dense_mode](client, settings),
+        client, COMMUNICATORS[settings.pass_config.dense_mode](client, settings),
         settings.pass_config, settings.worker_num),
 }
 
@@ -46,7 +47,8 @@ def make_communicator(mode: str, client: TableClient,
         ConfigError: unknown mode (lists the known ones).
     """
     try:
-        factory = MODES[mode]
+        factory = COMMUNICATORS[mode]
     except KeyError:
-        raise ConfigError(f"mode: {mode!r} is not one of {', '.join(sorted(MODES))}") from None
+        raise ConfigError(f"mode: {mode!r} is not one of "
+                          f"{', '.join(sorted(COMMUNICATORS))}") from None
     return factory(client, settings)
