@@ -344,7 +344,7 @@ def test_mode_literal_is_the_tuple() -> None:
 
 
 def test_runner_a_sync_configs_reach_the_strategy(tmp_path: Path) -> None:
-    from psfleet.rec.roles import strategy_of
+    from psfleet.rec.config import strategy_of
 
     path = _write_config(tmp_path, runner={"a_sync_configs": {"send_queue_size": 2}})
     config = load_config(path, ["runner.a_sync_configs.k_steps=3"])
@@ -363,7 +363,7 @@ def test_runner_a_sync_configs_reach_the_strategy(tmp_path: Path) -> None:
 
 def test_lr_scaling_reaches_the_strategy_and_scales_the_averaging_modes(tmp_path: Path) -> None:
     from psfleet.fleet.strategy import DistributedStrategy
-    from psfleet.rec.roles import strategy_of
+    from psfleet.rec.config import strategy_of
 
     path = _write_config(tmp_path, runner={"sync_mode": "sync", "lr_scaling": "sqrt"})
     strategy = strategy_of(load_config(path))
@@ -383,7 +383,7 @@ def test_lr_scaling_reaches_the_strategy_and_scales_the_averaging_modes(tmp_path
 def test_global_batch_aggregation_is_scaled_as_sync_and_read_from_the_runner(
         tmp_path: Path) -> None:
     from psfleet.fleet.strategy import DistributedStrategy
-    from psfleet.rec.roles import strategy_of
+    from psfleet.rec.config import strategy_of
 
     gba = {"global_batch_aggregation": True}
     path = _write_config(tmp_path, runner={"sync_mode": "async", "a_sync_configs": gba})

@@ -37,6 +37,7 @@ from psfleet.data.slot_format import SlotFormatConfig
 from psfleet.data.types import FeatureSchema
 from psfleet.errors import ConfigError
 from psfleet.fleet.lr_scaling import LrScaling, check_lr_scaling
+from psfleet.fleet.strategy import DistributedStrategy
 from psfleet.job.modes import mode_spec
 from psfleet.nn.table_checks import Pooling, check_table_features
 from psfleet.ps.communicator.types import (
@@ -52,7 +53,7 @@ from psfleet.types import Mode
 
 __all__ = ["EarlyStoppingConfig", "RunnerConfig", "OptimizerConfig", "TableConfig",
            "HyperParameters", "ClusterConfig", "TrainConfig", "check_equal_steps_reader",
-           "check_tables", "parser_kind", "parser_options", "parser_schema"]
+           "check_tables", "parser_kind", "parser_options", "parser_schema", "strategy_of"]
 
 
 class _Section(BaseModel):
@@ -106,17 +107,9 @@ class RunnerConfig(_Section):
             gradients (torch.distributed); ``cluster.server_num`` must be 0.
         use_gpu: collective mode: train each rank on a GPU (nccl); an error when
             there is no GPU.
-        geo_step: steps between GEO syncs (PaddleRec's default 400).
-        lr_scaling: ``none``, ``sqrt`` or ``linear``: every table's learning rate times
-            1, sqrt(W) or W for W workers in sync, geo and collective mode, whose
-            updates average the workers' batches (``psfleet.fleet.lr_scaling``);
-            ``auto`` (default): ``sqrt`` in geo, ``none`` otherwise.
-        a_sync_configs: the async communicator's settings, as Paddle's
-            ``strategy.a_sync_configs`` (``psfleet.ps.communicator.AsyncConfig``).
-        pass_configs: pass mode's settings (``sync_mode: gpubox``;
-            ``psfleet.ps.communicator.PassConfig``: ``dense_mode``,
-            ``cache_budget_bytes``, ``device``). Each epoch of a worker is a pass,
-            cut into sub-passes whose rows fit the budget.
+        geo_step, lr_scaling, a_sync_configs, pass_configs: the fleet strategy's
+            fields of the same names, described there once
+            (``psfleet.fleet.strategy.DistributedStrategy``; :func:`strategy_of`).
         thread_num: CPU threads of each worker's torch ops.
         print_interval: steps between progress-bar refreshes.
         model_save_path: the folder of the run folders: each run writes
@@ -470,3 +463,16 @@ def check_tables(tables: Sequence[TableConfig] | None, schema: FeatureSchema) ->
         check_table_features(schema, tables)
     except ConfigError as exc:
         raise ConfigError(f"hyper_parameters.tables: {exc}") from None
+
+
+def strategy_of(config: TrainConfig) -> DistributedStrategy:
+    """The fleet strategy a runner config describes: ``runner.sync_mode``,
+    ``geo_step``, ``lr_scaling``, ``a_sync_configs``, ``pass_configs`` and
+    ``cluster.server_wait_timeout_s`` (None: the environment's); collective mode on
+    the CPU (gloo)."""
+    runner = config.runner
+    return DistributedStrategy(
+        mode=runner.sync_mode, geo_step=runner.geo_step, lr_scaling=runner.lr_scaling,
+        a_sync_configs=runner.a_sync_configs, pass_configs=runner.pass_configs,
+        server_wait_timeout_s=config.cluster.server_wait_timeout_s,
+        collective_backend="auto" if mode_spec(runner.sync_mode).servers else "gloo")

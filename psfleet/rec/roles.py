@@ -21,11 +21,10 @@ from psfleet.fleet.role_maker import (
     default_role_maker,
     mpi_world_size,
 )
-from psfleet.fleet.strategy import DistributedStrategy
 from psfleet.job.modes import mode_spec
-from psfleet.rec.config import TrainConfig
+from psfleet.rec.config import TrainConfig, strategy_of
 
-__all__ = ["role_maker_of", "run", "serve", "strategy_of"]
+__all__ = ["role_maker_of", "run", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,19 +74,6 @@ def serve(config: TrainConfig, server: ProcessRole) -> None:
     server.init_server(checkpoint_dir=checkpoint.checkpoint_dir if checkpoint else None,
                        storage_roots=[str(runner.model_save_path), str(runner.model_dir)])
     server.run_server()
-
-
-def strategy_of(config: TrainConfig) -> DistributedStrategy:
-    """The fleet strategy a runner config describes: ``runner.sync_mode``,
-    ``geo_step``, ``lr_scaling``, ``a_sync_configs``, ``pass_configs`` and
-    ``cluster.server_wait_timeout_s`` (None: the environment's); collective mode on
-    the CPU (gloo)."""
-    runner = config.runner
-    return DistributedStrategy(
-        mode=runner.sync_mode, geo_step=runner.geo_step, lr_scaling=runner.lr_scaling,
-        a_sync_configs=runner.a_sync_configs, pass_configs=runner.pass_configs,
-        server_wait_timeout_s=config.cluster.server_wait_timeout_s,
-        collective_backend="auto" if mode_spec(runner.sync_mode).servers else "gloo")
 
 
 def role_maker_of(config: TrainConfig) -> RoleMaker | None:

@@ -43,7 +43,7 @@ from psfleet.fleet.role_maker import (
 from psfleet.job.modes import mode_spec
 from psfleet.metrics import StreamingAuc
 from psfleet.nn import FeatureEmbeddings, Prefetch, SparseEmbedding, use_prefetched
-from psfleet.rec.config import TrainConfig
+from psfleet.rec.config import TrainConfig, strategy_of
 from psfleet.rec.curves import TENSORBOARD_DIR, RunRecorder
 from psfleet.rec.early_stopping import EarlyStopping
 from psfleet.rec.features import build_runner_model, model_inputs, prefetchers
@@ -65,7 +65,6 @@ from psfleet.rec.reporting import (
     record_interrupt,
 )
 from psfleet.rec.resume import CheckpointTally, agreed_share, resume_cursor
-from psfleet.rec.roles import strategy_of
 from psfleet.rec.run_folder import open_run_folder
 from psfleet.rec.validation import finish_pass, record_valid, valid_reader, validate_between
 
