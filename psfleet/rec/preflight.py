@@ -164,7 +164,8 @@ def check_before_start(config: TrainConfig) -> None:
                              ("runner.test_data_dir", test_files),
                              ("runner.valid_data_dir", valid_files)):
             for file in files:
-                _check_first_lines(parser, field, file, runner.max_malformed_fraction < 1)
+                _check_first_lines(parser, field, file,
+                                   some_well_formed=runner.max_malformed_fraction < 1)
     # Last: the model imports torch (seconds), so every other mistake is named sooner.
     check_model(config)
     _check_memory_tiers(config)
@@ -219,7 +220,8 @@ def _check_memory_tiers(config: TrainConfig) -> None:
                 f"(or memory_budget_bytes) to at least {2 * request:,} rows")
 
 
-def _check_first_lines(parser: Parser, field: str, file: Path, some_well_formed: bool) -> None:
+def _check_first_lines(parser: Parser, field: str, file: Path,
+                       some_well_formed: bool = True) -> None:
     """Parse the header and first :data:`_FIRST_LINES` data lines of ``file`` (rows of
     Parquet), so that a column the config names but the file lacks, or data the config
     cannot read at all (text labels without ``columns.label_positive``), fails now,
