@@ -240,11 +240,14 @@ def predict(model: str | Path, data: str | Path | Sequence[str | Path],
             (path or fsspec URL) with ``config``.
         data: data files or folders in the format the model was trained on.
         config: the YAML the model was trained with (default: the run folder's).
-        out: write ``label<TAB>probability`` per example there.
+        out: write ``label<TAB>probability`` per example there (the label empty for
+            files without the label column: docs/export.md).
         overrides: ``section.key=value`` assignments applied to the config.
 
     Returns:
-        ``{"auc", "logloss", "examples", "files", "model_dir"}``.
+        ``{"auc", "logloss", "examples", "files", "labelled", "model_dir"}``;
+        ``auc`` and ``logloss`` None (``labelled`` False) for files without the label
+        column.
 
     Raises:
         ConfigError: no config (``model`` is not a run folder and ``config`` is

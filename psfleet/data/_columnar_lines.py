@@ -79,7 +79,9 @@ def parse_lines_slowly(parser: ColumnarParser, chunk: RawChunk, width: int,
         fields, problem = split_line(line.rstrip("\r"), config.delimiter)
         if problem is None and len(fields) != width:
             problem = f"has {len(fields)} fields, expected {width}"
-        if problem is None:
+        if problem is None and label < 0:  # no label column
+            value = float("nan")
+        elif problem is None:
             value = parser.labels.one(fields[label])
             if value is None:
                 problem = (f"label is {fields[label]!r}, expected "

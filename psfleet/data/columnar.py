@@ -12,6 +12,9 @@ position, so a user brings their own schema without writing code::
 - label: numbers ``0`` / ``1`` by default; text labels with ``label_positive`` (and
   optionally ``label_negative``) or ``label_map`` (:mod:`psfleet.data._labels`). A label
   that cannot be mapped is a malformed line naming ``file:line`` and the value.
+  ``label: null`` reads files without a label (every example's label is NaN): what
+  ``psfleet predict`` uses for a file whose header or schema lacks the label column
+  (:func:`has_label_column`); training refuses it.
 - dense: numbers; empty / null -> 0.0; ``dense_transform``: ``none``, ``log1p`` or
   ``standardize`` (with ``dense_mean`` / ``dense_std``), :mod:`psfleet.data._dense`.
 - sparse: any text (or integers in Parquet); keys as :func:`psfleet.data.criteo.hash_feature`
@@ -35,6 +38,7 @@ Python's :mod:`csv` module, which gives the same fields, to name each bad line
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -42,12 +46,14 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from psfleet.data._columnar_lines import parse_lines_slowly, split_line
 from psfleet.data._dense import DenseTransform, check_dense_transform, transform_dense
 from psfleet.data._labels import LabelRule
 from psfleet.data._tokens import bags_to_rows
+from psfleet.data.compression import open_data_file
 from psfleet.data.criteo import binary_keys, slot_prefixes
 from psfleet.data.jagged_rows import JaggedRows
 from psfleet.data.malformed import RateLimitedWarner
@@ -55,7 +61,7 @@ from psfleet.data.parsers import Parser, register_parser
 from psfleet.data.types import FeatureSchema, ParsedChunk, RawChunk
 from psfleet.errors import ConfigError, DataError, ParserConfigError
 
-__all__ = ["ColumnsConfig", "ColumnarParser"]
+__all__ = ["ColumnsConfig", "ColumnarParser", "has_label_column"]
 
 logger = logging.getLogger(__name__)
 _warner = RateLimitedWarner(log=logger)
@@ -70,7 +76,7 @@ class ColumnsConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    label: Column
+    label: Column | None
     dense: list[Column] = []
     sparse: list[Column] = []
     multi: list[Column] = []
@@ -146,7 +152,9 @@ class ColumnarParser:
     # -- column resolution ------------------------------------------------------------
     def _positions(self, names: list[str] | None, width: int, source: str
                    ) -> tuple[int, list[int], list[int], list[int]]:
-        def find(column: Column, key: str) -> int:
+        def find(column: Column | None, key: str) -> int:
+            if column is None:  # no label column: labels are NaN
+                return -1
             if isinstance(column, int):
                 if not 0 <= column < width:
                     raise ParserConfigError(f"columns.{key}: position {column} is past the "
@@ -222,9 +230,13 @@ class ColumnarParser:
         return np.asarray(pc.fill_null(values, 0.0).to_numpy(zero_copy_only=False),
                           dtype=np.float64)
 
-    def _label_values(self, array: pa.ChunkedArray
+    def _label_values(self, table: pa.Table, label: int
                       ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]] | None:
-        """(labels [N], valid [N]) of the label column, or None (read it line by line)."""
+        """(labels [N], valid [N]) of the label column (position ``label``; -1: no label
+        column, every label NaN), or None (read it line by line)."""
+        if label < 0:
+            return (np.full(table.num_rows, np.nan), np.ones(table.num_rows, dtype=np.bool_))
+        array = table.column(label)
         if self.labels.numeric:
             values = self._numbers(array)
             if values is None:
@@ -247,7 +259,7 @@ class ColumnarParser:
     def _convert(self, table: pa.Table, label: int, dense: list[int], sparse: list[int],
                  multi: list[int]) -> ParsedChunk | None:
         count = table.num_rows
-        labels = self._label_values(table.column(label))
+        labels = self._label_values(table, label)
         if labels is None or not labels[1].all():
             return None
         dense_values = np.zeros((count, len(dense)), dtype=np.float64)
@@ -295,7 +307,7 @@ class ColumnarParser:
         label, dense, sparse, multi = self._positions(table.column_names, table.num_columns,
                                                       chunk.source)
         count = table.num_rows
-        labels = self._label_values(table.column(label))
+        labels = self._label_values(table, label)
         problem = None
         if labels is None:
             problem = f"label column {self.config.label!r} is not numeric or text"
@@ -332,6 +344,33 @@ class ColumnarParser:
             values, dense_values, keys = values[index], dense_values[index], keys[index]
             jagged = None if jagged is None else jagged.take(index)
         return self.finish(values, dense_values, keys, jagged, len(bad), count)
+
+
+def has_label_column(path: Path, config: ColumnsConfig, kind: Literal["text", "parquet"]
+                     ) -> bool:
+    """Whether the file at ``path`` holds ``config.label``: a named label must be in the
+    header (text with ``header: true``) or the Parquet schema; a positional label (or
+    text without a header) cannot be told apart from a feature, so it counts as present.
+
+    Raises:
+        DataError: the file cannot be opened or its header / schema read (names it).
+    """
+    label = config.label
+    if label is None:
+        return False
+    if isinstance(label, int):
+        return True
+    if kind == "parquet":
+        try:
+            return label in pq.read_schema(path).names
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise DataError(f"data file {str(path)!r}: its Parquet schema cannot be read: "
+                            f"{exc}") from None
+    if not config.header:
+        return True
+    with open_data_file(path) as stream:
+        first = stream.readline().decode("utf-8", errors="replace").rstrip("\r\n")
+    return label in split_line(first, config.delimiter)[0]
 
 
 def _count_lines(data: bytes) -> int:

@@ -259,6 +259,10 @@ class RunnerConfig(_Section):
         if self.parser in ("csv", "parquet") and self.columns is None:
             raise ConfigError(f"runner.columns: required with runner.parser: {self.parser} "
                               "(label, dense and sparse columns)")
+        if self.columns is not None and self.columns.label is None:
+            raise ConfigError("runner.columns.label: required (the column holding the 0/1 "
+                              "label); psfleet predict scores a file without that column by "
+                              "itself, with the label named here")
         used = {"slot": "slots", "csv": "columns", "parquet": "columns",
                 "libsvm": "libsvm"}.get(self.parser)
         for field in ("slots", "columns", "libsvm"):
