@@ -198,7 +198,7 @@ def train(config: TrainConfig, role_maker: RoleMaker | None = None) -> dict[str,
     torch.manual_seed(runner.seed)
     # The config was checked before the job started (runner.use_gpu is false: CPU).
     fleet.init(role_maker, strategy=strategy_of(config))
-    model = build_runner_model(config)
+    model = build_runner_model(config, fleet.worker_index())  # its own dropout masks
     # hyper_parameters.optimizer.class names a torch.optim class whose rule the tables run.
     optimizer = fleet.distributed_optimizer(
         params=model.parameters(),
