@@ -26,13 +26,17 @@ position, so a user brings their own schema without writing code::
   (``list<string>``, ``list<int>``; a null list is empty). Keys as for sparse values.
 
 Text follows RFC 4180 quoting (``"``): a quoted field may hold the delimiter, the
-separator and doubled quotes (``"say ""hi"", then go"``). Arrow's CSV reader splits the
-fields; a line break inside a quoted field is not supported (files are read in chunks
-split at line ends): such a line is malformed (``a quoted field is not closed``), never
-merged with the next. A chunk with a malformed line (wrong field count, an unclosed
-quote, non-numeric dense, a label that cannot be mapped) is re-read line by line with
-Python's :mod:`csv` module, which gives the same fields, to name each bad line
-(rate-limited warnings, or :class:`~psfleet.errors.DataError` with ``strict``).
+separator, doubled quotes (``"say ""hi"", then go"``) and line breaks (free text as
+pandas and :mod:`csv` write it). Records end at a line break outside quotes: the
+readers cut files, chunks and workers' shares at record ends (``quoted_records``,
+:mod:`psfleet.data.records`), and a record is named by the file line it starts on.
+Arrow's CSV reader splits the fields (``newlines_in_values`` when a chunk has records
+spanning lines). A quote that is never closed runs its record to the end of the file,
+which is then one malformed record (``a quoted field is not closed``). A chunk with a
+malformed record (wrong field count, an unclosed quote, non-numeric dense, a label that
+cannot be mapped) is re-read record by record with Python's :mod:`csv` module, which
+gives the same fields, to name each bad one (rate-limited warnings, or
+:class:`~psfleet.errors.DataError` with ``strict``).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from psfleet.data._columnar_lines import parse_lines_slowly, split_line
+from psfleet.data._columnar_lines import parse_lines_slowly, split_line, split_records
 from psfleet.data._dense import DenseTransform, check_dense_transform, transform_dense
 from psfleet.data._labels import LabelRule
 from psfleet.data._tokens import bags_to_rows
@@ -140,6 +144,7 @@ class ColumnarParser:
         self.config = config
         self.kind: Literal["text", "parquet"] = kind
         self.header = config.header and kind == "text"
+        self.quoted_records = kind == "text"  # a quoted field may hold line breaks
         self.schema = FeatureSchema(dense=tuple(map(str, config.dense)),
                                     sparse=tuple(map(str, config.sparse)),
                                     multi=tuple(map(str, config.multi)))
@@ -184,21 +189,23 @@ class ColumnarParser:
                             delimiter)[0] if chunk.header is not None else None)
         if not chunk.payload:
             return ParsedChunk.empty(self.schema)
+        records = split_records(chunk.payload)
         if names is not None:
             width = len(names)
         else:
-            first = chunk.payload.split(b"\n", 1)[0].decode("utf-8", errors="replace")
+            first = records[0].decode("utf-8", errors="replace")
             width = len(split_line(first.rstrip("\r"), delimiter)[0])
         positions = self._positions(names, width, chunk.source)
-        if _quotes_balanced(chunk.payload):
-            table = self._read_text(chunk.payload, width)
-            if table is not None and table.num_rows == _count_lines(chunk.payload):
+        if chunk.payload.count(_QUOTE) % 2 == 0:  # every quoted field is closed
+            spans = len(records) != chunk.payload.count(b"\n")
+            table = self._read_text(chunk.payload, width, spans)
+            if table is not None and table.num_rows == len(records):
                 result = self._convert(table, *positions)
                 if result is not None:
                     return result
-        return parse_lines_slowly(self, chunk, width, positions, strict, _warner)
+        return parse_lines_slowly(self, chunk, records, width, positions, strict, _warner)
 
-    def _read_text(self, data: bytes, width: int) -> pa.Table | None:
+    def _read_text(self, data: bytes, width: int, spans: bool) -> pa.Table | None:
         names = [f"f{i}" for i in range(width)]
         try:
             return pa_csv.read_csv(
@@ -208,6 +215,7 @@ class ColumnarParser:
                 parse_options=pa_csv.ParseOptions(delimiter=self.config.delimiter,
                                                   quote_char='"', double_quote=True,
                                                   escape_char=False,
+                                                  newlines_in_values=spans,
                                                   ignore_empty_lines=False),
                 convert_options=pa_csv.ConvertOptions(
                     column_types={n: pa.binary() for n in names}, strings_can_be_null=False))
@@ -319,7 +327,7 @@ class ColumnarParser:
                 break
             dense_values[:, i] = values
         if problem is not None or labels is None:
-            raise DataError(f"{chunk.source}: rows {chunk.first_line_no}..: {problem}; fix "
+            raise DataError(f"{chunk.source}: rows {chunk.line_no(0)}..: {problem}; fix "
                             "the Parquet file's column types or the columns config")
         keys = np.empty((count, len(sparse)), dtype=np.uint64)
         for i, column in enumerate(sparse):
@@ -331,7 +339,7 @@ class ColumnarParser:
         bad = np.flatnonzero(~good)
         if len(bad):
             raw = table.column(label).take(pa.array(bad)).to_pylist()
-            reasons = [(chunk.first_line_no + int(row) * chunk.line_step,
+            reasons = [(chunk.line_no(int(row)),
                         f"label is {value!r}, expected {self.labels.describe()}")
                        for row, value in zip(bad.tolist(), raw, strict=True)]
             if strict:
@@ -371,23 +379,6 @@ def has_label_column(path: Path, config: ColumnsConfig, kind: Literal["text", "p
     with open_data_file(path) as stream:
         first = stream.readline().decode("utf-8", errors="replace").rstrip("\r\n")
     return label in split_line(first, config.delimiter)[0]
-
-
-def _count_lines(data: bytes) -> int:
-    """Lines of a chunk as the line splitter counts them (a final line without \\n too)."""
-    return data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
-
-
-def _quotes_balanced(data: bytes) -> bool:
-    """Whether every line holds an even number of ``"`` (else a quoted field may run
-    past its line: the chunk is read line by line, which names such lines)."""
-    if _QUOTE not in data:
-        return True
-    text = np.frombuffer(data, dtype=np.uint8)
-    quotes = np.flatnonzero(text == ord('"'))
-    newlines = np.flatnonzero(text == ord("\n"))
-    per_line = np.bincount(np.searchsorted(newlines, quotes), minlength=len(newlines) + 1)
-    return not bool((per_line & 1).any())
 
 
 def _make(kind: Literal["text", "parquet"]) -> object:
