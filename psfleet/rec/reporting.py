@@ -42,6 +42,7 @@ from psfleet.checkpoint import CheckpointConfig, CheckpointStore
 from psfleet.checkpoint.manifest import MANIFEST_NAME
 from psfleet.data import Reader
 from psfleet.data.pipeline import PassStats
+from psfleet.job.modes import mode_spec
 from psfleet.metrics import auc, copc, log_loss
 from psfleet.rec.config import TrainConfig
 from psfleet.rec.curves import CURVES_NAME, RunRecorder, plot_curves
@@ -49,6 +50,7 @@ from psfleet.rec.features import model_inputs
 from psfleet.rec.json_file import write_json_atomic
 from psfleet.rec.passes import sparse_table_names, table_totals
 from psfleet.rec.predict import export_trained_model
+from psfleet.types import Mode
 
 __all__ = ["METRICS_NAME", "MalformedTally", "Progress", "TrainingInterrupted", "evaluate",
            "finish_run", "newest_checkpoint", "record_interrupt", "run_metrics"]
@@ -98,6 +100,18 @@ class MalformedTally:
         """One phrase for a log line: ``train 12 of 7200 lines, test 0 of 800 lines``."""
         return ", ".join(f"{name} {s['malformed']} of {s['lines']} lines"
                          for name, s in self.summary().items()) or "no pass read"
+
+
+def run_title(model: str, sync_mode: Mode, server_num: int, worker_num: int) -> str:
+    """How a run ran, for the curves' title: ``dnn, one process`` (in-process tables,
+    where the mode changes nothing), ``dnn, collective, 2 workers`` or ``dnn, async,
+    1 server x 2 workers``."""
+    if server_num == 0 and worker_num == 1:
+        return f"{model}, one process"
+    workers = f"{worker_num} worker{'s' if worker_num != 1 else ''}"
+    if not mode_spec(sync_mode).servers:
+        return f"{model}, {sync_mode}, {workers}"
+    return f"{model}, {sync_mode}, {server_num} server{'s' if server_num != 1 else ''} x {workers}"
 
 
 def newest_checkpoint(checkpoint: CheckpointConfig | None) -> str | None:
@@ -276,8 +290,8 @@ def finish_run(config: TrainConfig, model: nn.Module, progress: Progress, reader
     try:
         metrics["curves"] = str(plot_curves(
             out / CURVES_NAME, progress.epochs, progress.valid, metrics["test"],
-            done, f"{runner.model}, {runner.sync_mode}, "
-            f"{metrics['server_num']}x{metrics['worker_num']}"))
+            done, run_title(runner.model, runner.sync_mode, metrics["server_num"],
+                            metrics["worker_num"])))
     except Exception as exc:  # noqa: BLE001 - a plot must not lose the run's metrics
         logger.warning("curves.png could not be drawn: %s", exc)
     write_json_atomic(out / METRICS_NAME, metrics)
