@@ -162,6 +162,8 @@ def _train(args: argparse.Namespace) -> int:
         close_progress_bars()
         return report_interrupt(config, args.config, overrides, signum, started, exc)
     if metrics is not None:
+        from psfleet.rec.batch_note import global_batch_note
+
         test = metrics["test"]
         summary = (f"test auc {test['auc']:.4f}, logloss {test['logloss']:.4f} on "
                    f"{test['examples']} examples; " if test else "")
@@ -174,9 +176,11 @@ def _train(args: argparse.Namespace) -> int:
         early = (f"; stopped early after epoch {stopped['epoch']} (best valid "
                  f"{stopped['metric']} {stopped['best']:.4f} at epoch {stopped['best_epoch']})"
                  if stopped else "")
+        note = global_batch_note(metrics)
+        batch = f"; {note}" if note else ""
         print(f"psfleet: {summary}{metrics['examples_per_s']:,.0f} examples/s, "
               f"train wall time {metrics['train_wall_s']:.1f} s{skipped}; metrics in "
-              f"{run_dir / 'metrics.json'}{curves}{model}{early}", flush=True)
+              f"{run_dir / 'metrics.json'}{curves}{model}{early}{batch}", flush=True)
     return 0
 
 

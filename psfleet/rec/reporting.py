@@ -3,7 +3,10 @@ atomically), the malformed lines its passes skipped, and the record of a Ctrl-C.
 
 ``metrics.json`` (in the run folder, :mod:`psfleet.rec.run_folder`) holds: ``run_name``,
 ``model``, ``sync_mode``,
-``server_num``, ``worker_num``, ``batch_size``, ``global_batch``; ``epochs`` (per epoch:
+``server_num``, ``worker_num``, ``batch_size``, ``global_batch``; ``batch_averaged``
+(an update averages the workers' batches: the global batch is the batch one update
+sees), ``lr_scaling`` (``runner.lr_scaling``) and ``lr_factor`` (what it multiplied
+the learning rate by, :mod:`psfleet.fleet.lr_scaling`); ``epochs`` (per epoch:
 loss, train AUC, examples, examples/s, wall time); ``train_wall_s`` and the job's
 ``examples_per_s``; ``test`` and each ``valid`` entry (AUC, log loss, COPC, examples;
 ``valid`` is None without ``runner.valid_data_dir``); ``malformed_lines`` (per data
@@ -42,6 +45,7 @@ from psfleet.checkpoint import CheckpointConfig, CheckpointStore
 from psfleet.checkpoint.manifest import MANIFEST_NAME
 from psfleet.data import Reader
 from psfleet.data.pipeline import PassStats
+from psfleet.fleet.lr_scaling import averages_batches, lr_factor
 from psfleet.job.modes import mode_spec
 from psfleet.metrics import auc, copc, log_loss
 from psfleet.rec.config import TrainConfig
@@ -53,7 +57,8 @@ from psfleet.rec.predict import export_trained_model
 from psfleet.types import Mode
 
 __all__ = ["METRICS_NAME", "MalformedTally", "Progress", "TrainingInterrupted", "evaluate",
-           "finish_run", "newest_checkpoint", "record_interrupt", "run_metrics"]
+           "finish_run", "newest_checkpoint", "record_interrupt", "run_metrics",
+           "run_title"]
 
 logger = logging.getLogger(__name__)
 
@@ -212,10 +217,14 @@ def run_metrics(config: TrainConfig, progress: Progress,
     workers = fleet.worker_num()
     train_wall = time.perf_counter() - progress.started
     all_examples = progress.job_lines
+    aggregated = runner.a_sync_configs.global_batch_aggregation
     return {
         "run_name": runner.run_name, "model": runner.model, "sync_mode": runner.sync_mode,
         "server_num": fleet.server_num(), "worker_num": workers,
         "batch_size": runner.batch_size, "global_batch": runner.batch_size * workers,
+        "batch_averaged": averages_batches(runner.sync_mode, aggregated),
+        "lr_scaling": runner.lr_scaling,
+        "lr_factor": lr_factor(runner.lr_scaling, runner.sync_mode, workers, aggregated),
         "epochs": progress.epochs, "train_wall_s": train_wall,
         "examples_per_s": all_examples / train_wall, "test": None, "valid": progress.valid,
         "malformed_lines": progress.malformed.summary(),
