@@ -102,7 +102,7 @@ def _kept_records(block: bytes, ends: npt.NDArray[np.int64], first: int, step: i
     """Records ``first, first + step, ...`` of ``block`` (each with its ``\\n``),
     selected by a byte mask over the whole block."""
     lengths = np.diff(ends, prepend=-1)  # bytes per record, its \n included
-    record = np.repeat(np.arange(len(ends)), lengths)  # [len(block)]
+    record = np.repeat(np.arange(len(ends), dtype=np.int32), lengths)  # [len(block)]
     keep = (record >= first) & ((record - first) % step == 0)
     return np.frombuffer(block, dtype=np.uint8)[keep].tobytes()
 
