@@ -141,3 +141,22 @@ def test_count_records_of_plain_and_compressed_files(tmp_path: Path) -> None:
     loaded.set_filelist([packed])
     loaded.load_into_memory()
     assert loaded.num_examples == ROWS // 2
+
+
+def test_a_quote_inside_an_unquoted_field_is_one_named_malformed_record(
+        tmp_path: Path) -> None:
+    lines = ["label,price,review,product,stars",
+             *(f"{i % 2},{i},ok,p{i},1" for i in range(20))]
+    lines[4], lines[8] = '1,3,5" screen,p3,1', '1,7,7" screen,p7,1'  # not RFC 4180
+    path = tmp_path / "stray.csv"
+    path.write_text("\n".join(lines) + "\n")
+    loaded = InMemoryDataset(8, "csv", COLUMNS, max_malformed_fraction=1.0)
+    loaded.set_filelist([path])
+    loaded.load_into_memory()
+    stats = loaded.last_pass
+    assert stats is not None
+    # lines 5..9 are read as one record (the quotes' parity), which is malformed
+    assert (loaded.num_examples, stats.malformed, stats.lines) == (15, 1, 16)
+    assert stats.first_malformed is not None
+    assert stats.first_malformed.startswith(f"{path}:5 ")
+    assert "inside an unquoted field" in stats.first_malformed

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = ["parse_lines_slowly", "split_line", "split_records"]
 
+_STRAY_QUOTE = ("a '\"' inside an unquoted field opened quoting, so this record ran over "
+                "the next lines up to the next such quote; quote that field (\"5\"\" "
+                "screen\") or remove the '\"'")
 _UNCLOSED = ("a quoted field is not closed (its record runs to the end of the file); "
              "close the quote, or double a quote that is part of the text (\"\")")
 
@@ -44,7 +47,9 @@ def split_line(line: str, delimiter: str) -> tuple[list[str], str | None]:
     fields are kept in them), RFC 4180 quoting with ``"``.
 
     Returns:
-        (fields, None), or ([], reason) when a quoted field is not closed on the line.
+        (fields, None), or ([], reason) when a quoted field is not closed, or the record
+        holds a line break outside quotes (a ``"`` inside an unquoted field, which
+        :mod:`psfleet.data.records` read as opening a quoted one, ran it over lines).
         A quote inside a field that did not start with one is kept as a character; a
         quoted field followed by more text is joined with it (as Arrow's reader does).
     """
@@ -54,7 +59,11 @@ def split_line(line: str, delimiter: str) -> tuple[list[str], str | None]:
     except csv.Error as exc:
         if "unexpected end of data" in str(exc):
             return [], _UNCLOSED
-        rows = list(csv.reader([line], delimiter=delimiter, quotechar='"', doublequote=True))
+        try:
+            rows = list(csv.reader([line], delimiter=delimiter, quotechar='"',
+                                   doublequote=True))
+        except csv.Error:
+            return [], _STRAY_QUOTE
     return (rows[0] if rows else []), None
 
 
