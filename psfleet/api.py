@@ -20,6 +20,7 @@ launcher as ``fleetrun`` and waits for it, its processes reading the run folder'
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -179,7 +180,7 @@ def job_launcher(config: TrainConfig, tee_stream: BinaryIO | None = None
         f"{plural(cluster.server_num, 'server')} x {plural(cluster.worker_num, 'worker')}"
 
 
-def train(config: ConfigSource, overrides: Sequence[str] = (),
+def train(config: ConfigSource, overrides: Sequence[str] = (), *, quiet: bool = False,
           **sections: Mapping[str, Any]) -> TrainResult:
     """Train the model ``config`` describes, in a new run folder; callable any number
     of times in one process.
@@ -189,6 +190,9 @@ def train(config: ConfigSource, overrides: Sequence[str] = (),
             ``hyper_parameters``, ``cluster``; relative paths are relative to the
             current folder), or a loaded :class:`~psfleet.rec.config.TrainConfig`.
         overrides: ``section.key=value`` assignments, as ``psfleet train -o``.
+        quiet: show only psfleet's warnings and errors on stderr (no INFO lines, no
+            progress bar; :func:`psfleet.logs.quiet`); the default shows the INFO lines
+            (``PSFLEET_LOG_LEVEL``) unless the application configured logging itself.
         **sections: mappings merged into the config's sections, e.g.
             ``runner={"epochs": 2}, cluster={"server_num": 0}``.
 
@@ -201,23 +205,26 @@ def train(config: ConfigSource, overrides: Sequence[str] = (),
         JobFailedError: a local job ended with a non-zero exit code.
         KeyboardInterrupt: interrupted (metrics so far are in the run folder).
     """
-    from psfleet import fleet
+    from psfleet import fleet, logs
 
     run_config = prepare(config, overrides, sections)
     runner = run_config.runner
     launch = job_launcher(run_config)
-    if launch is None:
-        from psfleet.rec.roles import run
+    with logs.quiet() if quiet else contextlib.nullcontext():
+        if launch is None:
+            from psfleet.rec.roles import run
 
-        try:
-            run(run_config)
-        finally:
-            fleet.reset()
-    else:
-        code = launch[0]()
-        if code != 0:
-            raise JobFailedError(f"the local job of {launch[1]} failed with exit code {code}; "
-                            f"its logs are in {runner.run_dir / 'log'}", code)
+            try:
+                run(run_config)
+            finally:
+                fleet.reset()
+            code = 0
+        else:
+            code = launch[0]()
+    if code != 0:
+        where = launch[1] if launch is not None else "this process"
+        raise JobFailedError(f"the local job of {where} failed with exit code {code}; "
+                             f"its logs are in {runner.run_dir / 'log'}", code)
     metrics_path = runner.run_dir / "metrics.json"
     try:
         metrics = json.loads(metrics_path.read_text())
@@ -240,11 +247,14 @@ def predict(model: str | Path, data: str | Path | Sequence[str | Path],
             (path or fsspec URL) with ``config``.
         data: data files or folders in the format the model was trained on.
         config: the YAML the model was trained with (default: the run folder's).
-        out: write ``label<TAB>probability`` per example there.
+        out: write ``label<TAB>probability`` per example there (the label empty for
+            files without the label column: docs/export.md).
         overrides: ``section.key=value`` assignments applied to the config.
 
     Returns:
-        ``{"auc", "logloss", "examples", "files", "model_dir"}``.
+        ``{"auc", "logloss", "examples", "files", "labelled", "model_dir"}``;
+        ``auc`` and ``logloss`` None (``labelled`` False) for files without the label
+        column.
 
     Raises:
         ConfigError: no config (``model`` is not a run folder and ``config`` is

@@ -336,14 +336,15 @@ def test_csv_quoted_fields_multi_column_and_text_label(tmp_path: Path) -> None:
     assert all(b.jagged is not None and b.jagged.keys == ("genres",) for b in batches)
 
 
-def test_csv_unmappable_label_and_line_break_in_quotes_are_malformed_lines(
+def test_csv_unmappable_label_is_malformed_and_a_quoted_line_break_is_kept(
         tmp_path: Path) -> None:
     table = _user_table(_criteo_rows(50))
     path = tmp_path / "user.csv"
     _write_csv(path, table)
     lines = path.read_text().splitlines(keepends=True)
     lines.insert(4, 'maybe,1,2,t,c,g\n')  # line 5: a label that is not in the map
-    lines.insert(8, 'no,1,2,"two\nlines",c,g\n')  # lines 9-10: a quoted line break
+    lines.insert(8, 'no,1,2,"two\nlines",c,g\n')  # lines 9-10: one record, a quoted break
+    lines.insert(12, 'maybe,1,2,t,c,g\n')  # line 14 (the 13th record)
     path.write_text("".join(lines))
     strict = QueueDataset(8, "csv", USER_COLUMNS, strict=True)
     strict.set_filelist([path])
@@ -351,9 +352,17 @@ def test_csv_unmappable_label_and_line_break_in_quotes_are_malformed_lines(
         list(strict)
     stream = QueueDataset(8, "csv", USER_COLUMNS, max_malformed_fraction=0.1)
     stream.set_filelist([path])
-    labels = np.concatenate([b.labels.numpy() for b in stream])
-    assert stream.last_pass is not None and stream.last_pass.malformed == 3
-    np.testing.assert_array_equal(labels, _expected(table)[0])  # nothing merged or lost
+    batches = list(stream)
+    labels = np.concatenate([b.labels.numpy() for b in batches])
+    sparse = np.concatenate([b.sparse.numpy() for b in batches])
+    assert stream.last_pass is not None and stream.last_pass.malformed == 2
+    expected = _expected(table)
+    np.testing.assert_array_equal(labels, [*expected[0][:6], 0.0, *expected[0][6:]])
+    assert sparse[6].tolist() == [hash_feature(0, "two\nlines"), hash_feature(1, "c")]
+    without_first = path.read_text().replace("maybe,1,2,t,c,g\n", "yes,1,2,t,c,g\n", 1)
+    path.write_text(without_first)
+    with pytest.raises(DataError, match=f"{path}:14: .*label is 'maybe'"):
+        list(strict)  # the line after the two-line record is numbered as the file's
     positive = ColumnsConfig(label="label", label_positive="yes", sparse=["c5"])
     parsed = make_parser("csv", positive).parse(
         chunk(b"yes,a\nno,b\n maybe ,c\n", header=b"label,c5"), strict=True)

@@ -41,7 +41,9 @@ it (or that there is none); no traceback (:mod:`psfleet.cli.console`).
 ``predict`` scores data offline (no server) with a model ``train`` exported (into the
 run folder by default, :mod:`psfleet.rec.run_folder`) or ``fleet.save_inference_model``
 wrote, prints AUC, log loss, the example count and the files read, and with ``--out``
-writes ``label<TAB>probability`` per example. Given a run folder (or the
+writes ``label<TAB>probability`` per example. Files without the label column (``csv``
+with a header, ``parquet``) are scored with no AUC or log loss and the label left empty
+(``<TAB>probability``). Given a run folder (or the
 ``model_save_path`` holding ``latest``) it reads the run's ``config.yaml`` and
 ``model/``; given a model folder, ``-m`` names the config it was trained with.
 
@@ -160,6 +162,8 @@ def _train(args: argparse.Namespace) -> int:
         close_progress_bars()
         return report_interrupt(config, args.config, overrides, signum, started, exc)
     if metrics is not None:
+        from psfleet.rec.batch_note import global_batch_note
+
         test = metrics["test"]
         summary = (f"test auc {test['auc']:.4f}, logloss {test['logloss']:.4f} on "
                    f"{test['examples']} examples; " if test else "")
@@ -172,9 +176,11 @@ def _train(args: argparse.Namespace) -> int:
         early = (f"; stopped early after epoch {stopped['epoch']} (best valid "
                  f"{stopped['metric']} {stopped['best']:.4f} at epoch {stopped['best_epoch']})"
                  if stopped else "")
+        note = global_batch_note(metrics)
+        batch = f"; {note}" if note else ""
         print(f"psfleet: {summary}{metrics['examples_per_s']:,.0f} examples/s, "
               f"train wall time {metrics['train_wall_s']:.1f} s{skipped}; metrics in "
-              f"{run_dir / 'metrics.json'}{curves}{model}{early}", flush=True)
+              f"{run_dir / 'metrics.json'}{curves}{model}{early}{batch}", flush=True)
     return 0
 
 
@@ -185,9 +191,12 @@ def _predict(args: argparse.Namespace) -> int:
     written = f"; scores in {args.out}" if args.out is not None else ""
     files = result["files"]
     read = files[0] if len(files) == 1 else f"{plural(len(files), 'file')} of {args.data}"
-    print(f"psfleet: predict auc {result['auc']:.6f}, logloss {result['logloss']:.6f} on "
-          f"{result['examples']} examples of {read} with the model in {result['model_dir']}"
-          f"{written}", flush=True)
+    if result["labelled"]:
+        scored = f"auc {result['auc']:.6f}, logloss {result['logloss']:.6f} on"
+    else:
+        scored = "scored (no label column: no auc or logloss)"
+    print(f"psfleet: predict {scored} {result['examples']} examples of {read} with the model "
+          f"in {result['model_dir']}{written}", flush=True)
     return 0
 
 
@@ -276,7 +285,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                          help="a run folder (or model_save_path: its latest run), or an "
                               "inference model directory (path or fsspec URL) with -m")
     predict.add_argument("--data", required=True, type=Path, help="a data file or directory")
-    predict.add_argument("--out", type=Path, help="write label<TAB>probability per example")
+    predict.add_argument("--out", type=Path, help="write label<TAB>probability per example "
+                         "(the label empty for rows without one)")
     _add_subcommands(commands, _named_command(sys.argv[1:] if argv is None else argv))
     return parser
 

@@ -104,6 +104,10 @@ def _report(args: argparse.Namespace, out: Path, records: list[dict[str, Any]],
     """Print the table and the failures, write parity.json and parity.png."""
     rows = parity.summarise(records, args.tolerance)
     print(parity.format_table(rows, args.tolerance), flush=True)
+    for row in rows:
+        if row["global_batch_note"]:
+            print(f"psfleet parity: {row['configuration']}: {row['global_batch_note']}",
+                  flush=True)
     for r in records:
         if not r["finished"]:
             print(f"psfleet parity: run {r['run_name']} ({r['configuration']}, repeat "

@@ -12,6 +12,9 @@ position, so a user brings their own schema without writing code::
 - label: numbers ``0`` / ``1`` by default; text labels with ``label_positive`` (and
   optionally ``label_negative``) or ``label_map`` (:mod:`psfleet.data._labels`). A label
   that cannot be mapped is a malformed line naming ``file:line`` and the value.
+  ``label: null`` reads files without a label (every example's label is NaN): what
+  ``psfleet predict`` uses for a file whose header or schema lacks the label column
+  (:func:`has_label_column`); training refuses it.
 - dense: numbers; empty / null -> 0.0; ``dense_transform``: ``none``, ``log1p`` or
   ``standardize`` (with ``dense_mean`` / ``dense_std``), :mod:`psfleet.data._dense`.
 - sparse: any text (or integers in Parquet); keys as :func:`psfleet.data.criteo.hash_feature`
@@ -23,18 +26,23 @@ position, so a user brings their own schema without writing code::
   (``list<string>``, ``list<int>``; a null list is empty). Keys as for sparse values.
 
 Text follows RFC 4180 quoting (``"``): a quoted field may hold the delimiter, the
-separator and doubled quotes (``"say ""hi"", then go"``). Arrow's CSV reader splits the
-fields; a line break inside a quoted field is not supported (files are read in chunks
-split at line ends): such a line is malformed (``a quoted field is not closed``), never
-merged with the next. A chunk with a malformed line (wrong field count, an unclosed
-quote, non-numeric dense, a label that cannot be mapped) is re-read line by line with
-Python's :mod:`csv` module, which gives the same fields, to name each bad line
-(rate-limited warnings, or :class:`~psfleet.errors.DataError` with ``strict``).
+separator, doubled quotes (``"say ""hi"", then go"``) and line breaks (free text as
+pandas and :mod:`csv` write it). Records end at a line break outside quotes: the
+readers cut files, chunks and workers' shares at record ends (``quoted_records``,
+:mod:`psfleet.data.records`), and a record is named by the file line it starts on.
+Arrow's CSV reader splits the fields (``newlines_in_values`` when a chunk has records
+spanning lines). A quote that is never closed runs its record to the end of the file,
+which is then one malformed record (``a quoted field is not closed``). A chunk with a
+malformed record (wrong field count, an unclosed quote, non-numeric dense, a label that
+cannot be mapped) is re-read record by record with Python's :mod:`csv` module, which
+gives the same fields, to name each bad one (rate-limited warnings, or
+:class:`~psfleet.errors.DataError` with ``strict``).
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -42,12 +50,14 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from psfleet.data._columnar_lines import parse_lines_slowly, split_line
+from psfleet.data._columnar_lines import parse_lines_slowly, split_line, split_records
 from psfleet.data._dense import DenseTransform, check_dense_transform, transform_dense
 from psfleet.data._labels import LabelRule
 from psfleet.data._tokens import bags_to_rows
+from psfleet.data.compression import open_data_file
 from psfleet.data.criteo import binary_keys, slot_prefixes
 from psfleet.data.jagged_rows import JaggedRows
 from psfleet.data.malformed import RateLimitedWarner
@@ -55,7 +65,7 @@ from psfleet.data.parsers import Parser, register_parser
 from psfleet.data.types import FeatureSchema, ParsedChunk, RawChunk
 from psfleet.errors import ConfigError, DataError, ParserConfigError
 
-__all__ = ["ColumnsConfig", "ColumnarParser"]
+__all__ = ["ColumnsConfig", "ColumnarParser", "has_label_column"]
 
 logger = logging.getLogger(__name__)
 _warner = RateLimitedWarner(log=logger)
@@ -70,7 +80,7 @@ class ColumnsConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    label: Column
+    label: Column | None
     dense: list[Column] = []
     sparse: list[Column] = []
     multi: list[Column] = []
@@ -134,6 +144,7 @@ class ColumnarParser:
         self.config = config
         self.kind: Literal["text", "parquet"] = kind
         self.header = config.header and kind == "text"
+        self.quoted_records = kind == "text"  # a quoted field may hold line breaks
         self.schema = FeatureSchema(dense=tuple(map(str, config.dense)),
                                     sparse=tuple(map(str, config.sparse)),
                                     multi=tuple(map(str, config.multi)))
@@ -146,7 +157,9 @@ class ColumnarParser:
     # -- column resolution ------------------------------------------------------------
     def _positions(self, names: list[str] | None, width: int, source: str
                    ) -> tuple[int, list[int], list[int], list[int]]:
-        def find(column: Column, key: str) -> int:
+        def find(column: Column | None, key: str) -> int:
+            if column is None:  # no label column: labels are NaN
+                return -1
             if isinstance(column, int):
                 if not 0 <= column < width:
                     raise ParserConfigError(f"columns.{key}: position {column} is past the "
@@ -176,21 +189,23 @@ class ColumnarParser:
                             delimiter)[0] if chunk.header is not None else None)
         if not chunk.payload:
             return ParsedChunk.empty(self.schema)
+        records = split_records(chunk.payload)
         if names is not None:
             width = len(names)
         else:
-            first = chunk.payload.split(b"\n", 1)[0].decode("utf-8", errors="replace")
+            first = records[0].decode("utf-8", errors="replace")
             width = len(split_line(first.rstrip("\r"), delimiter)[0])
         positions = self._positions(names, width, chunk.source)
-        if _quotes_balanced(chunk.payload):
-            table = self._read_text(chunk.payload, width)
-            if table is not None and table.num_rows == _count_lines(chunk.payload):
+        if chunk.payload.count(_QUOTE) % 2 == 0:  # every quoted field is closed
+            spans = len(records) != chunk.payload.count(b"\n")
+            table = self._read_text(chunk.payload, width, spans)
+            if table is not None and table.num_rows == len(records):
                 result = self._convert(table, *positions)
                 if result is not None:
                     return result
-        return parse_lines_slowly(self, chunk, width, positions, strict, _warner)
+        return parse_lines_slowly(self, chunk, records, width, positions, strict, _warner)
 
-    def _read_text(self, data: bytes, width: int) -> pa.Table | None:
+    def _read_text(self, data: bytes, width: int, spans: bool) -> pa.Table | None:
         names = [f"f{i}" for i in range(width)]
         try:
             return pa_csv.read_csv(
@@ -200,6 +215,7 @@ class ColumnarParser:
                 parse_options=pa_csv.ParseOptions(delimiter=self.config.delimiter,
                                                   quote_char='"', double_quote=True,
                                                   escape_char=False,
+                                                  newlines_in_values=spans,
                                                   ignore_empty_lines=False),
                 convert_options=pa_csv.ConvertOptions(
                     column_types={n: pa.binary() for n in names}, strings_can_be_null=False))
@@ -222,9 +238,13 @@ class ColumnarParser:
         return np.asarray(pc.fill_null(values, 0.0).to_numpy(zero_copy_only=False),
                           dtype=np.float64)
 
-    def _label_values(self, array: pa.ChunkedArray
+    def _label_values(self, table: pa.Table, label: int
                       ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]] | None:
-        """(labels [N], valid [N]) of the label column, or None (read it line by line)."""
+        """(labels [N], valid [N]) of the label column (position ``label``; -1: no label
+        column, every label NaN), or None (read it line by line)."""
+        if label < 0:
+            return (np.full(table.num_rows, np.nan), np.ones(table.num_rows, dtype=np.bool_))
+        array = table.column(label)
         if self.labels.numeric:
             values = self._numbers(array)
             if values is None:
@@ -247,7 +267,7 @@ class ColumnarParser:
     def _convert(self, table: pa.Table, label: int, dense: list[int], sparse: list[int],
                  multi: list[int]) -> ParsedChunk | None:
         count = table.num_rows
-        labels = self._label_values(table.column(label))
+        labels = self._label_values(table, label)
         if labels is None or not labels[1].all():
             return None
         dense_values = np.zeros((count, len(dense)), dtype=np.float64)
@@ -295,7 +315,7 @@ class ColumnarParser:
         label, dense, sparse, multi = self._positions(table.column_names, table.num_columns,
                                                       chunk.source)
         count = table.num_rows
-        labels = self._label_values(table.column(label))
+        labels = self._label_values(table, label)
         problem = None
         if labels is None:
             problem = f"label column {self.config.label!r} is not numeric or text"
@@ -307,7 +327,7 @@ class ColumnarParser:
                 break
             dense_values[:, i] = values
         if problem is not None or labels is None:
-            raise DataError(f"{chunk.source}: rows {chunk.first_line_no}..: {problem}; fix "
+            raise DataError(f"{chunk.source}: rows {chunk.line_no(0)}..: {problem}; fix "
                             "the Parquet file's column types or the columns config")
         keys = np.empty((count, len(sparse)), dtype=np.uint64)
         for i, column in enumerate(sparse):
@@ -319,7 +339,7 @@ class ColumnarParser:
         bad = np.flatnonzero(~good)
         if len(bad):
             raw = table.column(label).take(pa.array(bad)).to_pylist()
-            reasons = [(chunk.first_line_no + int(row) * chunk.line_step,
+            reasons = [(chunk.line_no(int(row)),
                         f"label is {value!r}, expected {self.labels.describe()}")
                        for row, value in zip(bad.tolist(), raw, strict=True)]
             if strict:
@@ -334,21 +354,31 @@ class ColumnarParser:
         return self.finish(values, dense_values, keys, jagged, len(bad), count)
 
 
-def _count_lines(data: bytes) -> int:
-    """Lines of a chunk as the line splitter counts them (a final line without \\n too)."""
-    return data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+def has_label_column(path: Path, config: ColumnsConfig, kind: Literal["text", "parquet"]
+                     ) -> bool:
+    """Whether the file at ``path`` holds ``config.label``: a named label must be in the
+    header (text with ``header: true``) or the Parquet schema; a positional label (or
+    text without a header) cannot be told apart from a feature, so it counts as present.
 
-
-def _quotes_balanced(data: bytes) -> bool:
-    """Whether every line holds an even number of ``"`` (else a quoted field may run
-    past its line: the chunk is read line by line, which names such lines)."""
-    if _QUOTE not in data:
+    Raises:
+        DataError: the file cannot be opened or its header / schema read (names it).
+    """
+    label = config.label
+    if label is None:
+        return False
+    if isinstance(label, int):
         return True
-    text = np.frombuffer(data, dtype=np.uint8)
-    quotes = np.flatnonzero(text == ord('"'))
-    newlines = np.flatnonzero(text == ord("\n"))
-    per_line = np.bincount(np.searchsorted(newlines, quotes), minlength=len(newlines) + 1)
-    return not bool((per_line & 1).any())
+    if kind == "parquet":
+        try:
+            return label in pq.read_schema(path).names
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise DataError(f"data file {str(path)!r}: its Parquet schema cannot be read: "
+                            f"{exc}") from None
+    if not config.header:
+        return True
+    with open_data_file(path) as stream:
+        first = stream.readline().decode("utf-8", errors="replace").rstrip("\r\n")
+    return label in split_line(first, config.delimiter)[0]
 
 
 def _make(kind: Literal["text", "parquet"]) -> object:

@@ -9,8 +9,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from psfleet.data.compression import codec_of
-from psfleet.data.parsers import Parser, make_parser
+from psfleet.data.parsers import Parser, make_parser, quoted_records
 from psfleet.data.pipeline import PassStats, parse_share
+from psfleet.data.records import count_records
 from psfleet.data.split import WorkerShare, count_lines, plan_share, share_lines
 from psfleet.data.types import ParsedChunk
 from psfleet.errors import ConfigError, DataError
@@ -148,7 +149,8 @@ class DatasetBase:
 
     def line_counts(self) -> list[int]:
         """Lines of each file (header lines included); reads (and decompresses) the
-        files once (cached).
+        files once (cached). For a parser whose records may span lines (CSV's quoted
+        line breaks) these are records, which the split rule shares out.
 
         Raises:
             ConfigError: the lines come through a pipe_command or from Parquet.
@@ -157,7 +159,9 @@ class DatasetBase:
             raise ConfigError("line counts are unknown before reading when a pipe_command "
                               "is set or the files are Parquet")
         if self._line_counts is None or self._line_counts[0] != self._files:
-            self._line_counts = (list(self._files), [count_lines(p) for p in self._files])
+            quoted = quoted_records(self.parser)
+            self._line_counts = (list(self._files), [
+                count_records(p, True) if quoted else count_lines(p) for p in self._files])
         return list(self._line_counts[1])
 
     def worker_lines(self) -> list[int]:

@@ -27,7 +27,8 @@ from psfleet.data.criteo import NUM_DENSE, NUM_SLOTS, parse_criteo_bytes
 from psfleet.data.types import FeatureSchema, ParsedChunk, RawChunk
 from psfleet.errors import ConfigError
 
-__all__ = ["CriteoParser", "Parser", "make_parser", "parser_names", "register_parser"]
+__all__ = ["CriteoParser", "Parser", "make_parser", "parser_names", "quoted_records",
+           "register_parser"]
 
 
 class Parser(Protocol):
@@ -37,6 +38,9 @@ class Parser(Protocol):
         kind: ``text`` (payload is bytes of lines; ``pipe_command`` allowed) or
             ``parquet`` (payload is a ``pyarrow.Table``).
         header: True if the first line of each text file is a header, not data.
+        quoted_records: (optional, default False) a quoted field may hold line breaks,
+            so a record may span lines (CSV): the readers cut files and shares at
+            record ends (:mod:`psfleet.data.records`); see :func:`quoted_records`.
         schema: the features of each example, by name (dense, single-valued sparse,
             multi-valued sparse).
     """
@@ -81,6 +85,12 @@ def _load_builtins() -> None:
         _builtins_loaded = True
         for module in _BUILTIN_MODULES:
             importlib.import_module(module)
+
+
+def quoted_records(parser: Parser) -> bool:
+    """Whether ``parser``'s records may span lines (its optional ``quoted_records``; a
+    parser registered without it reads one record per line)."""
+    return bool(getattr(parser, "quoted_records", False))
 
 
 def register_parser(name: str, factory: Callable[[Any], Parser]) -> None:

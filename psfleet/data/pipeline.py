@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from psfleet.data.malformed import MalformedRecord, first_malformed
-from psfleet.data.parsers import Parser
+from psfleet.data.parsers import Parser, quoted_records
 from psfleet.data.sources import (
     DEFAULT_CHUNK_BYTES,
     check_pipe_supported,
@@ -90,7 +90,7 @@ def _raw_chunks(share: WorkerShare, parser: Parser, pipe_command: str | None,
             yield from iter_parquet_chunks(path, position, share)
         else:
             yield from iter_text_chunks(path, position, share, pipe_command, chunk_bytes,
-                                        parser.header, pipe_cwd)
+                                        parser.header, pipe_cwd, quoted_records(parser))
 
 
 def parse_share(share: WorkerShare, parser: Parser, *, pipe_command: str | None = None,

@@ -12,7 +12,9 @@ read, also before a pipe_command (the command reads its text, as in PaddlePaddle
 
 With ``split_file_list: True`` only this worker's lines (rows) are kept
 (:mod:`psfleet.data.split`); the line numbers of the kept lines travel with the chunk
-for messages.
+for messages. A format with quoted fields (CSV) is cut at record ends instead of line
+ends, so a quoted field holding line breaks stays in its record, and the split rule
+counts records (:mod:`psfleet.data.records`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import IO
 
 import numpy as np
+import numpy.typing as npt
 
 from psfleet.data.compression import (
     ByteStream,
@@ -35,6 +38,7 @@ from psfleet.data.compression import (
     codec_of,
     open_data_file,
 )
+from psfleet.data.records import record_ends, record_start_lines
 from psfleet.data.split import WorkerShare
 from psfleet.data.types import RawChunk
 from psfleet.errors import ConfigError, DataError
@@ -60,15 +64,21 @@ def _check_file(path: Path) -> None:
         raise DataError(f"data file {str(path)!r} is empty (no lines); remove it from the list")
 
 
-def _blocks(stream: ByteStream, chunk_bytes: int) -> Iterator[bytes]:
-    """Blocks of whole lines (each ends with ``\\n``, except a last unterminated line)."""
+def _blocks(stream: ByteStream, chunk_bytes: int, quoted: bool) -> Iterator[bytes]:
+    """Blocks of whole records (each ends with ``\\n``, except a last unterminated one,
+    given one); with ``quoted`` a ``\\n`` inside a quoted field ends none
+    (:mod:`psfleet.data.records`)."""
     rest = b""
     while True:
         block = stream.read(chunk_bytes)
         if not block:
             break
         block = rest + block
-        cut = block.rfind(b"\n") + 1
+        if quoted:
+            ends = record_ends(block, True)
+            cut = int(ends[-1]) + 1 if len(ends) else 0
+        else:
+            cut = block.rfind(b"\n") + 1
         if cut == 0:
             rest = block
             continue
@@ -78,35 +88,70 @@ def _blocks(stream: ByteStream, chunk_bytes: int) -> Iterator[bytes]:
         yield rest + b"\n"
 
 
+def _record_bounds(block: bytes, quoted: bool) -> npt.NDArray[np.int64]:
+    """The record ends of a block from :func:`_blocks`; bytes after the last one (a
+    quoted field never closed, at the end of the file) are one more record."""
+    ends = record_ends(block, quoted)
+    if not len(ends) or int(ends[-1]) != len(block) - 1:
+        ends = np.append(ends, len(block) - 1)
+    return ends
+
+
+def _kept_records(block: bytes, ends: npt.NDArray[np.int64], first: int, step: int
+                  ) -> bytes:
+    """Records ``first, first + step, ...`` of ``block`` (each with its ``\\n``),
+    selected by a byte mask over the whole block."""
+    lengths = np.diff(ends, prepend=-1)  # bytes per record, its \n included
+    record = np.repeat(np.arange(len(ends), dtype=np.int32), lengths)  # [len(block)]
+    keep = (record >= first) & ((record - first) % step == 0)
+    return np.frombuffer(block, dtype=np.uint8)[keep].tobytes()
+
+
 def _chunks(blocks: Iterator[bytes], source: str, position: int, share: WorkerShare,
-            header: bool) -> Iterator[RawChunk]:
-    """Chunks of this worker's lines; with ``header`` the first line is not data."""
-    line_index = 0  # 0-based index among the data lines of the block's first line
-    offset = 1 if header else 0  # file line number of data line i is i + 1 + offset
+            header: bool, quoted: bool) -> Iterator[RawChunk]:
+    """Chunks of this worker's records; with ``header`` the first record is not data.
+    The split rule counts records; line numbers count the file's lines."""
+    record_index = 0  # data records before the block: the split rule's index
+    line_index = 0  # data lines before the block
+    offset = 0  # lines of the header
     header_line: bytes | None = None
+    split = share.split_lines and share.worker_num > 1
     for block in blocks:
         read = 0
         if header and header_line is None:
-            cut = block.index(b"\n")
+            cut = int(_record_bounds(block, quoted)[0])
             header_line, block, read = block[:cut].rstrip(b"\r"), block[cut + 1:], 1
-        count = block.count(b"\n")
-        if share.split_lines and share.worker_num > 1:
-            first = share.first_kept(position, line_index)
-            kept = block.split(b"\n")[first:count:share.worker_num]
+            offset = header_line.count(b"\n") + 1
+        lines = block.count(b"\n")
+        ends = _record_bounds(block, quoted) if quoted and block else None
+        count = lines if ends is None else len(ends)
+        first = share.first_kept(position, record_index) if split else 0
+        step = share.worker_num if split else 1
+        if ends is not None and count != lines:  # records span lines
+            kept_index = np.arange(first, count, step)
+            starts = record_start_lines(block, ends)[kept_index]
+            payload = _kept_records(block, ends, first, step) if split else block
+            yield RawChunk(source, line_index + offset + 1 + (int(starts[0]) if len(starts)
+                                                              else first), step,
+                           len(kept_index), count + read, payload, header_line,
+                           line_index + offset + 1 + starts)
+        elif split:
+            kept = block.split(b"\n")[first:count:step]
             payload = b"\n".join(kept) + b"\n" if kept else b""
-            yield RawChunk(source, line_index + first + 1 + offset, share.worker_num,
-                           len(kept), count + read, payload, header_line)
+            yield RawChunk(source, line_index + first + 1 + offset, step, len(kept),
+                           count + read, payload, header_line)
         else:
             yield RawChunk(source, line_index + 1 + offset, 1, count, count + read, block,
                            header_line)
-        line_index += count
+        record_index += count
+        line_index += lines
 
 
 def iter_text_chunks(path: Path, position: int, share: WorkerShare,
                      pipe_command: str | None = None,
                      chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                     header: bool = False, pipe_cwd: Path | None = None
-                     ) -> Iterator[RawChunk]:
+                     header: bool = False, pipe_cwd: Path | None = None,
+                     quoted: bool = False) -> Iterator[RawChunk]:
     """This worker's lines of one text file, in blocks of about ``chunk_bytes``.
 
     Args:
@@ -120,6 +165,8 @@ def iter_text_chunks(path: Path, position: int, share: WorkerShare,
         header: the first line of the file (of the pipe's output) is a header: it is
             passed along with every chunk, not parsed as data, nor split.
         pipe_cwd: working directory of the pipe command (None: this process's).
+        quoted: quoted fields may hold line breaks (CSV): blocks and the split rule
+            go by records, whose ends quote parity finds (:mod:`psfleet.data.records`).
 
     Yields:
         Chunks in file order. Closing the generator early kills the pipe command.
@@ -136,13 +183,13 @@ def iter_text_chunks(path: Path, position: int, share: WorkerShare,
     if pipe_command is None:
         try:
             with open_data_file(path) as f:
-                yield from _chunks(_blocks(f, chunk_bytes), source, position, share,
-                                   header)
+                yield from _chunks(_blocks(f, chunk_bytes, quoted), source, position,
+                                   share, header, quoted)
         except OSError as exc:
             raise DataError(f"data file {source!r} cannot be read: {exc}") from exc
         return
     yield from _piped_chunks(path, position, share, pipe_command, chunk_bytes, header,
-                             pipe_cwd)
+                             pipe_cwd, quoted)
 
 
 class _Feeder(threading.Thread):
@@ -169,7 +216,7 @@ class _Feeder(threading.Thread):
 
 
 def _piped_chunks(path: Path, position: int, share: WorkerShare, pipe_command: str,
-                  chunk_bytes: int, header: bool, cwd: Path | None
+                  chunk_bytes: int, header: bool, cwd: Path | None, quoted: bool
                   ) -> Iterator[RawChunk]:
     source = f"{path} | {pipe_command}"
     decompress = codec_of(path) is not None
@@ -193,8 +240,8 @@ def _piped_chunks(path: Path, position: int, share: WorkerShare, pipe_command: s
         try:
             if proc.stdout is None:  # cannot happen with stdout=PIPE; keeps mypy exact
                 raise DataError(f"pipe_command {pipe_command!r}: no standard output")
-            yield from _chunks(_blocks(proc.stdout, chunk_bytes), source, position, share,
-                               header)
+            yield from _chunks(_blocks(proc.stdout, chunk_bytes, quoted), source, position,
+                               share, header, quoted)
             code = proc.wait()
             finished = True
         finally:

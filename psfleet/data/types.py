@@ -128,6 +128,10 @@ class RawChunk:
         payload: ``bytes`` of ``\\n``-separated lines (text formats), or a
             ``pyarrow.Table`` of rows (Parquet).
         header: the file's header line (without ``\\n``) when the format has one.
+        line_nos: the file line each kept record starts on, when records of the
+            payload span lines (quoted line breaks, :mod:`psfleet.data.records`);
+            None: record ``i`` is on line ``first_line_no + i * line_step``. Its
+            ``lines`` then counts records, and so does ``read_lines``.
     """
 
     source: str
@@ -137,6 +141,13 @@ class RawChunk:
     read_lines: int
     payload: bytes | pa.Table
     header: bytes | None = None
+    line_nos: npt.NDArray[np.int64] | None = None
+
+    def line_no(self, row: int) -> int:
+        """The 1-based file line that kept record (row) ``row`` starts on."""
+        if self.line_nos is not None:
+            return int(self.line_nos[row])
+        return self.first_line_no + row * self.line_step
 
 
 @runtime_checkable

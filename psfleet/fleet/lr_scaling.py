@@ -40,8 +40,8 @@ from psfleet.job.modes import MODE_SPECS, mode_spec
 from psfleet.ps.types import RuleConfig
 from psfleet.types import Mode
 
-__all__ = ["LrScaling", "LR_SCALINGS", "SCALED_MODES", "check_lr_scaling", "lr_factor",
-           "scaled_rule"]
+__all__ = ["LrScaling", "LR_SCALINGS", "SCALED_MODES", "averages_batches", "check_lr_scaling",
+           "lr_factor", "scaled_rule"]
 
 #: How the learning rate follows the worker count (module docstring).
 LrScaling = Literal["auto", "none", "sqrt", "linear"]
@@ -50,8 +50,10 @@ LR_SCALINGS: tuple[str, ...] = get_args(LrScaling)
 SCALED_MODES: tuple[str, ...] = tuple(m.name for m in MODE_SPECS.values() if m.averages)
 
 
-def _averages(mode: Mode, global_batch: bool) -> bool:
-    """Whether an update of ``mode`` averages the workers' batches."""
+def averages_batches(mode: Mode, global_batch: bool = False) -> bool:
+    """Whether an update of ``mode`` averages the workers' batches (``global_batch``:
+    async with global batch aggregation, which does), so that W workers step with a
+    global batch W times one process's."""
     spec = mode_spec(mode)
     return spec.averages or (spec.step_pushes and global_batch)
 
@@ -64,7 +66,7 @@ def check_lr_scaling(scaling: LrScaling, mode: Mode, global_batch: bool = False)
         ValueError: ``scaling`` is not ``none`` and ``mode`` is not one of
             :data:`SCALED_MODES` (the message says why and what to set).
     """
-    if scaling in ("sqrt", "linear") and not _averages(mode, global_batch):
+    if scaling in ("sqrt", "linear") and not averages_batches(mode, global_batch):
         raise ValueError(
             f"lr_scaling {scaling!r} scales the modes whose updates average the workers' "
             f"batches ({', '.join(SCALED_MODES)}); mode {mode!r} applies each worker's "
@@ -81,7 +83,7 @@ def lr_factor(scaling: LrScaling, mode: Mode, worker_num: int,
     if scaling == "auto":
         spec = mode_spec(mode)
         scaling = "sqrt" if spec.step_pushes and global_batch else spec.auto_lr_scaling
-    if scaling == "none" or worker_num <= 1 or not _averages(mode, global_batch):
+    if scaling == "none" or worker_num <= 1 or not averages_batches(mode, global_batch):
         return 1.0
     return float(worker_num) if scaling == "linear" else math.sqrt(worker_num)
 

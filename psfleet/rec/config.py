@@ -48,6 +48,7 @@ from psfleet.ps.communicator.types import (
 )
 from psfleet.ps.types import AccessorConfig, Initializer, OptimizerClass
 from psfleet.rec.cluster_config import ClusterConfig
+from psfleet.rec.dropout import check_dropout
 from psfleet.rec.online_config import AfterPassConfig, check_online_keys, table_accessors
 from psfleet.types import Mode
 
@@ -259,6 +260,10 @@ class RunnerConfig(_Section):
         if self.parser in ("csv", "parquet") and self.columns is None:
             raise ConfigError(f"runner.columns: required with runner.parser: {self.parser} "
                               "(label, dense and sparse columns)")
+        if self.columns is not None and self.columns.label is None:
+            raise ConfigError("runner.columns.label: required (the column holding the 0/1 "
+                              "label); psfleet predict scores a file without that column by "
+                              "itself, with the label named here")
         used = {"slot": "slots", "csv": "columns", "parquet": "columns",
                 "libsvm": "libsvm"}.get(self.parser)
         for field in ("slots", "columns", "libsvm"):
@@ -365,7 +370,10 @@ class HyperParameters(_Section):
     number of cross layers. ``sparse_accessor`` is every table's row lifecycle
     (``AccessorConfig``, Paddle's CtrCommonAccessor settings: ``name: ctr``,
     ``show_click_decay_rate``, ``delete_threshold``, ``max_rows``...; None: rows live
-    forever), unless a table of ``tables`` sets its own ``accessor``.
+    forever), unless a table of ``tables`` sets its own ``accessor``. ``dropout`` is
+    the dense tower's dropout while training (every built-in model): one rate in
+    [0, 1) for every hidden layer, or one per ``fc_sizes`` entry; evaluation, the test
+    figures and the export never drop (``model.eval()``).
     """
 
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -376,6 +384,7 @@ class HyperParameters(_Section):
     tables: list[TableConfig] | None = None
     cross_layers: int = Field(3, ge=1, le=16)
     sparse_accessor: AccessorConfig | None = None
+    dropout: float | list[float] = 0.0
 
     @property
     def accessors(self) -> list[AccessorConfig | None]:
@@ -389,6 +398,11 @@ class HyperParameters(_Section):
         if not sizes or any(s < 1 for s in sizes):
             raise ValueError("must be a non-empty list of positive layer widths")
         return sizes
+
+    @model_validator(mode="after")
+    def _dropout_fits(self) -> HyperParameters:
+        check_dropout(self.dropout, len(self.fc_sizes))
+        return self
 
 
 class TrainConfig(_Section):

@@ -173,12 +173,13 @@ class RunRecorder:
         self._writer, self._server_writers = None, []
 
 
-def save_png(figure: Any, path: Path) -> Path:
+def save_png(figure: Any, path: Path, title: str = "") -> Path:
     """Write a matplotlib ``figure`` to ``path`` as PNG, atomically (a temporary file
-    beside it, then a rename: a reader never sees half a file); returns ``path``."""
+    beside it, then a rename: a reader never sees half a file); returns ``path``.
+    A ``title`` is also the PNG's ``Title`` text."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        figure.savefig(tmp, format="png")
+        figure.savefig(tmp, format="png", metadata={"Title": title} if title else None)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -234,4 +235,4 @@ def plot_curves(path: Path, epochs: Sequence[Mapping[str, Any]],
     if title:
         figure.suptitle(title)
     figure.tight_layout()
-    return save_png(figure, path)
+    return save_png(figure, path, title)

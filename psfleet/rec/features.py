@@ -19,6 +19,7 @@ from psfleet.data.types import FeatureSchema
 from psfleet.nn import EmbeddingTableSpec, FeatureEmbeddings, SparseEmbedding
 from psfleet.ps.types import RuleConfig
 from psfleet.rec.config import HyperParameters, OptimizerConfig, TrainConfig, parser_schema
+from psfleet.rec.dropout import check_dropout, dropout_seed
 from psfleet.rec.models import build_model
 
 __all__ = ["DEFAULT_TABLE", "build_runner_model", "model_inputs", "prefetchers",
@@ -60,9 +61,11 @@ def table_specs(hp: HyperParameters, schema: FeatureSchema) -> list[EmbeddingTab
         for t, accessor in zip(hp.tables, hp.accessors, strict=True)]
 
 
-def build_runner_model(config: TrainConfig) -> nn.Module:
+def build_runner_model(config: TrainConfig, worker_index: int = 0) -> nn.Module:
     """The model of ``config``: ``runner.model`` over the schema's features and the
-    declared tables (dense parameters seeded by torch's global generator).
+    declared tables (dense parameters seeded by torch's global generator). With
+    ``hyper_parameters.dropout``, the masks come from a generator of worker
+    ``worker_index``'s own (:func:`psfleet.rec.dropout.dropout_seed`).
 
     Raises:
         ConfigError: an unknown model name, or a model that rejects the tables (e.g.
@@ -73,6 +76,8 @@ def build_runner_model(config: TrainConfig) -> nn.Module:
     embeddings = FeatureEmbeddings(schema, table_specs(hp, schema))
     options: dict[str, Any] = {key: getattr(hp, key)
                                for key in _MODEL_OPTIONS.get(runner.model, ())}
+    if any(check_dropout(hp.dropout, len(hp.fc_sizes))):  # a model of the user's: only if set
+        options.update(dropout=hp.dropout, dropout_seed=dropout_seed(runner.seed, worker_index))
     return build_model(runner.model, embeddings=embeddings, num_dense=len(schema.dense),
                        fc_sizes=hp.fc_sizes, **options)
 

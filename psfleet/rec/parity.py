@@ -35,6 +35,7 @@ import numpy as np
 
 from psfleet.errors import ConfigError
 from psfleet.job.modes import mode_spec
+from psfleet.rec.batch_note import global_batch_note
 from psfleet.types import MODES
 
 __all__ = ["REFERENCE", "PS_MODES", "RunSpec", "parse_modes", "parse_counts", "plan_runs",
@@ -255,7 +256,10 @@ def summarise(records: Sequence[Mapping[str, Any]], tolerance: float
     examples/s median; ``auc_diff`` (median minus the reference's median) with
     ``auc_diff_min`` / ``auc_diff_max`` (min / max minus the reference's median),
     ``logloss_diff``; ``within_tolerance`` (``|auc_diff| <= tolerance``; None when a
-    median is missing: every run of it, or of the reference, failed). Pure.
+    median is missing: every run of it, or of the reference, failed);
+    ``global_batch_note`` (:func:`psfleet.rec.batch_note.global_batch_note` of its
+    first finished run: its updates saw W times one process's batch, and what
+    ``runner.lr_scaling`` did; None otherwise). Pure.
 
     Args:
         records: :func:`run_record` dicts (only ``configuration``, ``finished`` and
@@ -280,7 +284,8 @@ def summarise(records: Sequence[Mapping[str, Any]], tolerance: float
                      "auc_median": auc[0], "auc_min": auc[1], "auc_max": auc[2],
                      "logloss_median": logloss[0], "logloss_min": logloss[1],
                      "logloss_max": logloss[2], "copc_median": copc[0],
-                     "examples_per_s_median": speed[0]})
+                     "examples_per_s_median": speed[0],
+                     "global_batch_note": global_batch_note(done[0]) if done else None})
     reference = next((r for r in rows if r["configuration"] == REFERENCE), None)
     ref_auc = reference["auc_median"] if reference else None
     ref_logloss = reference["logloss_median"] if reference else None

@@ -8,6 +8,13 @@ with the model name, hyper-parameters and test metrics as manifest metadata.
 fleet: the file is read by the same reader as the runner's test evaluation and the
 scores are exactly the evaluation's (the tables' key-seeded initializer gives the
 rows of keys never trained on), so its AUC equals the in-training test AUC.
+
+Rows without a label (``csv`` with a header, or ``parquet``, whose files lack the
+``columns.label`` column) are scored too: the scores are written with the label field
+empty (``<TAB>probability``) and there is no AUC or log loss (None). Formats whose label
+is positional (``criteo``, ``slot``, ``libsvm``, ``csv`` without a header or with a
+numbered label) need a label field on every line; a placeholder works, but then the
+AUC and log loss mean nothing.
 """
 
 from __future__ import annotations
@@ -20,11 +27,12 @@ import torch
 from torch import nn
 
 from psfleet import fleet
-from psfleet.data import Batch
+from psfleet.data import Batch, ColumnsConfig
+from psfleet.data.columnar import has_label_column
 from psfleet.errors import ConfigError, DataError
 from psfleet.export import InferenceManifest, load_inference_model
 from psfleet.metrics import auc, log_loss
-from psfleet.rec.config import TrainConfig, parser_schema
+from psfleet.rec.config import TrainConfig, parser_kind, parser_schema
 from psfleet.rec.features import DEFAULT_TABLE, model_inputs, table_specs
 from psfleet.rec.readers import build_test_reader, data_files
 
@@ -93,13 +101,37 @@ def check_compatible(manifest: InferenceManifest, config: TrainConfig, model_dir
                                   "with")
 
 
-def _write_scores(out: Path, labels: np.ndarray, probs: np.ndarray) -> None:
+def _write_scores(out: Path, labels: np.ndarray | None, probs: np.ndarray) -> None:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("w", encoding="utf-8") as f:
-            f.writelines(f"{int(y)}\t{p:.9g}\n" for y, p in zip(labels, probs, strict=True))
+            if labels is None:
+                f.writelines(f"\t{p:.9g}\n" for p in probs)
+            else:
+                f.writelines(f"{int(y)}\t{p:.9g}\n"
+                             for y, p in zip(labels, probs, strict=True))
     except OSError as exc:
         raise DataError(f"--out {str(out)!r}: cannot be written: {exc}") from None
+
+
+def _unlabelled(config: TrainConfig, files: list[str]) -> bool:
+    """Whether the data files lack the label column (module docstring); all must agree.
+
+    Raises:
+        DataError: some files hold the label column and others do not (names one of each).
+    """
+    columns = config.runner.columns
+    if not isinstance(columns, ColumnsConfig):
+        return False
+    kind = parser_kind(config.runner)
+    present = {f: has_label_column(Path(f), columns, kind) for f in files}
+    with_label = [f for f, has in present.items() if has]
+    if not with_label or len(with_label) == len(files):
+        return not with_label
+    without = next(f for f, has in present.items() if not has)
+    raise DataError(f"--data: {with_label[0]!r} has the label column {columns.label!r} "
+                    f"but {without!r} has not; score labelled and unlabelled files "
+                    "separately")
 
 
 def predict(config: TrainConfig, model_dir: str, data: Path | list[Path],
@@ -112,15 +144,17 @@ def predict(config: TrainConfig, model_dir: str, data: Path | list[Path],
         data: a data file or directory (or a list of them), in the runner's
             test-data format.
         out: if given, write one ``label<TAB>probability`` line per example there,
-            in file order.
+            in file order (the label empty for files without the label column).
 
     Returns:
-        ``{"auc", "logloss", "examples", "files"}`` (``files``: the data files read, in
-        order).
+        ``{"auc", "logloss", "examples", "files", "labelled"}`` (``files``: the data
+        files read, in order; ``labelled`` False: the files have no label column, and
+        ``auc`` and ``logloss`` are None).
 
     Raises:
         DataError: the model directory, a file of it or the data is missing or
-            unreadable, or the data does not fit the model's inputs (names it).
+            unreadable, the data does not fit the model's inputs, or only some files
+            hold the label column (names it).
         ConfigError: the model does not match ``config`` (see :func:`check_compatible`).
     """
     model = load_inference_model(model_dir)
@@ -129,9 +163,14 @@ def predict(config: TrainConfig, model_dir: str, data: Path | list[Path],
         files = [str(f) for f in data_files(data, config.runner)]
     except DataError as exc:
         raise DataError(f"--data: {exc}") from None
+    unlabelled = _unlabelled(config, files)
+    update: dict[str, Any] = {"test_data_dir": data}
+    columns = config.runner.columns
+    if unlabelled and columns is not None:
+        update["columns"] = columns.model_copy(update={"label": None})
     # The runner's test reader (same parser and options as the in-training evaluation).
     reader = build_test_reader(config.model_copy(update={
-        "runner": config.runner.model_copy(update={"test_data_dir": data})}))
+        "runner": config.runner.model_copy(update=update)}))
     if reader is None:  # cannot happen: test_data_dir is set
         raise DataError(f"--data {str(data)!r}: the runner built no test reader")
     torch.set_num_threads(config.runner.thread_num)
@@ -148,6 +187,9 @@ def predict(config: TrainConfig, model_dir: str, data: Path | list[Path],
         raise DataError(f"--data {str(data)!r}: no well-formed example to score")
     y, p = np.concatenate(labels), np.concatenate(probs)
     if out is not None:
-        _write_scores(out, y, p)
+        _write_scores(out, None if unlabelled else y, p)
+    if unlabelled:
+        return {"auc": None, "logloss": None, "examples": int(p.size), "files": files,
+                "labelled": False}
     return {"auc": auc(y, p), "logloss": log_loss(y, p), "examples": int(y.size),
-            "files": files}
+            "files": files, "labelled": True}

@@ -3,11 +3,17 @@ atomically), the malformed lines its passes skipped, and the record of a Ctrl-C.
 
 ``metrics.json`` (in the run folder, :mod:`psfleet.rec.run_folder`) holds: ``run_name``,
 ``model``, ``sync_mode``,
-``server_num``, ``worker_num``, ``batch_size``, ``global_batch``; ``epochs`` (per epoch:
+``server_num``, ``worker_num``, ``batch_size``, ``global_batch``; ``batch_averaged``
+(an update averages the workers' batches: the global batch is the batch one update
+sees), ``lr_scaling`` (``runner.lr_scaling``) and ``lr_factor`` (what it multiplied
+the learning rate by, :mod:`psfleet.fleet.lr_scaling`); ``epochs`` (per epoch:
 loss, train AUC, examples, examples/s, wall time); ``train_wall_s`` and the job's
 ``examples_per_s``; ``test`` and each ``valid`` entry (AUC, log loss, COPC, examples;
 ``valid`` is None without ``runner.valid_data_dir``); ``malformed_lines`` (per data
-set: malformed lines skipped, lines read, passes, the first bad ``file:line``);
+set: malformed lines skipped, lines read, passes, the first bad ``file:line``; for
+``train`` summed over every worker whose tally reached worker 0, and ``workers``: how
+many did, :func:`write_worker_tally`); each epoch's ``job_examples`` (every counted
+worker's examples of that epoch; ``examples`` is worker 0's);
 ``tensorboard`` and ``curves`` (paths, :mod:`psfleet.rec.curves`); ``export`` (the
 exported model's folder, None when not exported); ``early_stopped`` (None, or
 ``{"epoch", "metric", "best", "best_epoch"}``); ``interrupted``
@@ -28,9 +34,11 @@ checkpoint (:func:`newest_checkpoint`).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,6 +50,8 @@ from psfleet.checkpoint import CheckpointConfig, CheckpointStore
 from psfleet.checkpoint.manifest import MANIFEST_NAME
 from psfleet.data import Reader
 from psfleet.data.pipeline import PassStats
+from psfleet.fleet.lr_scaling import averages_batches, lr_factor
+from psfleet.job.modes import mode_spec
 from psfleet.metrics import auc, copc, log_loss
 from psfleet.rec.config import TrainConfig
 from psfleet.rec.curves import CURVES_NAME, RunRecorder, plot_curves
@@ -49,9 +59,12 @@ from psfleet.rec.features import model_inputs
 from psfleet.rec.json_file import write_json_atomic
 from psfleet.rec.passes import sparse_table_names, table_totals
 from psfleet.rec.predict import export_trained_model
+from psfleet.rec.readers import exchange_dir
+from psfleet.types import Mode
 
 __all__ = ["METRICS_NAME", "MalformedTally", "Progress", "TrainingInterrupted", "evaluate",
-           "finish_run", "newest_checkpoint", "record_interrupt", "run_metrics"]
+           "add_worker_tallies", "finish_run", "newest_checkpoint", "record_interrupt",
+           "run_metrics", "run_title", "write_worker_tally"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +111,77 @@ class MalformedTally:
         """One phrase for a log line: ``train 12 of 7200 lines, test 0 of 800 lines``."""
         return ", ".join(f"{name} {s['malformed']} of {s['lines']} lines"
                          for name, s in self.summary().items()) or "no pass read"
+
+
+def _tally_path(config: TrainConfig, index: int) -> Path:
+    return exchange_dir(config.runner) / f"tally-worker-{index}.json"
+
+
+def write_worker_tally(config: TrainConfig, progress: Progress, index: int) -> None:
+    """A worker other than 0, before the job's last worker barrier: its training
+    passes' malformed lines and each epoch's examples, as a file in the folder the
+    job's workers share (``runner.exchange_dir``), which worker 0 adds to metrics.json
+    after the barrier (no RPC of its own). A write that fails is a warning: worker 0
+    then counts without it and says so (``workers``).
+    """
+    tally = {"train": progress.malformed.summary().get("train"),
+             "examples": [int(e["examples"]) for e in progress.epochs]}
+    try:
+        write_json_atomic(_tally_path(config, index), tally)
+    except OSError as exc:
+        logger.warning("worker %d: its malformed-line tally could not be written for worker "
+                       "0 (metrics.json counts without it): %s", index, exc)
+
+
+def add_worker_tallies(config: TrainConfig, metrics: dict[str, Any], worker_num: int) -> None:
+    """Worker 0 after the last barrier: add the other workers' tallies
+    (:func:`write_worker_tally`) found in the exchange folder to ``metrics``, in place:
+    ``malformed_lines.train`` summed (``first``: the first worker's with one) with
+    ``workers`` (how many were counted), and each epoch's ``job_examples``; the tally
+    files read are removed. A tally missing (a folder the workers do not share, or a
+    failed write) is left out; the count says so."""
+    own = metrics["malformed_lines"].get("train")
+    epochs = metrics["epochs"]
+    counted = 1
+    total = dict(own) if own is not None else None
+    examples = [int(e["examples"]) for e in epochs]
+    for index in range(1, worker_num):
+        path = _tally_path(config, index)
+        try:
+            tally = json.loads(path.read_text())
+            path.unlink()  # the exchange folder holds no leftovers of a finished run
+        except (OSError, ValueError):
+            continue
+        counted += 1
+        theirs = tally.get("train")
+        if theirs is not None and total is not None:
+            total["malformed"] += int(theirs["malformed"])
+            total["lines"] += int(theirs["lines"])
+            total["first"] = total["first"] or theirs.get("first")
+        for epoch, count in enumerate(tally.get("examples", [])[:len(examples)]):
+            examples[epoch] += int(count)
+    if total is not None:
+        total["workers"] = counted
+        metrics["malformed_lines"]["train"] = total
+    for entry, count in zip(epochs, examples, strict=True):
+        entry["job_examples"] = count
+    if counted < worker_num:
+        logger.warning("metrics.json counts the malformed lines and examples of %d of %d "
+                       "workers: the others' tallies are not in %s (a folder every worker "
+                       "must share, runner.exchange_dir)", counted, worker_num,
+                       exchange_dir(config.runner))
+
+
+def run_title(model: str, sync_mode: Mode, server_num: int, worker_num: int) -> str:
+    """How a run ran, for the curves' title: ``dnn, one process`` (in-process tables,
+    where the mode changes nothing), ``dnn, collective, 2 workers`` or ``dnn, async,
+    1 server x 2 workers``."""
+    if server_num == 0 and worker_num == 1:
+        return f"{model}, one process"
+    workers = f"{worker_num} worker{'s' if worker_num != 1 else ''}"
+    if not mode_spec(sync_mode).servers:
+        return f"{model}, {sync_mode}, {workers}"
+    return f"{model}, {sync_mode}, {server_num} server{'s' if server_num != 1 else ''} x {workers}"
 
 
 def newest_checkpoint(checkpoint: CheckpointConfig | None) -> str | None:
@@ -198,10 +282,14 @@ def run_metrics(config: TrainConfig, progress: Progress,
     workers = fleet.worker_num()
     train_wall = time.perf_counter() - progress.started
     all_examples = progress.job_lines
+    aggregated = runner.a_sync_configs.global_batch_aggregation
     return {
         "run_name": runner.run_name, "model": runner.model, "sync_mode": runner.sync_mode,
         "server_num": fleet.server_num(), "worker_num": workers,
         "batch_size": runner.batch_size, "global_batch": runner.batch_size * workers,
+        "batch_averaged": averages_batches(runner.sync_mode, aggregated),
+        "lr_scaling": runner.lr_scaling,
+        "lr_factor": lr_factor(runner.lr_scaling, runner.sync_mode, workers, aggregated),
         "epochs": progress.epochs, "train_wall_s": train_wall,
         "examples_per_s": all_examples / train_wall, "test": None, "valid": progress.valid,
         "malformed_lines": progress.malformed.summary(),
@@ -260,6 +348,7 @@ def finish_run(config: TrainConfig, model: nn.Module, progress: Progress, reader
     runner = config.runner
     done = progress.epoch
     metrics = run_metrics(config, progress, recorder)
+    add_worker_tallies(config, metrics, fleet.worker_num())
     valid_reader, test_reader = readers["valid"], readers["test"]
     if (valid_reader is not None and progress.valid is not None
             and not (progress.valid and progress.valid[-1]["epoch"] == done)):
@@ -276,8 +365,8 @@ def finish_run(config: TrainConfig, model: nn.Module, progress: Progress, reader
     try:
         metrics["curves"] = str(plot_curves(
             out / CURVES_NAME, progress.epochs, progress.valid, metrics["test"],
-            done, f"{runner.model}, {runner.sync_mode}, "
-            f"{metrics['server_num']}x{metrics['worker_num']}"))
+            done, run_title(runner.model, runner.sync_mode, metrics["server_num"],
+                            metrics["worker_num"])))
     except Exception as exc:  # noqa: BLE001 - a plot must not lose the run's metrics
         logger.warning("curves.png could not be drawn: %s", exc)
     write_json_atomic(out / METRICS_NAME, metrics)

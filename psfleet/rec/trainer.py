@@ -63,6 +63,7 @@ from psfleet.rec.reporting import (
     evaluate,
     finish_run,
     record_interrupt,
+    write_worker_tally,
 )
 from psfleet.rec.resume import CheckpointTally, agreed_share, resume_cursor
 from psfleet.rec.run_folder import open_run_folder
@@ -198,7 +199,7 @@ def train(config: TrainConfig, role_maker: RoleMaker | None = None) -> dict[str,
     torch.manual_seed(runner.seed)
     # The config was checked before the job started (runner.use_gpu is false: CPU).
     fleet.init(role_maker, strategy=strategy_of(config))
-    model = build_runner_model(config)
+    model = build_runner_model(config, fleet.worker_index())  # its own dropout masks
     # hyper_parameters.optimizer.class names a torch.optim class whose rule the tables run.
     optimizer = fleet.distributed_optimizer(
         params=model.parameters(),
@@ -301,8 +302,7 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
                 stats["pass"] = k + 1
             progress.epochs.append(stats)
             progress.job_lines += reader.total_lines
-            if first:
-                progress.malformed.observe("train", reader)
+            progress.malformed.observe("train", reader)  # every worker's: its tally
             if recorder is not None:
                 recorder.epoch(stats)
             auc = "" if math.isnan(stats["auc"]) else f", train auc {stats['auc']:.4f}"
@@ -336,6 +336,8 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
             "format against runner.parser, or use fewer workers")
     if checkpoint is not None:  # the end of training (also flushes and meets)
         tally.save(Cursor(epoch=total, batch=0, step=optimizer.steps), share)
+    if not first:  # worker 0 adds it to metrics.json after the barrier
+        write_worker_tally(config, progress, index)
     fleet.flush()
     fleet.barrier_worker()  # every worker's pushes are applied past this point
     metrics: dict[str, Any] | None = None

@@ -82,6 +82,9 @@ class DCNv2(SchemaModel):
         fc_sizes: the deep tower's hidden widths (PaddleRec's ``fc_sizes``).
         cross_layers: L, the cross layers (PaddleRec's ``cross_num``; default 3).
         generator: random generator of the dense weights (None: torch's global one).
+        dropout: the deep tower's dropout rate while training, one for every hidden
+            layer or one per ``fc_sizes`` entry (``hyper_parameters.dropout``; 0: none).
+        dropout_seed: seed of the dropout masks' generator (None: torch's global one).
 
     Attributes:
         schema: the embeddings' schema.
@@ -95,11 +98,14 @@ class DCNv2(SchemaModel):
 
     def __init__(self, embeddings: FeatureEmbeddings, num_dense: int | None = None,
                  fc_sizes: Sequence[int] = (512, 256, 128, 32), *, cross_layers: int = 3,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None,
+                 dropout: float | Sequence[float] = 0.0,
+                 dropout_seed: int | None = None) -> None:
         super().__init__("dcn_v2", embeddings, num_dense)
         hidden = check_fc_sizes(fc_sizes)
         self.cross = CrossNetwork(self.input_width, cross_layers, generator)
-        self.deep = mlp_tower([self.input_width, *hidden, 1], generator)
+        self.deep = mlp_tower([self.input_width, *hidden, 1], generator, dropout,
+                              dropout_seed)
 
     def forward(self, sparse: Tensor, dense: Tensor, jagged: KeyedJagged | None = None
                 ) -> Tensor:

@@ -70,6 +70,9 @@ class DeepFM(SchemaModel):
             schema's).
         fc_sizes: the deep tower's hidden widths (PaddleRec's ``fc_sizes``).
         generator: random generator of the dense weights (None: torch's global one).
+        dropout: the deep tower's dropout rate while training, one for every hidden
+            layer or one per ``fc_sizes`` entry (``hyper_parameters.dropout``; 0: none).
+        dropout_seed: seed of the dropout masks' generator (None: torch's global one).
 
     Attributes:
         schema: the embeddings' schema.
@@ -84,7 +87,9 @@ class DeepFM(SchemaModel):
 
     def __init__(self, embeddings: FeatureEmbeddings, num_dense: int | None = None,
                  fc_sizes: Sequence[int] = (512, 256, 128, 32), *,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None,
+                 dropout: float | Sequence[float] = 0.0,
+                 dropout_seed: int | None = None) -> None:
         super().__init__("deepfm", embeddings, num_dense)
         check_wide_name("deepfm", embeddings)
         dims = {t.dim for t in embeddings.tables}
@@ -92,7 +97,8 @@ class DeepFM(SchemaModel):
             raise ConfigError("deepfm: the FM term needs every table of one dim; got "
                               + ", ".join(f"{t.name}: {t.dim}" for t in embeddings.tables)
                               + " (set each hyper_parameters.tables entry's dim alike)")
-        self.deep = mlp_tower([self.input_width, *check_fc_sizes(fc_sizes), 1], generator)
+        self.deep = mlp_tower([self.input_width, *check_fc_sizes(fc_sizes), 1], generator,
+                              dropout, dropout_seed)
         self.first_order = LinearTerm(embeddings.schema)
 
     def forward(self, sparse: Tensor, dense: Tensor, jagged: KeyedJagged | None = None

@@ -59,6 +59,9 @@ class DNN(nn.Module):
         embeddings: a FeatureEmbeddings (instead of ``embedding``).
         generator: random generator for the weight initialisation; ``None`` uses
             torch's global generator (seed it with ``torch.manual_seed``).
+        dropout: the deep tower's dropout rate while training, one for every hidden
+            layer or one per ``fc_sizes`` entry (``hyper_parameters.dropout``; 0: none).
+        dropout_seed: seed of the dropout masks' generator (None: torch's global one).
 
     Attributes:
         schema: the features the model reads (fixed-width form: dense ``I1..``,
@@ -80,6 +83,8 @@ class DNN(nn.Module):
         *,
         embeddings: FeatureEmbeddings | None = None,
         generator: torch.Generator | None = None,
+        dropout: float | Sequence[float] = 0.0,
+        dropout_seed: int | None = None,
     ) -> None:
         super().__init__()
         module = embedding if embeddings is None else embeddings
@@ -116,7 +121,8 @@ class DNN(nn.Module):
             self.embedding_dim = embedding_dim
             width = num_slots * embedding_dim
         sizes = [width + self.num_dense, *check_fc_sizes(fc_sizes), 1]
-        self.mlp = mlp_tower(sizes, generator)  # no ReLU after the output layer
+        # no ReLU after the output layer
+        self.mlp = mlp_tower(sizes, generator, dropout, dropout_seed)
 
     @property
     def schema(self) -> FeatureSchema:

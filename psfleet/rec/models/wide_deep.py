@@ -53,6 +53,9 @@ class WideDeep(SchemaModel):
             schema's).
         fc_sizes: the deep tower's hidden widths (PaddleRec's ``fc_sizes``).
         generator: random generator of the dense weights (None: torch's global one).
+        dropout: the deep tower's dropout rate while training, one for every hidden
+            layer or one per ``fc_sizes`` entry (``hyper_parameters.dropout``; 0: none).
+        dropout_seed: seed of the dropout masks' generator (None: torch's global one).
 
     Attributes:
         schema: the embeddings' schema.
@@ -66,10 +69,13 @@ class WideDeep(SchemaModel):
 
     def __init__(self, embeddings: FeatureEmbeddings, num_dense: int | None = None,
                  fc_sizes: Sequence[int] = (512, 256, 128, 32), *,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None,
+                 dropout: float | Sequence[float] = 0.0,
+                 dropout_seed: int | None = None) -> None:
         super().__init__("wide_deep", embeddings, num_dense)
         check_wide_name("wide_deep", embeddings)
-        self.deep = mlp_tower([self.input_width, *check_fc_sizes(fc_sizes), 1], generator)
+        self.deep = mlp_tower([self.input_width, *check_fc_sizes(fc_sizes), 1], generator,
+                              dropout, dropout_seed)
         self.wide = LinearTerm(embeddings.schema)
 
     def forward(self, sparse: Tensor, dense: Tensor, jagged: KeyedJagged | None = None
