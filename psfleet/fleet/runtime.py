@@ -287,12 +287,29 @@ class WorkerRuntime:
         pass open)."""
         return self._passes("end_pass").end_pass()
 
-    def stop(self) -> None:
-        """Flush, wait for every worker, then (worker 0) stop the servers; close."""
-        self.communicator.stop()
+    def stop(self, finish: Callable[[], None] | None = None) -> None:
+        """Flush, wait for every worker, then (worker 0) run ``finish`` and stop the
+        servers; close.
+
+        ``finish`` (worker 0 only; ignored elsewhere) is the job's last work on the
+        tables as trained, e.g. the test evaluation and the export. It runs after the
+        stop barrier, while the servers still serve: the other workers have left by
+        then, so no barrier deadline (``PSFLEET_RPC_DEADLINE_S``) counts its time and
+        a long export cannot fail a finished job (issue 44, finding 3). When
+        ``finish`` raises, the servers are left running (the launcher ends a failed
+        job) and the error propagates.
+        """
         role = self.config.role
-        self.barrier("stop_worker")
-        if role.worker_index == 0:
+        first = role.worker_index == 0
+        if finish is None or not first:
+            self.communicator.stop()
+            self.barrier("stop_worker")
+        else:
+            self.communicator.flush()  # what stop() sends first; it stops after finish
+            self.barrier("stop_worker")
+            finish()
+            self.communicator.stop()
+        if first:
             self.client.stop_servers(role.worker_index)
         self.client.close()
 

@@ -2,13 +2,16 @@
 
 Usage::
 
-    faulty_train_job.py [--kill_worker K --at_step S] [--step_sleep_s T] CONFIG
+    faulty_train_job.py [--kill_worker K --at_step S] [--step_sleep_s T]
+                        [--finish_sleep_s F] CONFIG
 
 - ``--kill_worker K --at_step S``: on its first start (``PSFLEET_RESTART_NUM`` unset or
   0), worker K SIGKILLs itself right after its S-th optimizer step returned (in sync
   mode: once round S is applied), so a test knows exactly where the job was cut.
 - ``--step_sleep_s T``: every worker sleeps T seconds after each step, so a test can
   act on a job that is still training.
+- ``--finish_sleep_s F``: worker 0 sleeps F seconds before its evaluation and export
+  (``psfleet.rec.reporting.finish_run``), as a slow export on a starved host does.
 
 Everything else is ``psfleet train -m CONFIG`` (the run folder's config.yaml).
 """
@@ -24,6 +27,7 @@ from typing import Any
 
 from psfleet.cli.main import main as cli_main
 from psfleet.fleet.optimizer import DistributedOptimizer
+from psfleet.rec import trainer
 
 
 def main() -> int:
@@ -31,6 +35,7 @@ def main() -> int:
     parser.add_argument("--kill_worker", type=int, default=None)
     parser.add_argument("--at_step", type=int, default=0)
     parser.add_argument("--step_sleep_s", type=float, default=0.0)
+    parser.add_argument("--finish_sleep_s", type=float, default=0.0)
     parser.add_argument("config")
     args = parser.parse_args()
     me = os.environ.get("PADDLE_TRAINER_ID")
@@ -48,6 +53,14 @@ def main() -> int:
             time.sleep(args.step_sleep_s)
 
     DistributedOptimizer.step = step  # type: ignore[method-assign]
+    finish_run, finish_sleep_s = trainer.finish_run, args.finish_sleep_s
+
+    def slow_finish_run(*run_args: Any, **run_kwargs: Any) -> Any:
+        time.sleep(finish_sleep_s)
+        return finish_run(*run_args, **run_kwargs)
+
+    if finish_sleep_s:
+        trainer.finish_run = slow_finish_run  # type: ignore[assignment]
     return cli_main(["train", "-m", args.config])
 
 
