@@ -200,7 +200,9 @@ VARIABLES: tuple[EnvVar, ...] = (
         None,
         "Raise (or lower) a server's request limits, comma-separated NAME=INTEGER of "
         "psfleet.ps.types.ServerLimits: max_dim, max_num_buckets, max_num_shards, "
-        "max_worker_num, max_dense_size, max_pull_bytes (e.g. max_dim=8192).",
+        "max_worker_num, max_dense_size, max_pull_bytes, max_request_bytes, "
+        "max_name_chars, max_hosts, max_shares, max_endpoint_chars, max_incarnation, "
+        "max_map_entries (e.g. max_dim=8192).",
     ),
     EnvVar("RANK", None, "Collective mode (torchrun): this process's rank, 0 .. WORLD_SIZE-1."),
     EnvVar("WORLD_SIZE", None, "Collective mode (torchrun): number of ranks (world size)."),

@@ -180,4 +180,5 @@ class ProcessRole:
         # The worker count is not passed: a server's environment may not give it (the
         # seeds' variables default to 1); the first Barrier or sync push fixes it.
         run_server(host, port, self.rpc_config, role.endpoint_file, self._preload_dir,
-                   recover, server_index=role.server_index, rejoin=rejoin)
+                   recover, server_index=role.server_index, rejoin=rejoin,
+                   replication=replication)

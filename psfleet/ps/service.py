@@ -44,6 +44,8 @@ from psfleet.ps.push_ledger import PushLedger
 from psfleet.ps.push_modes import PushModes
 from psfleet.ps.request_checks import (
     JobWorkers,
+    check_name,
+    check_placement,
     check_pull_size,
     check_table_config,
     config_difference,
@@ -191,6 +193,10 @@ class TableService:
                         f"{config_difference(existing.config, config)}. Every worker must "
                         "build the same model")
                 return msg.CreateTableResponse(created=False)
+            # A new table only (O(1) under the lock): an existing one's conflict says more.
+            check_name(f"table {request.table_id}", config.name, self.limits)
+            check_placement(f"table {request.table_id}", request.server_index,
+                            request.server_num, self.limits)
             table: Table = (
                 SparseTable(config) if isinstance(config, SparseTableConfig)
                 else DenseTable(config, init_values))
@@ -364,6 +370,7 @@ class TableService:
         ``done`` false means call again. Waits at most ``wait_budget.max_wait_s``."""
         self._workers.check(f"barrier {request.name!r}", request.worker_index,
                             request.worker_num)
+        check_name("Barrier", request.name, self.limits)
         done = self._barrier.arrive(request.name, request.worker_index, request.worker_num,
                                     self._barrier_timeout_s, request.incarnation, request.seq)
         return msg.BarrierResponse(done=done)
