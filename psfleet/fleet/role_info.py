@@ -31,6 +31,9 @@ class RoleInfo:
             (``PADDLE_TRAINER_IPS`` or ``PADDLE_TRAINERS`` as a list), else empty.
         auth_token: the job's shared secret when the role maker made one (MPIRoleMaker's
             exchange, with ``PSFLEET_AUTH_TOKEN`` unset), else None. Never in the repr.
+        worker_num_given: whether the job said ``worker_num`` (a launched server gets
+            ``PADDLE_TRAINERS_NUM``); False: the default of 1, no variable set. A server
+            is told the count only when it was given (``run_server``).
     """
 
     role: Role
@@ -42,6 +45,7 @@ class RoleInfo:
     endpoint_file: Path | None = None
     worker_ips: tuple[str, ...] = ()
     auth_token: str | None = field(default=None, repr=False)
+    worker_num_given: bool = True
 
     @property
     def is_local(self) -> bool:
