@@ -69,3 +69,24 @@ def test_slow_evaluation_and_export_do_not_fail_a_finished_job(
         assert "did not arrive" not in (run / "log" / name).read_text(), name
     assert "worker 1 exited 0" in r.stderr and "server 0 exited 0" in r.stderr, r.stderr[-4000:]
     assert_no_processes_mentioning(str(tmp_path))
+
+
+def test_a_worker_far_behind_is_waited_for_while_it_trains(
+        tmp_path: Path, data_slice: Callable[..., Path]) -> None:
+    """Async: worker 1 finishes its steps about 15 s after worker 0 (0.5 s per step),
+    with a barrier deadline of 4 s. Worker 0 waits at the last barrier while worker 1
+    still pushes: the barrier's timeout counts from the latest push or pull of a worker
+    that has not arrived, so only a worker silent for the deadline fails it (before:
+    worker 0 failed after 4 s, "workers [1] did not arrive within 4 s")."""
+    run = _run_folder(tmp_path, data_slice(480), data_slice(200, source="dev.csv"), "async")
+    argv = [sys.executable, "-m", "psfleet.launch.main", "--server_num", "1",
+            "--worker_num", "2", "--log_dir", str(run / "log"), str(JOB_SCRIPT),
+            "--step_sleep_s", "0.5", "--sleep_worker", "1", str(run / "config.yaml")]
+
+    r = run_command(argv, timeout=150, env={"PSFLEET_RPC_DEADLINE_S": str(DEADLINE_S)})
+
+    assert r.returncode == 0, r.stderr[-4000:]
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["test"]["examples"] == 200
+    assert sum(epoch["examples"] for epoch in metrics["epochs"]) == 240  # worker 0's half
+    assert_no_processes_mentioning(str(tmp_path))

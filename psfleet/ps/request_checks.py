@@ -34,7 +34,8 @@ Policies (documented here, applied by the service):
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -138,6 +139,20 @@ class JobWorkers:
         self._limits = limits
         self._lock = threading.Lock()
         self.worker_num = worker_num
+        self._progress: dict[int, float] = {}  # worker index -> its last push or pull
+
+    def note_progress(self, worker_index: int) -> None:
+        """Record that worker ``worker_index`` (checked) pushed or pulled just now: it
+        is training, so a barrier waiting for it is not waiting on a dead worker."""
+        with self._lock:
+            self._progress[worker_index] = time.monotonic()
+
+    def last_progress_s(self, besides: Collection[int], worker_num: int) -> float | None:
+        """The ``time.monotonic()`` of the latest push or pull of a worker below
+        ``worker_num`` and not in ``besides`` (None: none yet). O(workers seen)."""
+        with self._lock:
+            times = [t for w, t in self._progress.items() if w < worker_num and w not in besides]
+        return max(times, default=None)
 
     def check(self, what: str, worker_index: int, worker_num: int) -> None:
         """Check a call carrying the job's worker count (a Barrier, a SYNC push);

@@ -122,7 +122,7 @@ class TableService:
         self._tables_lock = threading.Lock()
         self._gate = PushGate()
         self.wait_budget = wait_budget or WaitBudget()
-        self._barrier = Barrier(self.wait_budget)
+        self._barrier = Barrier(self.wait_budget, self._workers.last_progress_s)
         self._clocks = WorkerClocks(self.wait_budget)
         self._ledger = PushLedger()
         self.counters = RequestCounters()
@@ -303,12 +303,14 @@ class TableService:
         else:
             self._workers.check_index(what, push.worker_index)
         self._reject_non_finite("push", push.table_id, values)
+        self._workers.note_progress(push.worker_index)  # training: barriers wait for it
 
     def pull_dense(self, table_id: int, worker_index: int) -> np.ndarray:
         """This server's blocks of dense table ``table_id``: float32[n] (a copy).
         Raises InvalidRequestError when ``worker_index`` is outside the job's."""
         table = self._table(table_id, DenseTable)
         self._workers.check_index(f"dense pull of table {table_id}", worker_index)
+        self._workers.note_progress(worker_index)
         values = table.pull(worker_index)
         self._modes.global_batches.note_pull(worker_index)  # GBA: the worker's token
         self.counters.count_pull(table_id, values.size)

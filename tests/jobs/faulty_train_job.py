@@ -2,14 +2,15 @@
 
 Usage::
 
-    faulty_train_job.py [--kill_worker K --at_step S] [--step_sleep_s T]
+    faulty_train_job.py [--kill_worker K --at_step S] [--step_sleep_s T [--sleep_worker W]]
                         [--finish_sleep_s F] CONFIG
 
 - ``--kill_worker K --at_step S``: on its first start (``PSFLEET_RESTART_NUM`` unset or
   0), worker K SIGKILLs itself right after its S-th optimizer step returned (in sync
   mode: once round S is applied), so a test knows exactly where the job was cut.
-- ``--step_sleep_s T``: every worker sleeps T seconds after each step, so a test can
-  act on a job that is still training.
+- ``--step_sleep_s T``: every worker (``--sleep_worker W``: worker W only) sleeps T
+  seconds after each step, so a test can act on a job that is still training, or make
+  one worker finish far behind the others.
 - ``--finish_sleep_s F``: worker 0 sleeps F seconds before its evaluation and export
   (``psfleet.rec.reporting.finish_run``), as a slow export on a starved host does.
 
@@ -35,6 +36,7 @@ def main() -> int:
     parser.add_argument("--kill_worker", type=int, default=None)
     parser.add_argument("--at_step", type=int, default=0)
     parser.add_argument("--step_sleep_s", type=float, default=0.0)
+    parser.add_argument("--sleep_worker", type=int, default=None)
     parser.add_argument("--finish_sleep_s", type=float, default=0.0)
     parser.add_argument("config")
     args = parser.parse_args()
@@ -49,7 +51,8 @@ def main() -> int:
         if kill and self.steps == args.at_step:
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
-        if args.step_sleep_s:
+        if args.step_sleep_s and (args.sleep_worker is None or (
+                me is not None and int(me) == args.sleep_worker)):
             time.sleep(args.step_sleep_s)
 
     DistributedOptimizer.step = step  # type: ignore[method-assign]
