@@ -294,7 +294,10 @@ VARIABLES: tuple[EnvVar, ...] = (
         "fleetrun: a server of the job that answered its gRPC health check once and then "
         "answers none for this many seconds (or any child stopped, e.g. by SIGSTOP, this "
         "long) is treated as dead: SIGKILLed, then restarted per --max_restarts and "
-        "--restart_policy, or the job fails naming it. A number of seconds, > 0 and <= 30.",
+        "--restart_policy, or the job fails naming it; in a replicated job a server is "
+        "not killed while another server is down (it may hold a share's last copy). A "
+        "number of seconds, > 0 and <= 3600 (a starved host may answer nothing for "
+        "minutes), or off: no hang detection.",
     ),
     EnvVar(
         "PSFLEET_REPLICATION",

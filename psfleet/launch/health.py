@@ -50,33 +50,38 @@ from psfleet import env
 from psfleet.errors import ConfigError
 from psfleet.launcher_guard import LAUNCHER_PID_VARIABLE, child_preexec
 
-__all__ = ["MAX_HEALTH_TIMEOUT_S", "HealthTracker", "HealthMonitor", "Unresponsive",
-           "health_timeout_s", "check_interval_s", "process_stopped"]
+__all__ = ["DEFAULT_HEALTH_TIMEOUT_S", "MAX_HEALTH_TIMEOUT_S", "HealthTracker", "HealthMonitor",
+           "Unresponsive", "health_timeout_s", "check_interval_s", "process_stopped"]
 
 logger = logging.getLogger(__name__)
 
-#: The largest ``PSFLEET_HEALTH_TIMEOUT_S`` allowed (and its default).
-MAX_HEALTH_TIMEOUT_S = 30.0
+#: ``PSFLEET_HEALTH_TIMEOUT_S``'s default, and the largest value it may have (an hour:
+#: a starved host may answer nothing for minutes; ``off`` turns hang detection off).
+DEFAULT_HEALTH_TIMEOUT_S = 30.0
+MAX_HEALTH_TIMEOUT_S = 3600.0
 _MAX_INTERVAL_S = 5.0
 _MAX_CALL_TIMEOUT_S = 2.0
 _PROBE_EXIT_S = 3.0
 
 
-def health_timeout_s(environ: Mapping[str, str] | None = None) -> float:
-    """``PSFLEET_HEALTH_TIMEOUT_S`` (default 30) as seconds.
+def health_timeout_s(environ: Mapping[str, str] | None = None) -> float | None:
+    """``PSFLEET_HEALTH_TIMEOUT_S`` (default 30) as seconds; None for ``off`` (no hang
+    detection).
 
     Raises:
-        ConfigError: not a number, or not in (0, 30] (names the variable and value).
+        ConfigError: not ``off`` nor a number in (0, 3600] (names the variable and value).
     """
-    raw = env.read("PSFLEET_HEALTH_TIMEOUT_S", environ) or str(MAX_HEALTH_TIMEOUT_S)
+    raw = env.read("PSFLEET_HEALTH_TIMEOUT_S", environ) or str(DEFAULT_HEALTH_TIMEOUT_S)
+    if raw.strip().lower() == "off":
+        return None
     try:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"PSFLEET_HEALTH_TIMEOUT_S: {raw!r} is not a number of seconds; "
-                          f"allowed: > 0 and <= {MAX_HEALTH_TIMEOUT_S:g}") from None
+                          f"allowed: off, or > 0 and <= {MAX_HEALTH_TIMEOUT_S:g}") from None
     if not 0 < value <= MAX_HEALTH_TIMEOUT_S:  # also refuses NaN
         raise ConfigError(f"PSFLEET_HEALTH_TIMEOUT_S: {raw!r} is out of range; allowed: "
-                          f"> 0 and <= {MAX_HEALTH_TIMEOUT_S:g} seconds")
+                          f"off, or > 0 and <= {MAX_HEALTH_TIMEOUT_S:g} seconds")
     return value
 
 
@@ -185,14 +190,16 @@ class HealthMonitor:
     rather than declaring healthy servers dead. Call :meth:`close` at the end.
 
     Args:
-        timeout_s: ``PSFLEET_HEALTH_TIMEOUT_S``.
+        timeout_s: ``PSFLEET_HEALTH_TIMEOUT_S``; None (``off``): nothing is watched,
+            no probe starts, and :meth:`overdue` is always empty.
         environ: the children's environment (its ``PSFLEET_TLS_*`` decide TLS); the
             probe runs with it.
     """
 
-    def __init__(self, timeout_s: float, environ: Mapping[str, str]) -> None:
-        self.tracker = HealthTracker(timeout_s)
-        self.interval_s = check_interval_s(timeout_s)
+    def __init__(self, timeout_s: float | None, environ: Mapping[str, str]) -> None:
+        self.timeout_s = timeout_s
+        self.tracker = HealthTracker(timeout_s or DEFAULT_HEALTH_TIMEOUT_S)
+        self.interval_s = check_interval_s(self.tracker.timeout_s)
         self._call_timeout_s = min(self.interval_s, _MAX_CALL_TIMEOUT_S)
         self._environ = dict(environ)
         self._lock = threading.Lock()
@@ -210,6 +217,8 @@ class HealthMonitor:
 
     def watch(self, pid: int, endpoint: str) -> None:
         """Health-check the server ``pid`` at ``endpoint`` until :meth:`forget`."""
+        if self.timeout_s is None:
+            return
         self.watch_process(pid)
         self._endpoints[pid] = endpoint
         with self._lock:
@@ -218,7 +227,8 @@ class HealthMonitor:
 
     def watch_process(self, pid: int) -> None:
         """Watch ``pid``'s process state (stopped or not)."""
-        self._processes.add(pid)
+        if self.timeout_s is not None:
+            self._processes.add(pid)
 
     def forget(self, pid: int) -> None:
         """Stop watching ``pid``."""

@@ -83,6 +83,7 @@ class Job:
         self.servers: list[ChildProcess] = []
         self.workers: list[ChildProcess] = []
         self._seen_exit: set[int] = set()
+        self._spared: set[int] = set()  # hung servers not killed: maybe a share's last copy
         self._stop_signal = signal.SIGTERM
         self._growth = Growth(config, layout, environ)
 
@@ -97,10 +98,12 @@ class Job:
         config, layout = self.config, self.layout
         started = time.monotonic()
         policy = self._restarts
-        logger.info("restarts: %s; hang detection: PSFLEET_HEALTH_TIMEOUT_S=%g",
+        timeout_s = self._health.timeout_s
+        logger.info("restarts: %s; hang detection: %s",
                     f"--max_restarts {policy.max_restarts} --restart_policy {policy.policy}"
                     if policy.max_restarts else "none (--max_restarts 0)",
-                    self._health.tracker.timeout_s)
+                    "off (PSFLEET_HEALTH_TIMEOUT_S=off)" if timeout_s is None
+                    else f"PSFLEET_HEALTH_TIMEOUT_S={timeout_s:g}")
         if layout.endpoints_known and not self._ports_free():
             return EXIT_FAILURE
         for i in layout.local_servers:
@@ -400,6 +403,8 @@ class Job:
         if child is None or child.pid in self._seen_exit:
             self._health.forget(found.key)
             return None
+        if self._last_copy(child):
+            return None
         self._health.forget(child.pid)
         child.signal_group(signal.SIGKILL)  # our own child's group, by its pid
         deadline = time.monotonic() + _KILL_WAIT_S
@@ -407,8 +412,29 @@ class Job:
             time.sleep(_POLL_INTERVAL_S)
         self._seen_exit.add(child.pid)
         cause = (f"{found.reason} (PSFLEET_HEALTH_TIMEOUT_S="
-                 f"{self._health.tracker.timeout_s:g}); fleetrun killed it (SIGKILL)")
+                 f"{self._health.timeout_s:g}); fleetrun killed it (SIGKILL)")
         return self._on_failure(child, cause, workers_done=False)
+
+    def _last_copy(self, child: ChildProcess) -> bool:
+        """Whether the unresponsive ``child`` may hold the last live copy of a share: a
+        server of a replicated job while another of the job's servers is down (after a
+        fail-over its shares have no other copy). It is then not killed (SIGKILL would
+        lose them; a slow server may still answer): warned of once, and watched on.
+        In an unreplicated job every server holds its share's only copy and a hung one
+        blocks the job, so it is killed (and restarted per --max_restarts)."""
+        if child.spec.role is not Role.SERVER or (self.config.replication or 1) < 2:
+            return False
+        down = [s.name for s in self.servers if s is not child and s.returncode is not None]
+        if not down:
+            return False
+        if child.pid not in self._spared:
+            self._spared.add(child.pid)
+            logger.warning("fleetrun: %s does not answer health checks, but %s %s down, so "
+                           "it may hold the last live copy of their shares: not killed "
+                           "(a server that hangs is then found by the workers' deadlines, "
+                           "PSFLEET_RPC_DEADLINE_S)", self._who(child), ", ".join(down),
+                           "is" if len(down) == 1 else "are")
+        return True
 
     def _restart_job(self, failed: ChildProcess, cause: str | None) -> int | None:
         """``gang``: stop every child, then start them all again (servers first) with

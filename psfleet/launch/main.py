@@ -244,7 +244,8 @@ Whole-job restarts (--max_restarts N > 0, --restart_policy gang; sync jobs):
     fleetrun restarts only its own children: a multi-node sync job needs a restart of
     every node.
 
-Hang detection (``PSFLEET_HEALTH_TIMEOUT_S``, default 30, at most 30 seconds):
+Hang detection (``PSFLEET_HEALTH_TIMEOUT_S``, default 30, at most 3600 seconds; ``off``
+turns it off):
     fleetrun has a helper process (``psfleet.launch.health_probe``; fleetrun itself
     never calls gRPC, as it forks children) ask each of its servers' gRPC health
     service every timeout/3 seconds (at most 5), from the server's first answer on. A
@@ -260,7 +261,11 @@ Hang detection (``PSFLEET_HEALTH_TIMEOUT_S``, default 30, at most 30 seconds):
 
     A quick NOT_SERVING or a refused connection (a server stopping or restarting) is
     not a hang; a server that sends no HTTP/2 greeting (not gRPC) is not checked. No
-    check runs once every worker has finished. Workers have no endpoint to ask: a
+    check runs once every worker has finished. In a replicated job (--replication 2) a
+    server is not killed while another server of the job is down: it may hold the last
+    live copy of that server's shares (fleetrun warns once and leaves it to the
+    workers' deadlines). On a host so starved that a live server cannot answer within
+    30 s, raise the timeout (e.g. 300) or turn it off. Workers have no endpoint to ask: a
     worker that hangs without being stopped is found by the servers' and the other
     workers' deadlines (PSFLEET_RPC_DEADLINE_S).
 
