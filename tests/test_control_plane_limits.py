@@ -31,6 +31,7 @@ import pytest
 
 from psfleet.errors import ConfigError
 from psfleet.ps import RemoteClient, RuleConfig, SparseTableConfig, TableService, start_server
+from psfleet.ps.replica.host import Layout
 from psfleet.ps.types import ServerLimits
 from psfleet.rec.cluster_config import ClusterConfig
 from psfleet.replication import MAX_SHARES, check_shares, shares_from_env
@@ -220,5 +221,23 @@ def test_a_request_above_max_request_bytes_is_refused_from_its_declared_size() -
         assert len(service.tables[0]) == 0  # nothing created
         assert _send(server.endpoint, "PullSparse", msg.PullSparseRequest(
             table_id=0, keys=KEYS.tobytes(), create=True)) == ("OK", "")
+    finally:
+        server.stop(grace_s=0.5)
+
+
+def test_an_added_server_takes_its_own_layout_past_the_job_hosts() -> None:
+    """A server added to the running job (psfleet grow) has a host index past the job's
+    first hosts; a worker's SetReplicas naming that layout is its own, not refused."""
+    layout = Layout(("127.0.0.1:9", "127.0.0.1:1"), 2, 2, 4)
+    service, server = start_server(HOST, 0, CONFIG, TableService(barrier_timeout_s=1.0),
+                                   layout=layout)
+    try:
+        own = msg.ReplicasRequest(endpoints=list(layout.endpoints), host_index=2,
+                                  replication=2, shares=4)
+        assert _send(server.endpoint, "SetReplicas", own) == ("OK", "")
+        other = msg.ReplicasRequest(endpoints=list(layout.endpoints), host_index=3,
+                                    replication=2, shares=4)
+        code, _ = _send(server.endpoint, "SetReplicas", other)
+        assert code == "INVALID_ARGUMENT"
     finally:
         server.stop(grace_s=0.5)

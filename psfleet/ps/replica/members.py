@@ -169,9 +169,11 @@ class ShareMembers:
         layout = Layout(tuple(request.endpoints), request.host_index, request.replication,
                         request.shares)
         hosts = len(layout.endpoints)
-        if (not 1 <= layout.replication <= hosts or layout.index >= hosts
-                or layout.share_num < hosts
-                or (layout.share_num != hosts and layout.replication < 2)):
+        with self._lock:
+            known = self._layout == layout  # an added host's own index is past the hosts
+        if not known and (not 1 <= layout.replication <= hosts or layout.index >= hosts
+                          or layout.share_num < hosts
+                          or (layout.share_num != hosts and layout.replication < 2)):
             raise InvalidRequestError(
                 f"SetReplicas: replication {layout.replication} with {hosts} hosts, "
                 f"{layout.share_num} shares and host index {layout.index}; replication must "
