@@ -157,6 +157,11 @@ def test_health_timeout_defaults_to_30_and_is_bounded() -> None:
         with pytest.raises(ConfigError, match="PSFLEET_HEALTH_TIMEOUT_S: .*allowed: off, or "
                                               "> 0 and <= 3600"):
             health_timeout_s({"PSFLEET_HEALTH_TIMEOUT_S": bad})
+    # A check may wait a third of the timeout (at most 10 s) for its answer: with a 2 s
+    # cap a starved server answering in 3 s was declared dead whatever the timeout.
+    assert HealthMonitor(3.0, {}).call_timeout_s == 1.0
+    assert HealthMonitor(30.0, {}).call_timeout_s == 10.0
+    assert HealthMonitor(300.0, {}).call_timeout_s == 10.0
     off = HealthMonitor(None, {})  # watches nothing, starts no probe
     off.watch(os.getpid(), "127.0.0.1:9")
     off.watch_process(os.getpid())

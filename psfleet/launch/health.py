@@ -6,16 +6,17 @@ exit codes never notices it; the job stalls until some remote call's deadline
 therefore watches the children it started:
 
 - **Servers**: :class:`HealthMonitor` has a helper process
-  (:mod:`psfleet.launch.health_probe`; the launcher, which forks children, never
-  calls gRPC itself) ask each server's standard gRPC health service (no token
-  needed; TLS as the job's clients speak it) every ``timeout / 3`` seconds (at most
-  5 s). A server is watched from its first SERVING answer on (its start-up,
-  checkpoint recovery included, is bounded elsewhere: ``--server_wait_timeout_s`` and
-  the workers' server wait); one whose checks then all time out for the timeout is
-  *unresponsive*. A quick NOT_SERVING or refused connection is not silence: a
-  server that stops (workers' ``stop_worker``) or restarts is not hung. A server
-  that sends no HTTP/2 greeting when connected to (not gRPC: a test's stand-in) is
-  never sent a request and not health-checked.
+  (:mod:`psfleet.launch.health_probe`; the launcher, which forks children, never calls
+  gRPC itself) ask each server's standard gRPC health service (no token needed; TLS as
+  the job's clients speak it) every ``timeout / 3`` seconds (at most 5 s), each check
+  waiting up to ``timeout / 3`` (at most 10 s) for its answer, so a starved server that
+  answers slowly is alive. A server is watched from its first SERVING answer on (its
+  start-up, checkpoint recovery included, is bounded elsewhere:
+  ``--server_wait_timeout_s`` and the workers' server wait); one whose checks then all
+  time out for the timeout is *unresponsive*. A quick NOT_SERVING or refused connection
+  is not silence: a server that stops (workers' ``stop_worker``) or restarts is not
+  hung. A server that sends no HTTP/2 greeting when connected to (not gRPC: a test's
+  stand-in) is never sent a request and not health-checked.
 - **Every child** (workers too): a process found in the stopped state (``T`` in
   ``/proc/<pid>/stat``, e.g. after SIGSTOP) for the timeout is *unresponsive*.
   Workers have no server endpoint to ask; a worker that hangs while running (not
@@ -60,7 +61,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_HEALTH_TIMEOUT_S = 30.0
 MAX_HEALTH_TIMEOUT_S = 3600.0
 _MAX_INTERVAL_S = 5.0
-_MAX_CALL_TIMEOUT_S = 2.0
+#: The longest one health check may take to count as an answer. A third of the timeout
+#: up to this: a starved server answering in 5 s is alive (a 2 s cap declared such a
+#: server dead whatever the timeout: every check "timed out").
+_MAX_CALL_TIMEOUT_S = 10.0
 _PROBE_EXIT_S = 3.0
 
 
@@ -200,7 +204,7 @@ class HealthMonitor:
         self.timeout_s = timeout_s
         self.tracker = HealthTracker(timeout_s or DEFAULT_HEALTH_TIMEOUT_S)
         self.interval_s = check_interval_s(self.tracker.timeout_s)
-        self._call_timeout_s = min(self.interval_s, _MAX_CALL_TIMEOUT_S)
+        self.call_timeout_s = min(self.tracker.timeout_s / 3.0, _MAX_CALL_TIMEOUT_S)
         self._environ = dict(environ)
         self._lock = threading.Lock()
         self._servers: set[int] = set()
@@ -285,7 +289,7 @@ class HealthMonitor:
     def _start_probe(self) -> None:
         argv = [sys.executable, "-m", "psfleet.launch.health_probe",
                 "--interval_s", str(self.interval_s),
-                "--call_timeout_s", str(self._call_timeout_s)]
+                "--call_timeout_s", str(self.call_timeout_s)]
         env = {k: v for k, v in self._environ.items() if k != LAUNCHER_PID_VARIABLE}
         self._probe = subprocess.Popen(
             argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

@@ -248,7 +248,8 @@ Hang detection (``PSFLEET_HEALTH_TIMEOUT_S``, default 30, at most 3600 seconds; 
 turns it off):
     fleetrun has a helper process (``psfleet.launch.health_probe``; fleetrun itself
     never calls gRPC, as it forks children) ask each of its servers' gRPC health
-    service every timeout/3 seconds (at most 5), from the server's first answer on. A
+    service every timeout/3 seconds (at most 5; each check waits up to timeout/3, at most
+    10 s, for its answer), from the server's first answer on. A
     server whose checks all go unanswered for the timeout (it accepted the connection
     but answers nothing: SIGSTOP, every handler thread stuck), or any child found
     stopped (process state T, e.g. SIGSTOP) that long, is treated as dead: fleetrun
