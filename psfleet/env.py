@@ -123,6 +123,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         None,
         "File a server writes its bound host:port into once listening (set by fleetrun).",
     ),
+    EnvVar(
+        "PSFLEET_DONE_FILE",
+        None,
+        "File a worker writes once it passed the job's stop barrier (fleet.stop_worker: "
+        "every worker's training is complete; set by fleetrun). fleetrun then restarts "
+        "nothing, and a later failure of a worker other than 0 is a warning, not the "
+        "job's failure.",
+    ),
     EnvVar("PSFLEET_RPC_DEADLINE_S", "180", "Deadline of every remote call, seconds."),
     EnvVar(
         "PSFLEET_RPC_MAX_RETRIES",

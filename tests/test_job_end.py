@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -89,4 +90,33 @@ def test_a_worker_far_behind_is_waited_for_while_it_trains(
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["test"]["examples"] == 200
     assert sum(epoch["examples"] for epoch in metrics["epochs"]) == 240  # worker 0's half
+    assert_no_processes_mentioning(str(tmp_path))
+
+
+@pytest.mark.parametrize("restart_flags", [[], ["--max_restarts", "1"]],
+                         ids=["no_restarts", "with_restarts"])
+def test_a_worker_failing_after_the_stop_barrier_neither_restarts_nor_fails_the_job(
+        tmp_path: Path, data_slice: Callable[..., Path], restart_flags: list[str]) -> None:
+    """Worker 1 exits 3 right after its stop barrier, while worker 0 still evaluates
+    (10 s). Every step ran and worker 0 writes the metrics: the job ends exit 0, nothing
+    is restarted, and fleetrun warns naming worker 1 (before: exit 1 naming it as the
+    root cause, or with restarts a new worker 1 that trained again and waited for
+    peers that had left)."""
+    run = _run_folder(tmp_path, data_slice(480), data_slice(200, source="dev.csv"), "async")
+    argv = [sys.executable, "-m", "psfleet.launch.main", "--server_num", "1",
+            "--worker_num", "2", "--log_dir", str(run / "log"), *restart_flags,
+            str(JOB_SCRIPT), "--finish_sleep_s", str(FINISH_SLEEP_S), "--fail_after_stop",
+            "1", str(run / "config.yaml")]
+
+    r = run_command(argv, timeout=150)
+
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "restarting it" not in r.stderr, r.stderr[-4000:]
+    assert re.search(r"worker 1 \(pid \d+\) failed with exit code 3 after the job's stop "
+                     r"barrier \(its training was complete\); not restarted", r.stderr), \
+        r.stderr[-4000:]
+    assert "injected exit 3 of worker 1" in (run / "log" / "workerlog.1").read_text()
+    assert not (run / "log" / ".done").exists()  # fleetrun's own file, removed at the end
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["test"]["examples"] == 200 and metrics["export"] == str(run / "model")
     assert_no_processes_mentioning(str(tmp_path))

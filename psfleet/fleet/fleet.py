@@ -40,7 +40,7 @@ from psfleet.export import InferenceManifest
 from psfleet.fleet.optimizer import DistributedOptimizer
 from psfleet.fleet.persistence import Persistence
 from psfleet.fleet.process_role import ProcessRole
-from psfleet.fleet.role_info import restart_num
+from psfleet.fleet.role_info import done_file, restart_num
 from psfleet.fleet.role_maker import Role, RoleInfo, RoleMaker
 from psfleet.fleet.runtime import (
     ParameterServerHooks,
@@ -201,7 +201,7 @@ class Fleet(ProcessRole):
                              "fleet.init_worker(): the optimizer decides the tables' rule")
         config = RuntimeConfig(role, self.strategy, self.rpc_config,
                                server_wait_timeout_s(self.strategy.server_wait_timeout_s),
-                               restart_num())
+                               restart_num(), done_file())
         embeddings = (live_embeddings() if self._model is None else
                       [m for m in self._model.modules() if isinstance(m, SparseEmbedding)])
         self._runtime = WorkerRuntime.connect(config, self._hooks, self._optimizer, embeddings)

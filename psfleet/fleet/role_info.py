@@ -11,7 +11,7 @@ from psfleet import env
 from psfleet.errors import ConfigError
 from psfleet.types import Role
 
-__all__ = ["RoleInfo", "RoleMaker", "restart_num"]
+__all__ = ["RoleInfo", "RoleMaker", "done_file", "restart_num"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,13 @@ class RoleMaker(ABC):
             ConfigError: as :meth:`generate_role`.
         """
         return self.generate_role().role is Role.SERVER
+
+
+def done_file() -> Path | None:
+    """Where this worker records that it passed the job's stop barrier
+    (``PSFLEET_DONE_FILE``, set by fleetrun); None: nowhere."""
+    raw = env.read("PSFLEET_DONE_FILE")
+    return Path(raw) if raw else None
 
 
 def restart_num() -> int:

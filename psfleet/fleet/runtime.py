@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -62,6 +63,9 @@ class RuntimeConfig:
             (``psfleet.fleet.server_wait.server_wait_timeout_s``).
         restart_num: how often the launcher restarted this worker (0: first start;
             a restarted worker joins a running job and skips the start barrier).
+        done_file: written once this worker passed the stop barrier (fleetrun's
+            ``PSFLEET_DONE_FILE``: training is complete, nothing is restarted); None:
+            not written.
     """
 
     role: RoleInfo
@@ -69,6 +73,7 @@ class RuntimeConfig:
     rpc_config: RpcConfig
     wait_timeout_s: float
     restart_num: int = 0
+    done_file: Path | None = None
 
 
 class WorkerHooks(Protocol):
@@ -304,14 +309,29 @@ class WorkerRuntime:
         if finish is None or not first:
             self.communicator.stop()
             self.barrier("stop_worker")
+            self._record_done()
         else:
             self.communicator.flush()  # what stop() sends first; it stops after finish
             self.barrier("stop_worker")
+            self._record_done()
             finish()
             self.communicator.stop()
         if first:
             self.client.stop_servers(role.worker_index)
         self.client.close()
+
+
+    def _record_done(self) -> None:
+        """Write ``config.done_file`` (the launcher learns that training is complete);
+        a failure to write it is logged, not raised (the job still ends)."""
+        path = self.config.done_file
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("passed the stop barrier\n")
+        except OSError as exc:
+            logger.warning("could not write %s (PSFLEET_DONE_FILE): %s", path, exc)
 
 
 def _keys(value: Any) -> np.ndarray:

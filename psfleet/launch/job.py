@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -84,6 +85,7 @@ class Job:
         self.workers: list[ChildProcess] = []
         self._seen_exit: set[int] = set()
         self._spared: set[int] = set()  # hung servers not killed: maybe a share's last copy
+        self._finished: set[int] = set()  # workers that failed after the stop barrier
         self._stop_signal = signal.SIGTERM
         self._growth = Growth(config, layout, environ)
 
@@ -98,6 +100,7 @@ class Job:
         config, layout = self.config, self.layout
         started = time.monotonic()
         policy = self._restarts
+        shutil.rmtree(config.done_dir, ignore_errors=True)  # an earlier run's done files
         timeout_s = self._health.timeout_s
         logger.info("restarts: %s; hang detection: %s",
                     f"--max_restarts {policy.max_restarts} --restart_policy {policy.policy}"
@@ -245,7 +248,8 @@ class Job:
             if not self.workers:
                 if all(s.returncode is not None for s in self.servers):
                     return 0
-            elif grace_deadline is None and all(w.returncode == 0 for w in self.workers):
+            elif grace_deadline is None and all(w.returncode == 0 or w.pid in self._finished
+                                                for w in self.workers):
                 if not self.servers:
                     return 0
                 logger.info(
@@ -264,7 +268,8 @@ class Job:
     def stop_all(self, signals: SignalCatcher) -> None:
         """Signal every child group still alive, wait up to the grace, SIGKILL the rest.
 
-        Safe to call more than once; closes all log files and ends the health checks.
+        Safe to call more than once; closes all log files, ends the health checks and
+        removes the workers' done files (``DIR/.done``).
         """
         self._health.close()
         alive = [c for c in self.children if c.group_alive()]
@@ -295,6 +300,7 @@ class Job:
             )
         for child in self.children:
             child.close()
+        shutil.rmtree(self.config.done_dir, ignore_errors=True)  # every child is gone
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -355,7 +361,23 @@ class Job:
         With replication (``LaunchConfig.replication`` > 1) a failed server is restarted
         when the ``process`` policy has restarts left (it rejoins: the others fill it);
         otherwise the job goes on while every share has a server up, and fails when
-        one has none."""
+        one has none.
+
+        Once training is complete (a worker passed the stop barrier: its done file,
+        ``PSFLEET_DONE_FILE``) nothing is restarted: a restarted process would wait
+        for workers that have left. A worker other than 0 that fails after its own
+        stop barrier is only warned of: every step ran, and worker 0 writes the
+        metrics (the job's result is worker 0's)."""
+        trained = self._training_complete()
+        if (trained and child.spec.role is Role.WORKER and child.spec.index != 0
+                and self.config.done_file(child.spec.index).exists()):
+            self._finished.add(child.pid)
+            logger.warning("fleetrun: %s %s after the job's stop barrier (its training was "
+                           "complete); not restarted, and not the job's failure: worker 0 "
+                           "writes the metrics. Its log: %s", self._who(child),
+                           cause_of(child, cause), child.spec.log_path)
+            return None
+        workers_done = workers_done or trained
         if child.spec.role is Role.SERVER and (self.config.replication or 1) > 1:
             return self._on_replicated_server_failure(child, cause, workers_done)
         action = self._restarts.decide(
@@ -367,6 +389,10 @@ class Job:
         if action is Action.RESTART_JOB:
             return self._restart_job(child, cause)
         return self._report_failure(child, "", cause)
+
+    def _training_complete(self) -> bool:
+        """Whether a worker of this node passed the job's stop barrier (its done file)."""
+        return any(self.config.done_file(w.spec.index).exists() for w in self.workers)
 
     def _on_replicated_server_failure(self, child: ChildProcess, cause: str | None,
                                       workers_done: bool) -> int | None:

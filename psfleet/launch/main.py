@@ -219,7 +219,10 @@ Restarts (--max_restarts N > 0, --restart_policy process):
     and a restarted worker rejoins the running job from its cursor in that checkpoint
     (``fleet.load_checkpoint``). A child that fails once more than N times ends the
     job as usual (exit 1 with the failure summary). Nothing is restarted once every
-    worker has finished.
+    worker has finished, nor once training is complete: each worker writes
+    ``DIR/.done/worker.k`` (``PSFLEET_DONE_FILE``) when it passed the job's stop
+    barrier (``fleet.stop_worker``), and a worker other than 0 that fails after that
+    (worker 0 still evaluating and exporting) is a warning, not the job's failure.
 
 Whole-job restarts (--max_restarts N > 0, --restart_policy gang; sync jobs):
     In sync mode every worker takes part in every round, so a worker restarted alone

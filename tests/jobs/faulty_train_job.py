@@ -3,7 +3,7 @@
 Usage::
 
     faulty_train_job.py [--kill_worker K --at_step S] [--step_sleep_s T [--sleep_worker W]]
-                        [--finish_sleep_s F] CONFIG
+                        [--finish_sleep_s F] [--fail_after_stop K] CONFIG
 
 - ``--kill_worker K --at_step S``: on its first start (``PSFLEET_RESTART_NUM`` unset or
   0), worker K SIGKILLs itself right after its S-th optimizer step returned (in sync
@@ -13,6 +13,8 @@ Usage::
   one worker finish far behind the others.
 - ``--finish_sleep_s F``: worker 0 sleeps F seconds before its evaluation and export
   (``psfleet.rec.reporting.finish_run``), as a slow export on a starved host does.
+- ``--fail_after_stop K``: worker K exits with code 3 right after its
+  ``fleet.stop_worker()`` returned (past the job's stop barrier; first start only).
 
 Everything else is ``psfleet train -m CONFIG`` (the run folder's config.yaml).
 """
@@ -28,6 +30,7 @@ from typing import Any
 
 from psfleet.cli.main import main as cli_main
 from psfleet.fleet.optimizer import DistributedOptimizer
+from psfleet.fleet.runtime import WorkerRuntime
 from psfleet.rec import trainer
 
 
@@ -38,6 +41,7 @@ def main() -> int:
     parser.add_argument("--step_sleep_s", type=float, default=0.0)
     parser.add_argument("--sleep_worker", type=int, default=None)
     parser.add_argument("--finish_sleep_s", type=float, default=0.0)
+    parser.add_argument("--fail_after_stop", type=int, default=None)
     parser.add_argument("config")
     args = parser.parse_args()
     me = os.environ.get("PADDLE_TRAINER_ID")
@@ -64,6 +68,16 @@ def main() -> int:
 
     if finish_sleep_s:
         trainer.finish_run = slow_finish_run  # type: ignore[assignment]
+    stop = WorkerRuntime.stop
+
+    def stop_then_fail(self: WorkerRuntime, finish: Any = None) -> None:
+        stop(self, finish)
+        print(f"injected exit 3 of worker {me} after the stop barrier", flush=True)
+        os._exit(3)
+
+    if (args.fail_after_stop is not None and first_start and me is not None
+            and int(me) == args.fail_after_stop):
+        WorkerRuntime.stop = stop_then_fail  # type: ignore[method-assign]
     return cli_main(["train", "-m", args.config])
 
 
