@@ -123,6 +123,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         None,
         "File a server writes its bound host:port into once listening (set by fleetrun).",
     ),
+    EnvVar(
+        "PSFLEET_DONE_FILE",
+        None,
+        "File a worker writes once it passed the job's stop barrier (fleet.stop_worker: "
+        "every worker's training is complete; set by fleetrun). fleetrun then restarts "
+        "nothing, and a later failure of a worker other than 0 is a warning, not the "
+        "job's failure.",
+    ),
     EnvVar("PSFLEET_RPC_DEADLINE_S", "180", "Deadline of every remote call, seconds."),
     EnvVar(
         "PSFLEET_RPC_MAX_RETRIES",
@@ -200,7 +208,9 @@ VARIABLES: tuple[EnvVar, ...] = (
         None,
         "Raise (or lower) a server's request limits, comma-separated NAME=INTEGER of "
         "psfleet.ps.types.ServerLimits: max_dim, max_num_buckets, max_num_shards, "
-        "max_worker_num, max_dense_size, max_pull_bytes (e.g. max_dim=8192).",
+        "max_worker_num, max_dense_size, max_pull_bytes, max_request_bytes, "
+        "max_name_chars, max_hosts, max_shares, max_endpoint_chars, max_incarnation, "
+        "max_map_entries (e.g. max_dim=8192).",
     ),
     EnvVar("RANK", None, "Collective mode (torchrun): this process's rank, 0 .. WORLD_SIZE-1."),
     EnvVar("WORLD_SIZE", None, "Collective mode (torchrun): number of ranks (world size)."),
@@ -292,7 +302,10 @@ VARIABLES: tuple[EnvVar, ...] = (
         "fleetrun: a server of the job that answered its gRPC health check once and then "
         "answers none for this many seconds (or any child stopped, e.g. by SIGSTOP, this "
         "long) is treated as dead: SIGKILLed, then restarted per --max_restarts and "
-        "--restart_policy, or the job fails naming it. A number of seconds, > 0 and <= 30.",
+        "--restart_policy, or the job fails naming it; in a replicated job a server is "
+        "not killed while another server is down (it may hold a share's last copy). A "
+        "number of seconds, > 0 and <= 3600 (a starved host may answer nothing for "
+        "minutes), or off: no hang detection.",
     ),
     EnvVar(
         "PSFLEET_REPLICATION",

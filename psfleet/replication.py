@@ -32,7 +32,7 @@ from psfleet.errors import ConfigError
 
 __all__ = ["Member", "Copy", "Move", "ShareMap", "hosts_of", "check_replication",
            "check_shares", "shares_from_env", "refill_delay_s", "replication_from_env",
-           "SUSPECT_RETRIES"]
+           "SUSPECT_RETRIES", "MAX_SHARES"]
 
 #: One process serving a host: (host index, incarnation).
 Member = tuple[int, int]
@@ -41,6 +41,12 @@ Member = tuple[int, int]
 #: server is reported (backoff 0.2 s then 0.4 s); a reported server that answers its
 #: health check is called again, up to ``PSFLEET_RPC_MAX_RETRIES`` times.
 SUSPECT_RETRIES = 2
+
+#: The most shares a job may have (``fleetrun --shares``, ``PSFLEET_SHARES``,
+#: ``cluster.shares``, and what a server accepts in ``SetReplicas``:
+#: ``ServerLimits.max_shares``). A server builds a service per share it holds, under
+#: its lock (about 0.7 ms each here); each share is also one more call per step.
+MAX_SHARES = 1024
 
 
 def hosts_of(share: int, host_num: int, replication: int) -> list[int]:
@@ -348,15 +354,19 @@ def check_shares(value: object, host_num: int, replication: int, name: str) -> i
     ``replication`` copies (0 or None: one share per server).
 
     Raises:
-        ConfigError: not an integer, fewer shares than servers, or more shares than
-            servers without replication (names ``name``, e.g. ``--shares``, and what to
-            do).
+        ConfigError: not an integer, above :data:`MAX_SHARES`, fewer shares than
+            servers, or more shares than servers without replication (names ``name``,
+            e.g. ``--shares``, and what to do).
     """
     if value is None or value == 0:
         return host_num
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name}: {value!r} is not an integer >= 1 (shares the tables are "
                           "cut into; unset: one per server)")
+    if value > MAX_SHARES:
+        raise ConfigError(f"{name}: {value} shares is above {MAX_SHARES}, the most a server "
+                          "accepts (each share is one more call per step and table); use "
+                          "a few per server")
     if host_num and value < host_num:
         raise ConfigError(f"{name}: {value} shares for {host_num} servers; every server "
                           f"serves at least one share, so use at least {host_num} (or unset "

@@ -4,7 +4,8 @@
 127.0.0.1 (port 0; the bound port read from its endpoint file), under an address-space
 limit (``RLIMIT_AS``, set in the child before it execs), with an auth token, one worker
 (``job_worker_num=1``: a Barrier or SYNC push of worker 0 of 1 completes at once, any
-other worker count is refused) and a short barrier timeout. It sends raw request bytes
+other worker count is refused), the job's replication (1 unless told otherwise, as
+fleetrun's servers are) and a short barrier timeout. It sends raw request bytes
 to any method over a channel without serializers (so undecodable bodies can be sent),
 with a per-call deadline, and counts the statuses per method.
 """
@@ -46,7 +47,7 @@ from psfleet.rpc import RpcConfig
 setup_logging("INFO")
 set_role("server:0")
 run_server("127.0.0.1", 0, RpcConfig.from_env(), Path(sys.argv[1]), job_worker_num=1,
-           server_index=0)
+           server_index=0, replication=int(sys.argv[2]) if sys.argv[2] else None)
 """
 
 
@@ -73,10 +74,12 @@ class FuzzServer:
     counts: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
 
     @classmethod
-    def start(cls, workdir: Path) -> FuzzServer:
+    def start(cls, workdir: Path, replication: int | None = 1) -> FuzzServer:
         """Start the server with its working directory ``workdir/cwd``, its log in
         ``workdir/server.log`` and its storage roots ``workdir`` and ``memory://fuzz``
-        (Save and Load elsewhere are refused); return once it listens.
+        (Save and Load elsewhere are refused); return once it listens. ``replication``:
+        the job's, as a launched server is told it (1: unreplicated; None: not told,
+        the first SetReplicas gives the layout).
 
         Raises:
             AssertionError: it exited or did not listen within START_TIMEOUT_S.
@@ -89,7 +92,8 @@ class FuzzServer:
                          "PSFLEET_STORAGE_ROOTS": f"{workdir},memory://fuzz"})
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-c", _SERVER_CODE, str(endpoint_file)], env=env,
+                [sys.executable, "-c", _SERVER_CODE, str(endpoint_file),
+                 "" if replication is None else str(replication)], env=env,
                 cwd=workdir / "cwd", stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=_limit_memory)
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -62,9 +62,10 @@ def test_a_barrier_with_a_long_name_is_refused_with_a_short_message() -> None:
     text = str(err.value)
     assert "worker_num 2 differs from this job's worker_num 1" in text
     assert "(100010 characters)" in text and len(text) < 1000  # "barrier " + repr
-    config = DenseTableConfig(name=LONG, size=2, rule=SGD)
+    config = DenseTableConfig(name=LONG[:1024], size=2, rule=SGD)  # the longest allowed
     service.CreateTable(msg.CreateTableRequest(table_id=0, config_json=config.model_dump_json(),
-                                               init_values=np.zeros(2, "<f4").tobytes()))
+                                               init_values=np.zeros(2, "<f4").tobytes(),
+                                               server_num=1))
     with pytest.raises(InvalidRequestError) as err:
         service.PushDense(msg.PushDenseRequest(table_id=0, grads=np.zeros(3, "<f4").tobytes()))
     assert "3 gradients pushed, expected 2" in str(err.value)

@@ -14,6 +14,7 @@ import pytest
 from psfleet.errors import ConfigError
 from psfleet.launch.gang import job_restart_message, newest_checkpoint
 from psfleet.launch.health import (
+    HealthMonitor,
     HealthTracker,
     check_interval_s,
     health_timeout_s,
@@ -149,10 +150,23 @@ def test_newest_checkpoint_is_the_newest_complete_one(tmp_path: Path) -> None:
 def test_health_timeout_defaults_to_30_and_is_bounded() -> None:
     assert health_timeout_s({}) == 30.0
     assert health_timeout_s({"PSFLEET_HEALTH_TIMEOUT_S": "2.5"}) == 2.5
-    for bad in ("0", "-1", "31", "nan", "inf", "soon"):
-        with pytest.raises(ConfigError, match="PSFLEET_HEALTH_TIMEOUT_S: .*allowed: > 0 "
-                                              "and <= 30"):
+    # Beyond 30 s (a starved host), and off (issue 44, finding 2: capped at 30, no off).
+    assert health_timeout_s({"PSFLEET_HEALTH_TIMEOUT_S": "300"}) == 300.0
+    assert health_timeout_s({"PSFLEET_HEALTH_TIMEOUT_S": "off"}) is None
+    for bad in ("0", "-1", "3601", "nan", "inf", "soon"):
+        with pytest.raises(ConfigError, match="PSFLEET_HEALTH_TIMEOUT_S: .*allowed: off, or "
+                                              "> 0 and <= 3600"):
             health_timeout_s({"PSFLEET_HEALTH_TIMEOUT_S": bad})
+    # A check may wait a third of the timeout (at most 10 s) for its answer: with a 2 s
+    # cap a starved server answering in 3 s was declared dead whatever the timeout.
+    assert HealthMonitor(3.0, {}).call_timeout_s == 1.0
+    assert HealthMonitor(30.0, {}).call_timeout_s == 10.0
+    assert HealthMonitor(300.0, {}).call_timeout_s == 10.0
+    off = HealthMonitor(None, {})  # watches nothing, starts no probe
+    off.watch(os.getpid(), "127.0.0.1:9")
+    off.watch_process(os.getpid())
+    assert off.overdue() == [] and off.timeout_s is None
+    off.close()
     assert check_interval_s(30.0) == 5.0
     assert check_interval_s(3.0) == 1.0
 

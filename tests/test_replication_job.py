@@ -294,3 +294,34 @@ def test_async_job_grows_by_a_server_that_takes_a_third_of_the_shares(
     _assert_rows_kept(tmp_path, checkpoints, "before the grow")
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["test"]["auc"] > 0.6
+
+
+def test_hang_detection_never_kills_the_last_live_copy_of_a_share(
+        tmp_path: Path, data_slice: Callable[..., Path]) -> None:
+    """Async, 2 servers, replication 2, ``PSFLEET_HEALTH_TIMEOUT_S=3`` (issue 44, finding
+    2c): server 1 is SIGKILLed (server 0 then serves every share), then server 0 is
+    stopped (SIGSTOP) for three timeouts, as a starved host can leave a live server.
+    fleetrun must not SIGKILL it (it holds the last live copy of every share: before,
+    it did, and the job was lost); it warns once, and once resumed the job ends exit 0."""
+    config = _async_config(tmp_path, "last", data_slice, 2, server_num=2, worker_num=1)
+    with _job(config, {"PSFLEET_HEALTH_TIMEOUT_S": "3"}) as job:
+        _wait_for_checkpoint(job, tmp_path / "ck-last", 10)
+        run = run_folder(tmp_path / "out-last")
+        _job_process(run / "config.yaml", "PSFLEET_SERVER_INDEX", "1").kill()
+        _wait_for("the fail-over to server 0", lambda: "now serves share 1" in _read(
+            run / "log" / "serverlog.0"), job)
+        server_0 = _job_process(run / "config.yaml", "PSFLEET_SERVER_INDEX", "0")
+        server_0.suspend()
+        try:
+            time.sleep(9)
+            assert job.poll() is None, "the job ended while server 0 was stopped"
+            assert server_0.is_running() and server_0.status() == psutil.STATUS_STOPPED
+        finally:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                server_0.resume()
+        _, err = job.communicate(timeout=240)
+    assert job.returncode == 0, err[-3000:]
+    assert err.count("may hold the last live copy of their shares: not killed") == 1, err[-3000:]
+    assert "fleetrun killed it" not in err
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["test"]["auc"] > 0.6

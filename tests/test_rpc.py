@@ -133,7 +133,7 @@ def test_create_table_twice_with_another_config_is_a_config_error() -> None:
         rpc = RpcClient(running[0].endpoint, CONFIG)
         try:
             reply = rpc.call("CreateTable", msg.CreateTableRequest(
-                table_id=3, config_json=config.model_dump_json()))
+                table_id=3, config_json=config.model_dump_json(), server_num=1))
         finally:
             rpc.close()
         assert reply.created is False

@@ -286,7 +286,8 @@ def test_server_limits_are_raised_from_the_environment() -> None:
         ServerLimits.parse("max_dim=wide")
     service = TableService(limits=limits)
     wide = SparseTableConfig(name="wide", dim=6000)
-    service.CreateTable(msg.CreateTableRequest(table_id=0, config_json=wide.model_dump_json()))
+    service.CreateTable(msg.CreateTableRequest(table_id=0, config_json=wide.model_dump_json(),
+                                               server_num=1))
     assert service.tables[0].config.dim == 6000
     with pytest.raises(ConfigError, match="PSFLEET_SERVER_LIMITS=max_dim"):
         TableService().CreateTable(msg.CreateTableRequest(

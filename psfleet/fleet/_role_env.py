@@ -123,11 +123,13 @@ def _trainers(environ: Mapping[str, str]) -> tuple[int | None, tuple[str, ...] |
 
 @dataclass(frozen=True)
 class Workers:
-    """worker_num, the variable it came from (for messages) and the workers' IPs."""
+    """worker_num, the variable it came from (for messages), the workers' IPs, and
+    whether a variable gave it (False: the default of 1, nothing set)."""
 
     num: int
     source: str  # the variable num came from, for messages
     ips: tuple[str, ...]
+    given: bool = True
 
 
 def workers_of(environ: Mapping[str, str]) -> Workers:
@@ -151,7 +153,7 @@ def workers_of(environ: Mapping[str, str]) -> Workers:
     elif ips:
         return Workers(len(ips), "PADDLE_TRAINER_IPS", ips)
     else:
-        return Workers(1, "PADDLE_TRAINERS_NUM", ())
+        return Workers(1, "PADDLE_TRAINERS_NUM", (), given=False)
     if ips is not None and len(ips) != workers.num:
         raise ConfigError(
             f"PADDLE_TRAINER_IPS {','.join(ips)!r} lists {len(ips)} IPs but "

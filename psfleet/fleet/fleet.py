@@ -25,7 +25,7 @@ nothing, so one script runs in both.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -40,7 +40,7 @@ from psfleet.export import InferenceManifest
 from psfleet.fleet.optimizer import DistributedOptimizer
 from psfleet.fleet.persistence import Persistence
 from psfleet.fleet.process_role import ProcessRole
-from psfleet.fleet.role_info import restart_num
+from psfleet.fleet.role_info import done_file, restart_num
 from psfleet.fleet.role_maker import Role, RoleInfo, RoleMaker
 from psfleet.fleet.runtime import (
     ParameterServerHooks,
@@ -202,7 +202,7 @@ class Fleet(ProcessRole):
                              "fleet.init_worker(): the optimizer decides the tables' rule")
         config = RuntimeConfig(role, self.strategy, self.rpc_config,
                                server_wait_timeout_s(self.strategy.server_wait_timeout_s),
-                               restart_num())
+                               restart_num(), done_file())
         embeddings = (live_embeddings() if self._model is None else
                       [m for m in self._model.modules() if isinstance(m, SparseEmbedding)])
         self._runtime = WorkerRuntime.connect(config, self._hooks, self._optimizer, embeddings)
@@ -322,13 +322,24 @@ class Fleet(ProcessRole):
         if self._runtime is not None:
             self._runtime.flush()
 
-    def stop_worker(self) -> None:
+    def stop_worker(self, finish: Callable[[], None] | None = None) -> None:
         """Flush pushes, wait for every worker, then (worker 0) stop the servers.
 
-        Collective mode: after the barrier every rank leaves the process group.
+        Args:
+            finish: worker 0's last work on the tables as trained (evaluation,
+                export), run once every worker has arrived and before the servers
+                stop. The other workers return without waiting for it, so no
+                barrier deadline counts its time. Other workers' ``finish`` is not
+                called. Raises what ``finish`` raises (the servers then keep
+                running; the launcher ends the failed job).
+
+        Collective mode: after the barrier every rank leaves the process group (rank
+        0 after ``finish``).
         """
         if self._runtime is not None:
-            self._runtime.stop()
+            self._runtime.stop(finish)
+        elif finish is not None and self.is_first_worker():
+            finish()
         self._hooks.close()
         self._runtime = self._persistence = None
 

@@ -177,7 +177,11 @@ class ProcessRole:
                                "no tables; workers' calls to it will fail")
             else:
                 recover = (self._checkpoint_dir, role.server_index)
-        # The worker count is not passed: a server's environment may not give it (the
-        # seeds' variables default to 1); the first Barrier or sync push fixes it.
+        # The job's worker count, when its environment gave it (fleetrun, slurm and k8s
+        # set PADDLE_TRAINERS_NUM on servers): a request naming another is refused, so no
+        # call can fix it for the job (a random Barrier fixed it at 255 once). Not given
+        # (the seeds' variables default to 1): the first Barrier or sync push fixes it.
         run_server(host, port, self.rpc_config, role.endpoint_file, self._preload_dir,
-                   recover, server_index=role.server_index, rejoin=rejoin)
+                   recover, server_index=role.server_index, rejoin=rejoin,
+                   replication=replication,
+                   job_worker_num=role.worker_num if role.worker_num_given else None)

@@ -11,7 +11,7 @@ from psfleet import env
 from psfleet.errors import ConfigError
 from psfleet.types import Role
 
-__all__ = ["RoleInfo", "RoleMaker", "restart_num"]
+__all__ = ["RoleInfo", "RoleMaker", "done_file", "restart_num"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,9 @@ class RoleInfo:
             (``PADDLE_TRAINER_IPS`` or ``PADDLE_TRAINERS`` as a list), else empty.
         auth_token: the job's shared secret when the role maker made one (MPIRoleMaker's
             exchange, with ``PSFLEET_AUTH_TOKEN`` unset), else None. Never in the repr.
+        worker_num_given: whether the job said ``worker_num`` (a launched server gets
+            ``PADDLE_TRAINERS_NUM``); False: the default of 1, no variable set. A server
+            is told the count only when it was given (``run_server``).
     """
 
     role: Role
@@ -42,6 +45,7 @@ class RoleInfo:
     endpoint_file: Path | None = None
     worker_ips: tuple[str, ...] = ()
     auth_token: str | None = field(default=None, repr=False)
+    worker_num_given: bool = True
 
     @property
     def is_local(self) -> bool:
@@ -65,6 +69,13 @@ class RoleMaker(ABC):
             ConfigError: as :meth:`generate_role`.
         """
         return self.generate_role().role is Role.SERVER
+
+
+def done_file() -> Path | None:
+    """Where this worker records that it passed the job's stop barrier
+    (``PSFLEET_DONE_FILE``, set by fleetrun); None: nowhere."""
+    raw = env.read("PSFLEET_DONE_FILE")
+    return Path(raw) if raw else None
 
 
 def restart_num() -> int:

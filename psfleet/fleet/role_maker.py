@@ -180,7 +180,8 @@ class PaddleCloudRoleMaker(RoleMaker):
         file = env.read("PSFLEET_ENDPOINT_FILE", e)
         return RoleInfo(Role.SERVER, 0, workers.num, server_index=index,
                         server_endpoints=endpoints, bind_endpoint=bind,
-                        endpoint_file=Path(file) if file else None, worker_ips=workers.ips)
+                        endpoint_file=Path(file) if file else None, worker_ips=workers.ips,
+                        worker_num_given=workers.given)
 
 
 def default_role_maker(environ: Mapping[str, str] | None = None,

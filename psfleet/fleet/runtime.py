@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -63,6 +64,9 @@ class RuntimeConfig:
             (``psfleet.fleet.server_wait.server_wait_timeout_s``).
         restart_num: how often the launcher restarted this worker (0: first start;
             a restarted worker joins a running job and skips the start barrier).
+        done_file: written once this worker passed the stop barrier (fleetrun's
+            ``PSFLEET_DONE_FILE``: training is complete, nothing is restarted); None:
+            not written.
     """
 
     role: RoleInfo
@@ -70,6 +74,7 @@ class RuntimeConfig:
     rpc_config: RpcConfig
     wait_timeout_s: float
     restart_num: int = 0
+    done_file: Path | None = None
 
 
 class WorkerHooks(Protocol):
@@ -289,14 +294,46 @@ class WorkerRuntime:
         pass open)."""
         return self._passes("end_pass").end_pass()
 
-    def stop(self) -> None:
-        """Flush, wait for every worker, then (worker 0) stop the servers; close."""
-        self.communicator.stop()
+    def stop(self, finish: Callable[[], None] | None = None) -> None:
+        """Flush, wait for every worker, then (worker 0) run ``finish`` and stop the
+        servers; close.
+
+        ``finish`` (worker 0 only; ignored elsewhere) is the job's last work on the
+        tables as trained, e.g. the test evaluation and the export. It runs after the
+        stop barrier, while the servers still serve: the other workers have left by
+        then, so no barrier deadline (``PSFLEET_RPC_DEADLINE_S``) counts its time and
+        a long export cannot fail a finished job (issue 44, finding 3). When
+        ``finish`` raises, the servers are left running (the launcher ends a failed
+        job) and the error propagates.
+        """
         role = self.config.role
-        self.barrier("stop_worker")
-        if role.worker_index == 0:
+        first = role.worker_index == 0
+        if finish is None or not first:
+            self.communicator.stop()
+            self.barrier("stop_worker")
+            self._record_done()
+        else:
+            self.communicator.flush()  # what stop() sends first; it stops after finish
+            self.barrier("stop_worker")
+            self._record_done()
+            finish()
+            self.communicator.stop()
+        if first:
             self.client.stop_servers(role.worker_index)
         self.client.close()
+
+
+    def _record_done(self) -> None:
+        """Write ``config.done_file`` (the launcher learns that training is complete);
+        a failure to write it is logged, not raised (the job still ends)."""
+        path = self.config.done_file
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("passed the stop barrier\n")
+        except OSError as exc:
+            logger.warning("could not write %s (PSFLEET_DONE_FILE): %s", path, exc)
 
 
 def _keys(value: Any) -> np.ndarray:

@@ -6,16 +6,17 @@ exit codes never notices it; the job stalls until some remote call's deadline
 therefore watches the children it started:
 
 - **Servers**: :class:`HealthMonitor` has a helper process
-  (:mod:`psfleet.launch.health_probe`; the launcher, which forks children, never
-  calls gRPC itself) ask each server's standard gRPC health service (no token
-  needed; TLS as the job's clients speak it) every ``timeout / 3`` seconds (at most
-  5 s). A server is watched from its first SERVING answer on (its start-up,
-  checkpoint recovery included, is bounded elsewhere: ``--server_wait_timeout_s`` and
-  the workers' server wait); one whose checks then all time out for the timeout is
-  *unresponsive*. A quick NOT_SERVING or refused connection is not silence: a
-  server that stops (workers' ``stop_worker``) or restarts is not hung. A server
-  that sends no HTTP/2 greeting when connected to (not gRPC: a test's stand-in) is
-  never sent a request and not health-checked.
+  (:mod:`psfleet.launch.health_probe`; the launcher, which forks children, never calls
+  gRPC itself) ask each server's standard gRPC health service (no token needed; TLS as
+  the job's clients speak it) every ``timeout / 3`` seconds (at most 5 s), each check
+  waiting up to ``timeout / 3`` (at most 10 s) for its answer, so a starved server that
+  answers slowly is alive. A server is watched from its first SERVING answer on (its
+  start-up, checkpoint recovery included, is bounded elsewhere:
+  ``--server_wait_timeout_s`` and the workers' server wait); one whose checks then all
+  time out for the timeout is *unresponsive*. A quick NOT_SERVING or refused connection
+  is not silence: a server that stops (workers' ``stop_worker``) or restarts is not
+  hung. A server that sends no HTTP/2 greeting when connected to (not gRPC: a test's
+  stand-in) is never sent a request and not health-checked.
 - **Every child** (workers too): a process found in the stopped state (``T`` in
   ``/proc/<pid>/stat``, e.g. after SIGSTOP) for the timeout is *unresponsive*.
   Workers have no server endpoint to ask; a worker that hangs while running (not
@@ -50,33 +51,41 @@ from psfleet import env
 from psfleet.errors import ConfigError
 from psfleet.launcher_guard import LAUNCHER_PID_VARIABLE, child_preexec
 
-__all__ = ["MAX_HEALTH_TIMEOUT_S", "HealthTracker", "HealthMonitor", "Unresponsive",
-           "health_timeout_s", "check_interval_s", "process_stopped"]
+__all__ = ["DEFAULT_HEALTH_TIMEOUT_S", "MAX_HEALTH_TIMEOUT_S", "HealthTracker", "HealthMonitor",
+           "Unresponsive", "health_timeout_s", "check_interval_s", "process_stopped"]
 
 logger = logging.getLogger(__name__)
 
-#: The largest ``PSFLEET_HEALTH_TIMEOUT_S`` allowed (and its default).
-MAX_HEALTH_TIMEOUT_S = 30.0
+#: ``PSFLEET_HEALTH_TIMEOUT_S``'s default, and the largest value it may have (an hour:
+#: a starved host may answer nothing for minutes; ``off`` turns hang detection off).
+DEFAULT_HEALTH_TIMEOUT_S = 30.0
+MAX_HEALTH_TIMEOUT_S = 3600.0
 _MAX_INTERVAL_S = 5.0
-_MAX_CALL_TIMEOUT_S = 2.0
+#: The longest one health check may take to count as an answer. A third of the timeout
+#: up to this: a starved server answering in 5 s is alive (a 2 s cap declared such a
+#: server dead whatever the timeout: every check "timed out").
+_MAX_CALL_TIMEOUT_S = 10.0
 _PROBE_EXIT_S = 3.0
 
 
-def health_timeout_s(environ: Mapping[str, str] | None = None) -> float:
-    """``PSFLEET_HEALTH_TIMEOUT_S`` (default 30) as seconds.
+def health_timeout_s(environ: Mapping[str, str] | None = None) -> float | None:
+    """``PSFLEET_HEALTH_TIMEOUT_S`` (default 30) as seconds; None for ``off`` (no hang
+    detection).
 
     Raises:
-        ConfigError: not a number, or not in (0, 30] (names the variable and value).
+        ConfigError: not ``off`` nor a number in (0, 3600] (names the variable and value).
     """
-    raw = env.read("PSFLEET_HEALTH_TIMEOUT_S", environ) or str(MAX_HEALTH_TIMEOUT_S)
+    raw = env.read("PSFLEET_HEALTH_TIMEOUT_S", environ) or str(DEFAULT_HEALTH_TIMEOUT_S)
+    if raw.strip().lower() == "off":
+        return None
     try:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"PSFLEET_HEALTH_TIMEOUT_S: {raw!r} is not a number of seconds; "
-                          f"allowed: > 0 and <= {MAX_HEALTH_TIMEOUT_S:g}") from None
+                          f"allowed: off, or > 0 and <= {MAX_HEALTH_TIMEOUT_S:g}") from None
     if not 0 < value <= MAX_HEALTH_TIMEOUT_S:  # also refuses NaN
         raise ConfigError(f"PSFLEET_HEALTH_TIMEOUT_S: {raw!r} is out of range; allowed: "
-                          f"> 0 and <= {MAX_HEALTH_TIMEOUT_S:g} seconds")
+                          f"off, or > 0 and <= {MAX_HEALTH_TIMEOUT_S:g} seconds")
     return value
 
 
@@ -185,15 +194,17 @@ class HealthMonitor:
     rather than declaring healthy servers dead. Call :meth:`close` at the end.
 
     Args:
-        timeout_s: ``PSFLEET_HEALTH_TIMEOUT_S``.
+        timeout_s: ``PSFLEET_HEALTH_TIMEOUT_S``; None (``off``): nothing is watched,
+            no probe starts, and :meth:`overdue` is always empty.
         environ: the children's environment (its ``PSFLEET_TLS_*`` decide TLS); the
             probe runs with it.
     """
 
-    def __init__(self, timeout_s: float, environ: Mapping[str, str]) -> None:
-        self.tracker = HealthTracker(timeout_s)
-        self.interval_s = check_interval_s(timeout_s)
-        self._call_timeout_s = min(self.interval_s, _MAX_CALL_TIMEOUT_S)
+    def __init__(self, timeout_s: float | None, environ: Mapping[str, str]) -> None:
+        self.timeout_s = timeout_s
+        self.tracker = HealthTracker(timeout_s or DEFAULT_HEALTH_TIMEOUT_S)
+        self.interval_s = check_interval_s(self.tracker.timeout_s)
+        self.call_timeout_s = min(self.tracker.timeout_s / 3.0, _MAX_CALL_TIMEOUT_S)
         self._environ = dict(environ)
         self._lock = threading.Lock()
         self._servers: set[int] = set()
@@ -210,6 +221,8 @@ class HealthMonitor:
 
     def watch(self, pid: int, endpoint: str) -> None:
         """Health-check the server ``pid`` at ``endpoint`` until :meth:`forget`."""
+        if self.timeout_s is None:
+            return
         self.watch_process(pid)
         self._endpoints[pid] = endpoint
         with self._lock:
@@ -218,7 +231,8 @@ class HealthMonitor:
 
     def watch_process(self, pid: int) -> None:
         """Watch ``pid``'s process state (stopped or not)."""
-        self._processes.add(pid)
+        if self.timeout_s is not None:
+            self._processes.add(pid)
 
     def forget(self, pid: int) -> None:
         """Stop watching ``pid``."""
@@ -275,7 +289,7 @@ class HealthMonitor:
     def _start_probe(self) -> None:
         argv = [sys.executable, "-m", "psfleet.launch.health_probe",
                 "--interval_s", str(self.interval_s),
-                "--call_timeout_s", str(self._call_timeout_s)]
+                "--call_timeout_s", str(self.call_timeout_s)]
         env = {k: v for k, v in self._environ.items() if k != LAUNCHER_PID_VARIABLE}
         self._probe = subprocess.Popen(
             argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

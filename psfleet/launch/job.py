@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -83,6 +84,8 @@ class Job:
         self.servers: list[ChildProcess] = []
         self.workers: list[ChildProcess] = []
         self._seen_exit: set[int] = set()
+        self._spared: set[int] = set()  # hung servers not killed: maybe a share's last copy
+        self._finished: set[int] = set()  # workers that failed after the stop barrier
         self._stop_signal = signal.SIGTERM
         self._growth = Growth(config, layout, environ)
 
@@ -97,10 +100,13 @@ class Job:
         config, layout = self.config, self.layout
         started = time.monotonic()
         policy = self._restarts
-        logger.info("restarts: %s; hang detection: PSFLEET_HEALTH_TIMEOUT_S=%g",
+        shutil.rmtree(config.done_dir, ignore_errors=True)  # an earlier run's done files
+        timeout_s = self._health.timeout_s
+        logger.info("restarts: %s; hang detection: %s",
                     f"--max_restarts {policy.max_restarts} --restart_policy {policy.policy}"
                     if policy.max_restarts else "none (--max_restarts 0)",
-                    self._health.tracker.timeout_s)
+                    "off (PSFLEET_HEALTH_TIMEOUT_S=off)" if timeout_s is None
+                    else f"PSFLEET_HEALTH_TIMEOUT_S={timeout_s:g}")
         if layout.endpoints_known and not self._ports_free():
             return EXIT_FAILURE
         for i in layout.local_servers:
@@ -242,7 +248,8 @@ class Job:
             if not self.workers:
                 if all(s.returncode is not None for s in self.servers):
                     return 0
-            elif grace_deadline is None and all(w.returncode == 0 for w in self.workers):
+            elif grace_deadline is None and all(w.returncode == 0 or w.pid in self._finished
+                                                for w in self.workers):
                 if not self.servers:
                     return 0
                 logger.info(
@@ -261,7 +268,8 @@ class Job:
     def stop_all(self, signals: SignalCatcher) -> None:
         """Signal every child group still alive, wait up to the grace, SIGKILL the rest.
 
-        Safe to call more than once; closes all log files and ends the health checks.
+        Safe to call more than once; closes all log files, ends the health checks and
+        removes the workers' done files (``DIR/.done``).
         """
         self._health.close()
         alive = [c for c in self.children if c.group_alive()]
@@ -292,6 +300,7 @@ class Job:
             )
         for child in self.children:
             child.close()
+        shutil.rmtree(self.config.done_dir, ignore_errors=True)  # every child is gone
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -352,7 +361,23 @@ class Job:
         With replication (``LaunchConfig.replication`` > 1) a failed server is restarted
         when the ``process`` policy has restarts left (it rejoins: the others fill it);
         otherwise the job goes on while every share has a server up, and fails when
-        one has none."""
+        one has none.
+
+        Once training is complete (a worker passed the stop barrier: its done file,
+        ``PSFLEET_DONE_FILE``) nothing is restarted: a restarted process would wait
+        for workers that have left. A worker other than 0 that fails after its own
+        stop barrier is only warned of: every step ran, and worker 0 writes the
+        metrics (the job's result is worker 0's)."""
+        trained = self._training_complete()
+        if (trained and child.spec.role is Role.WORKER and child.spec.index != 0
+                and self.config.done_file(child.spec.index).exists()):
+            self._finished.add(child.pid)
+            logger.warning("fleetrun: %s %s after the job's stop barrier (its training was "
+                           "complete); not restarted, and not the job's failure: worker 0 "
+                           "writes the metrics. Its log: %s", self._who(child),
+                           cause_of(child, cause), child.spec.log_path)
+            return None
+        workers_done = workers_done or trained
         if child.spec.role is Role.SERVER and (self.config.replication or 1) > 1:
             return self._on_replicated_server_failure(child, cause, workers_done)
         action = self._restarts.decide(
@@ -364,6 +389,10 @@ class Job:
         if action is Action.RESTART_JOB:
             return self._restart_job(child, cause)
         return self._report_failure(child, "", cause)
+
+    def _training_complete(self) -> bool:
+        """Whether a worker of this node passed the job's stop barrier (its done file)."""
+        return any(self.config.done_file(w.spec.index).exists() for w in self.workers)
 
     def _on_replicated_server_failure(self, child: ChildProcess, cause: str | None,
                                       workers_done: bool) -> int | None:
@@ -400,6 +429,8 @@ class Job:
         if child is None or child.pid in self._seen_exit:
             self._health.forget(found.key)
             return None
+        if self._last_copy(child):
+            return None
         self._health.forget(child.pid)
         child.signal_group(signal.SIGKILL)  # our own child's group, by its pid
         deadline = time.monotonic() + _KILL_WAIT_S
@@ -407,8 +438,29 @@ class Job:
             time.sleep(_POLL_INTERVAL_S)
         self._seen_exit.add(child.pid)
         cause = (f"{found.reason} (PSFLEET_HEALTH_TIMEOUT_S="
-                 f"{self._health.tracker.timeout_s:g}); fleetrun killed it (SIGKILL)")
+                 f"{self._health.timeout_s:g}); fleetrun killed it (SIGKILL)")
         return self._on_failure(child, cause, workers_done=False)
+
+    def _last_copy(self, child: ChildProcess) -> bool:
+        """Whether the unresponsive ``child`` may hold the last live copy of a share: a
+        server of a replicated job while another of the job's servers is down (after a
+        fail-over its shares have no other copy). It is then not killed (SIGKILL would
+        lose them; a slow server may still answer): warned of once, and watched on.
+        In an unreplicated job every server holds its share's only copy and a hung one
+        blocks the job, so it is killed (and restarted per --max_restarts)."""
+        if child.spec.role is not Role.SERVER or (self.config.replication or 1) < 2:
+            return False
+        down = [s.name for s in self.servers if s is not child and s.returncode is not None]
+        if not down:
+            return False
+        if child.pid not in self._spared:
+            self._spared.add(child.pid)
+            logger.warning("fleetrun: %s does not answer health checks, but %s %s down, so "
+                           "it may hold the last live copy of their shares: not killed "
+                           "(a server that hangs is then found by the workers' deadlines, "
+                           "PSFLEET_RPC_DEADLINE_S)", self._who(child), ", ".join(down),
+                           "is" if len(down) == 1 else "are")
+        return True
 
     def _restart_job(self, failed: ChildProcess, cause: str | None) -> int | None:
         """``gang``: stop every child, then start them all again (servers first) with

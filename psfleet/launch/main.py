@@ -220,7 +220,10 @@ Restarts (--max_restarts N > 0, --restart_policy process):
     and a restarted worker rejoins the running job from its cursor in that checkpoint
     (``fleet.load_checkpoint``). A child that fails once more than N times ends the
     job as usual (exit 1 with the failure summary). Nothing is restarted once every
-    worker has finished.
+    worker has finished, nor once training is complete: each worker writes
+    ``DIR/.done/worker.k`` (``PSFLEET_DONE_FILE``) when it passed the job's stop
+    barrier (``fleet.stop_worker``), and a worker other than 0 that fails after that
+    (worker 0 still evaluating and exporting) is a warning, not the job's failure.
 
 Whole-job restarts (--max_restarts N > 0, --restart_policy gang; sync jobs):
     In sync mode every worker takes part in every round, so a worker restarted alone
@@ -245,10 +248,12 @@ Whole-job restarts (--max_restarts N > 0, --restart_policy gang; sync jobs):
     fleetrun restarts only its own children: a multi-node sync job needs a restart of
     every node.
 
-Hang detection (``PSFLEET_HEALTH_TIMEOUT_S``, default 30, at most 30 seconds):
+Hang detection (``PSFLEET_HEALTH_TIMEOUT_S``, default 30, at most 3600 seconds; ``off``
+turns it off):
     fleetrun has a helper process (``psfleet.launch.health_probe``; fleetrun itself
     never calls gRPC, as it forks children) ask each of its servers' gRPC health
-    service every timeout/3 seconds (at most 5), from the server's first answer on. A
+    service every timeout/3 seconds (at most 5; each check waits up to timeout/3, at most
+    10 s, for its answer), from the server's first answer on. A
     server whose checks all go unanswered for the timeout (it accepted the connection
     but answers nothing: SIGSTOP, every handler thread stuck), or any child found
     stopped (process state T, e.g. SIGSTOP) that long, is treated as dead: fleetrun
@@ -261,7 +266,11 @@ Hang detection (``PSFLEET_HEALTH_TIMEOUT_S``, default 30, at most 30 seconds):
 
     A quick NOT_SERVING or a refused connection (a server stopping or restarting) is
     not a hang; a server that sends no HTTP/2 greeting (not gRPC) is not checked. No
-    check runs once every worker has finished. Workers have no endpoint to ask: a
+    check runs once every worker has finished. In a replicated job (--replication 2) a
+    server is not killed while another server of the job is down: it may hold the last
+    live copy of that server's shares (fleetrun warns once and leaves it to the
+    workers' deadlines). On a host so starved that a live server cannot answer within
+    30 s, raise the timeout (e.g. 300) or turn it off. Workers have no endpoint to ask: a
     worker that hangs without being stopped is found by the servers' and the other
     workers' deadlines (PSFLEET_RPC_DEADLINE_S).
 

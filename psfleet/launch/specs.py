@@ -23,7 +23,7 @@ JOB_VARIABLES: frozenset[str] = frozenset(
         "PADDLE_PSERVER_IPS", "PADDLE_PSERVER_PORT", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINERS",
         "PADDLE_TRAINER_ID", "PADDLE_TRAINER_IPS", "POD_IP", "PADDLE_CURRENT_IP", "PADDLE_PORT",
         "PSFLEET_SERVER_INDEX", "PSFLEET_ENDPOINT_FILE", "PSFLEET_RESTART_NUM",
-        "PSFLEET_LAUNCHER_PID",
+        "PSFLEET_LAUNCHER_PID", "PSFLEET_DONE_FILE",
         "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     )
 )  # fmt: skip
@@ -114,6 +114,7 @@ def worker_spec(
         TRAINING_ROLE=Role.WORKER.paddle_name,
         PADDLE_TRAINING_ROLE=Role.WORKER.paddle_name,
         PADDLE_TRAINER_ID=str(index),
+        PSFLEET_DONE_FILE=str(config.done_file(index)),
     )
     if endpoints:
         env["PADDLE_PSERVERS_IP_PORT_LIST"] = ",".join(endpoints)

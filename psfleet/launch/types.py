@@ -195,6 +195,15 @@ class LaunchConfig:
         """Directory of the servers' endpoint files: ``log_dir/.endpoints``."""
         return self.log_dir / ".endpoints"
 
+    @property
+    def done_dir(self) -> Path:
+        """Directory of the workers' done files (``PSFLEET_DONE_FILE``): ``log_dir/.done``."""
+        return self.log_dir / ".done"
+
+    def done_file(self, worker_index: int) -> Path:
+        """The file worker ``worker_index`` writes once it passed the stop barrier."""
+        return self.done_dir / f"worker.{worker_index}"
+
     def endpoint_file(self, server_index: int) -> Path:
         """The file server ``server_index`` writes its ``host:port`` into."""
         return self.endpoint_dir / f"server.{server_index}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -77,15 +77,28 @@ class Barrier:
     takes that crossing (its peers went on counting on it) instead of waiting for a
     new one: this ends the wait-on-each-other deadlock of issue 15, finding 4.
 
+    The timeout counts from this arrival or from the latest sign of training of a
+    worker that has not arrived (``progress``: its last push or pull), whichever is
+    later: a worker still training (slower, or starved of CPU) is waited for, and
+    only workers that neither arrive nor push nor pull for the timeout fail the
+    barrier. (Worker 0's evaluation and export come after the last barrier:
+    ``fleet.stop_worker(finish)``.)
+
     Args:
         budget: how many calls may wait at once, and how long.
+        progress: ``progress(arrived, worker_num)``: the ``time.monotonic()`` of the
+            latest push or pull of a worker below ``worker_num`` not in ``arrived``
+            (None: none); None: the timeout counts from the arrival only.
     """
 
-    def __init__(self, budget: WaitBudget | None = None) -> None:
+    def __init__(self, budget: WaitBudget | None = None,
+                 progress: Callable[[Collection[int], int], float | None] | None = None
+                 ) -> None:
         self._cond = threading.Condition()
         self._names: dict[str, _Named] = {}
         self._budget = budget or WaitBudget()
         self._closed = False
+        self._progress = progress
 
     def close(self) -> None:
         """Release every waiter with an error (the server is stopping). Idempotent."""
@@ -171,11 +184,17 @@ class Barrier:
                 return True
             if self._closed:
                 raise RemoteError(f"barrier {name!r}: the server is stopping")
-            if time.monotonic() - current.started_s > timeout_s:
-                missing = describe_missing(named.arrived(), worker_num)
-                raise RemoteError(
-                    f"barrier {name!r}: workers {missing} did not arrive within "
-                    f"{timeout_s:.0f} s; check their logs (workerlog.N)")
+            now = time.monotonic()
+            if now - current.started_s > timeout_s:
+                arrived = named.arrived()
+                last = (self._progress(arrived, worker_num) if self._progress is not None
+                        else None)
+                if last is None or now - last > timeout_s:
+                    missing = describe_missing(arrived, worker_num)
+                    raise RemoteError(
+                        f"barrier {name!r}: workers {missing} did not arrive within "
+                        f"{timeout_s:.0f} s, nor push or pull for as long; check their "
+                        "logs (workerlog.N)")
             return False
 
     def _register(self, named: _Named, worker_index: int, worker_num: int,

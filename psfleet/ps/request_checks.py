@@ -9,7 +9,8 @@ the value, the limit and how to change it.
 Policies (documented here, applied by the service):
 
 - **Worker counts.** A job has one ``worker_num``. The server fixes it from its
-  ``job_worker_num`` setting, or else from the first call that carries one (a Barrier
+  ``job_worker_num`` setting (a server launched by fleetrun, slurm or k8s: its
+  ``PADDLE_TRAINERS_NUM``), or else from the first call that carries one (a Barrier
   or a SYNC push); a later call with another worker_num is rejected naming both. It
   is capped by ``ServerLimits.max_worker_num``. A ``worker_index`` must be below it.
 - **Table sizes.** A sparse table's dim, num_buckets and num_shards, and a dense
@@ -18,6 +19,12 @@ Policies (documented here, applied by the service):
   :data:`MAX_ECHO_CHARS` characters long (:func:`clip_text`): gRPC sends the message
   as a header, and a header above the client's soft limit (8 KiB) replaces the
   status with RESOURCE_EXHAUSTED "Stream removed", losing the reason.
+- **Names and the control plane.** A table's or barrier's name is at most
+  ``max_name_chars`` long. A replicated job's layout (``SetReplicas``: endpoints,
+  shares) and every share map on the wire (``MergeMap``, ``Failover``, ...) are
+  checked for their counts, the lengths of the lists that go in pairs, and every host,
+  incarnation, share and endpoint, before the server takes its lock
+  (:func:`check_endpoints`, :func:`check_map_message`, :func:`check_member`).
 - **Non-finite values.** A push (gradients or GEO deltas, sparse or dense) or a dense
   table's initial values containing NaN or +-Inf is rejected whole, nothing applied;
   the table's ``rejected_non_finite`` count in Stats grows by one. One NaN would
@@ -27,6 +34,8 @@ Policies (documented here, applied by the service):
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,7 +45,9 @@ from psfleet.errors import MAX_ECHO_CHARS, InvalidRequestError, clip_text
 from psfleet.ps.types import DenseTableConfig, ServerLimits, SparseTableConfig
 
 __all__ = ["JobWorkers", "check_table_config", "count_non_finite", "check_pull_size",
-           "clip_text", "config_difference", "MAX_ECHO_CHARS"]
+           "clip_text", "config_difference", "MAX_ECHO_CHARS", "check_name",
+           "check_endpoints", "check_endpoint", "check_member", "check_map_message",
+           "check_share", "check_placement"]
 
 _HOW_TO_RAISE = ("this server's limit (psfleet.ps.types.ServerLimits.{field}); a model that "
                  "needs more starts its servers with PSFLEET_SERVER_LIMITS={field}=... in "
@@ -128,6 +139,20 @@ class JobWorkers:
         self._limits = limits
         self._lock = threading.Lock()
         self.worker_num = worker_num
+        self._progress: dict[int, float] = {}  # worker index -> its last push or pull
+
+    def note_progress(self, worker_index: int) -> None:
+        """Record that worker ``worker_index`` (checked) pushed or pulled just now: it
+        is training, so a barrier waiting for it is not waiting on a dead worker."""
+        with self._lock:
+            self._progress[worker_index] = time.monotonic()
+
+    def last_progress_s(self, besides: Collection[int], worker_num: int) -> float | None:
+        """The ``time.monotonic()`` of the latest push or pull of a worker below
+        ``worker_num`` and not in ``besides`` (None: none yet). O(workers seen)."""
+        with self._lock:
+            times = [t for w, t in self._progress.items() if w < worker_num and w not in besides]
+        return max(times, default=None)
 
     def check(self, what: str, worker_index: int, worker_num: int) -> None:
         """Check a call carrying the job's worker count (a Barrier, a SYNC push);
@@ -167,3 +192,134 @@ class JobWorkers:
         if worker_index >= bound:
             raise InvalidRequestError(
                 f"{what}: worker_index {worker_index} >= worker_num {bound}")
+
+
+def check_name(what: str, name: str, limits: ServerLimits) -> None:
+    """Reject a table's or barrier's name above ``limits.max_name_chars``.
+
+    Raises:
+        InvalidRequestError: names ``what``, the length and the limit.
+    """
+    if len(name) > limits.max_name_chars:
+        raise InvalidRequestError(
+            f"{clip_text(what)}: a name of {len(name)} characters ({clip_text(repr(name))}) "
+            f"is above {limits.max_name_chars}; use a shorter name, or raise "
+            + _HOW_TO_RAISE.format(field="max_name_chars"))
+
+
+def _check_count(what: str, count: int, field: str, limit: int) -> None:
+    if count > limit:
+        raise _over(what, count, field, limit)
+
+
+def check_endpoints(what: str, endpoints: Sequence[str], limits: ServerLimits) -> None:
+    """Reject a list of server endpoints that is empty, longer than
+    ``limits.max_hosts``, or holds an empty endpoint or one longer than
+    ``limits.max_endpoint_chars``; checked before any work per endpoint.
+
+    Raises:
+        InvalidRequestError: names ``what``, the entry at fault and the limit.
+    """
+    if not endpoints:
+        raise InvalidRequestError(f"{what}: no endpoints; give every server's host:port "
+                                  "(PADDLE_PSERVERS_IP_PORT_LIST)")
+    _check_count(f"{what}: endpoints", len(endpoints), "max_hosts", limits.max_hosts)
+    for i, endpoint in enumerate(endpoints):
+        check_endpoint(f"{what}: endpoints[{i}]", endpoint, limits)
+
+
+def check_endpoint(what: str, endpoint: str, limits: ServerLimits) -> None:
+    """Reject an empty endpoint or one above ``limits.max_endpoint_chars``.
+
+    Raises:
+        InvalidRequestError: names ``what``, the endpoint (clipped) and the limit.
+    """
+    if not endpoint or len(endpoint) > limits.max_endpoint_chars:
+        raise InvalidRequestError(
+            f"{what}: {clip_text(repr(endpoint))} ({len(endpoint)} characters) is not an "
+            f"endpoint host:port of 1..{limits.max_endpoint_chars} characters")
+
+
+def check_member(what: str, host: int, incarnation: int, limits: ServerLimits,
+                 host_num: int | None = None) -> None:
+    """Reject a member ``(host, incarnation)`` with a host at or above ``host_num``
+    (None: ``limits.max_hosts``) or an incarnation above ``limits.max_incarnation``.
+
+    Raises:
+        InvalidRequestError: names ``what``, the value and the bound.
+    """
+    bound = limits.max_hosts if host_num is None else host_num
+    if host >= bound:
+        raise InvalidRequestError(f"{what}: host {host} is not a host of this job (0.."
+                                  f"{bound - 1})")
+    if incarnation > limits.max_incarnation:
+        raise _over(f"{what}: incarnation", incarnation, "max_incarnation",
+                    limits.max_incarnation)
+
+
+def check_map_message(what: str, message: Any, limits: ServerLimits) -> None:
+    """Check a ``ShareMapMessage`` before it is read: every list at most
+    ``limits.max_map_entries`` long, the lists that go in pairs (``dead_hosts`` and
+    ``dead_incarnations``, ...) of equal length, every host below ``limits.max_hosts``,
+    every incarnation and copy number at most ``limits.max_incarnation``, every share
+    below ``limits.max_shares`` and every endpoint a short one. O(entries), no lock.
+
+    Raises:
+        InvalidRequestError: names the list (``map.dead_hosts``) and the entry at fault.
+    """
+    groups = {"dead": ("dead_hosts", "dead_incarnations"),
+              "leaving": ("leaving_hosts", "leaving_incarnations"),
+              "added": ("added_hosts", "added_incarnations", "added_endpoints")}
+    for names in groups.values():
+        lengths = {name: len(getattr(message, name)) for name in names}
+        for name, length in lengths.items():
+            _check_count(f"{what}: map.{name} of", length, "max_map_entries",
+                         limits.max_map_entries)
+        if len(set(lengths.values())) > 1:
+            raise InvalidRequestError(
+                f"{what}: map lists that go in pairs differ in length: "
+                + ", ".join(f"{name} {length}" for name, length in lengths.items())
+                + "; entry i of each describes one member")
+        hosts, incarnations = getattr(message, names[0]), getattr(message, names[1])
+        for i, (host, incarnation) in enumerate(zip(hosts, incarnations, strict=True)):
+            check_member(f"{what}: map.{names[0]}[{i}]", host, incarnation, limits)
+    for i, endpoint in enumerate(message.added_endpoints):
+        check_endpoint(f"{what}: map.added_endpoints[{i}]", endpoint, limits)
+    for name in ("joined", "released", "promoted"):
+        copies = getattr(message, name)
+        _check_count(f"{what}: map.{name} of", len(copies), "max_map_entries",
+                     limits.max_map_entries)
+        for i, copy in enumerate(copies):
+            where = f"{what}: map.{name}[{i}]"
+            check_member(where, copy.host, copy.incarnation, limits)
+            check_share(where, copy.share, limits)
+            if copy.copy > limits.max_incarnation:
+                raise _over(f"{where}: copy", copy.copy, "max_incarnation",
+                            limits.max_incarnation)
+
+
+def check_share(what: str, share: int, limits: ServerLimits, share_num: int | None = None
+                ) -> None:
+    """Reject a share at or above ``share_num`` (None: ``limits.max_shares``).
+
+    Raises:
+        InvalidRequestError: names ``what``, the share and the shares there are.
+    """
+    bound = limits.max_shares if share_num is None else share_num
+    if share >= bound:
+        raise InvalidRequestError(f"{what}: share {share} is not a share of this job "
+                                  f"(0..{bound - 1})")
+
+
+def check_placement(what: str, server_index: int, server_num: int, limits: ServerLimits
+                    ) -> None:
+    """Reject a server count of 0 or above ``limits.max_hosts``, or a server index at
+    or above it (a ``CreateTable``'s place of the receiving server).
+
+    Raises:
+        InvalidRequestError: names ``what`` and both numbers.
+    """
+    if not 1 <= server_num <= limits.max_hosts or server_index >= server_num:
+        raise InvalidRequestError(
+            f"{what}: server_index {server_index} of server_num {server_num}; server_num "
+            f"must be the job's servers (1..{limits.max_hosts}) and server_index below it")

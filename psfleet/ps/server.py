@@ -29,13 +29,16 @@ logger = logging.getLogger(__name__)
 
 def start_server(host: str, port: int, config: RpcConfig,
                  service: TableService | None = None, layout: Layout | None = None,
-                 incarnation: int = 0) -> tuple[TableService, RunningServer]:
+                 incarnation: int = 0, replication: int | None = None
+                 ) -> tuple[TableService, RunningServer]:
     """Start a server in this process and return at once (tests, embedding).
 
     The server is a :class:`~psfleet.ps.replica.host.ReplicaHost` around ``service``
     (its own share; with replication, workers add the copies it keeps of others').
     ``layout`` and ``incarnation`` > 0: a restarted member of a replicated job, which
-    holds nothing until ``ReplicaHost.rejoin`` filled it.
+    holds nothing until ``ReplicaHost.rejoin`` filled it. ``replication``: the job's,
+    when known at launch (1: the server refuses the replication control plane); None:
+    the first ``SetReplicas`` gives it.
 
     Raises:
         ConfigError: the port cannot be bound.
@@ -43,7 +46,8 @@ def start_server(host: str, port: int, config: RpcConfig,
     service = service or TableService(barrier_timeout_s=config.deadline_s,
                                       wait_budget=WaitBudget.for_threads(config.server_threads))
     return service, serve(ReplicaHost(service, config, layout=layout,
-                                      incarnation=incarnation), host, port, config)
+                                      incarnation=incarnation, replication=replication),
+                          host, port, config, service.limits.max_request_bytes)
 
 
 def run_server(host: str, port: int, config: RpcConfig,
@@ -51,7 +55,8 @@ def run_server(host: str, port: int, config: RpcConfig,
                recover: tuple[str, int] | None = None,
                job_worker_num: int | None = None,
                server_index: int | None = None,
-               rejoin: tuple[Layout, int] | None = None) -> None:
+               rejoin: tuple[Layout, int] | None = None,
+               replication: int | None = None) -> None:
     """Serve until a worker sends Stop or the process gets SIGTERM/SIGINT. Blocks.
 
     Also serves the server's metrics over HTTP at ``/metrics`` (Prometheus), on the
@@ -78,6 +83,9 @@ def run_server(host: str, port: int, config: RpcConfig,
             (``ReplicaHost.rejoin``) instead of reading a checkpoint. With an added
             layout (its index past the job's servers) the server is added to the
             running job and takes its part of the shares (``ReplicaHost.join``).
+        replication: the job's replication, when known at launch: 1 refuses every
+            call of the replication control plane (``SetReplicas``, ``MergeMap``, ...),
+            so no request can take this server's own tables from it; None: not known.
 
     The request limits are :class:`~psfleet.ps.types.ServerLimits`, raised through
     ``PSFLEET_SERVER_LIMITS``.
@@ -98,8 +106,9 @@ def run_server(host: str, port: int, config: RpcConfig,
                            WaitBudget.for_threads(config.server_threads))
     if recover is not None:
         service.recover(*recover)
-    service, server = start_server(host, port, config, service,
-                                   *(rejoin if rejoin is not None else (None, 0)))
+    layout, incarnation = rejoin if rejoin is not None else (None, 0)
+    service, server = start_server(host, port, config, service, layout, incarnation,
+                                   replication)
     exporter: MetricsExporter | None = None
     try:
         if metrics_port is not None:

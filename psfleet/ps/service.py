@@ -44,6 +44,8 @@ from psfleet.ps.push_ledger import PushLedger
 from psfleet.ps.push_modes import PushModes
 from psfleet.ps.request_checks import (
     JobWorkers,
+    check_name,
+    check_placement,
     check_pull_size,
     check_table_config,
     config_difference,
@@ -120,7 +122,7 @@ class TableService:
         self._tables_lock = threading.Lock()
         self._gate = PushGate()
         self.wait_budget = wait_budget or WaitBudget()
-        self._barrier = Barrier(self.wait_budget)
+        self._barrier = Barrier(self.wait_budget, self._workers.last_progress_s)
         self._clocks = WorkerClocks(self.wait_budget)
         self._ledger = PushLedger()
         self.counters = RequestCounters()
@@ -191,6 +193,10 @@ class TableService:
                         f"{config_difference(existing.config, config)}. Every worker must "
                         "build the same model")
                 return msg.CreateTableResponse(created=False)
+            # A new table only (O(1) under the lock): an existing one's conflict says more.
+            check_name(f"table {request.table_id}", config.name, self.limits)
+            check_placement(f"table {request.table_id}", request.server_index,
+                            request.server_num, self.limits)
             table: Table = (
                 SparseTable(config) if isinstance(config, SparseTableConfig)
                 else DenseTable(config, init_values))
@@ -297,12 +303,14 @@ class TableService:
         else:
             self._workers.check_index(what, push.worker_index)
         self._reject_non_finite("push", push.table_id, values)
+        self._workers.note_progress(push.worker_index)  # training: barriers wait for it
 
     def pull_dense(self, table_id: int, worker_index: int) -> np.ndarray:
         """This server's blocks of dense table ``table_id``: float32[n] (a copy).
         Raises InvalidRequestError when ``worker_index`` is outside the job's."""
         table = self._table(table_id, DenseTable)
         self._workers.check_index(f"dense pull of table {table_id}", worker_index)
+        self._workers.note_progress(worker_index)
         values = table.pull(worker_index)
         self._modes.global_batches.note_pull(worker_index)  # GBA: the worker's token
         self.counters.count_pull(table_id, values.size)
@@ -364,6 +372,7 @@ class TableService:
         ``done`` false means call again. Waits at most ``wait_budget.max_wait_s``."""
         self._workers.check(f"barrier {request.name!r}", request.worker_index,
                             request.worker_num)
+        check_name("Barrier", request.name, self.limits)
         done = self._barrier.arrive(request.name, request.worker_index, request.worker_num,
                                     self._barrier_timeout_s, request.incarnation, request.seq)
         return msg.BarrierResponse(done=done)

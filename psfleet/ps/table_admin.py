@@ -63,11 +63,15 @@ class TableAdmin:
         self.tables = tables
         self._tables_lock = tables_lock
         self._gate = gate
-        self._admin_ledger = PushLedger(window=256)  # Save, Shrink, AgeOneDay ids
+        # One ledger per method: a Shrink whose id equals a Save's is another request
+        # (one ledger for all three returned the Save's reply to it, issue 44 finding 5).
+        self._admin_ledgers = {method: PushLedger(window=256)
+                               for method in ("Save", "Shrink", "AgeOneDay")}
 
-    def _once(self, request_id: msg.PushId, call: Callable[[], _R]) -> _R:
-        """``call()`` once per admin request id (a retry gets the first result)."""
-        return self._admin_ledger.call_once(request_id.client_id, request_id.seq, call)[0]
+    def _once(self, method: str, request_id: msg.PushId, call: Callable[[], _R]) -> _R:
+        """``call()`` once per request id of ``method`` (a retry gets the first result)."""
+        return self._admin_ledgers[method].call_once(request_id.client_id, request_id.seq,
+                                                     call)[0]
 
     def save(self, request: msg.SaveRequest) -> msg.SaveResponse:
         """Copy every table at one moment (pushes held back), then write the copy.
@@ -75,7 +79,7 @@ class TableAdmin:
         per ``request_id``. Raises ConfigError (INVALID_ARGUMENT) for an unknown mode
         or a delta of a table without the ctr accessor."""
         mode = check_save_mode(request.mode or "full", f"save to {request.dirname!r}")
-        return self._once(request.request_id, lambda: self._save(request, mode))
+        return self._once("Save", request.request_id, lambda: self._save(request, mode))
 
     def _save(self, request: msg.SaveRequest, mode: SaveMode) -> msg.SaveResponse:
         with self._tables_lock:
@@ -161,7 +165,7 @@ class TableAdmin:
             with self._gate.write():
                 return shrink_tables(tables)
 
-        deleted = self._once(request.request_id, shrink)
+        deleted = self._once("Shrink", request.request_id, shrink)
         logger.info("shrink of %d tables deleted %d rows", len(tables), deleted)
         return msg.ShrinkResponse(deleted=deleted)
 
@@ -176,5 +180,5 @@ class TableAdmin:
             with self._gate.write():
                 age_tables(tables)
 
-        self._once(request.request_id, age)
+        self._once("AgeOneDay", request.request_id, age)
         return msg.Empty()

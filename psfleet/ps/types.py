@@ -14,6 +14,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from psfleet.errors import ConfigError
+from psfleet.replication import MAX_SHARES
 
 __all__ = [
     "RuleConfig",
@@ -144,6 +145,19 @@ class ServerLimits:
         max_dense_size: floats of a dense table on one server (2^28: 1 GiB).
         max_pull_bytes: bytes of one PullSparse response (rows x dim x 4); a larger
             pull is rejected before its rows are gathered.
+        max_request_bytes: bytes of one request on the wire: gRPC refuses a larger
+            one (RESOURCE_EXHAUSTED) from its declared length, before decoding it.
+        max_name_chars: characters of a table's name and a barrier's name.
+        max_hosts: servers of a replicated job (``SetReplicas`` endpoints, host
+            indices of the share map's entries).
+        max_shares: shares of the tables (``SetReplicas``; the same bound as
+            ``fleetrun --shares``, ``PSFLEET_SHARES`` and ``cluster.shares``:
+            :data:`psfleet.replication.MAX_SHARES`); a layout's work is per share
+            and runs under the server's lock.
+        max_endpoint_chars: characters of one endpoint (``host:port``).
+        max_incarnation: a member's restart number (``PSFLEET_RESTART_NUM``).
+        max_map_entries: entries of each list of a share map on the wire (dead
+            hosts, copies joined, released, promoted, hosts leaving or added).
     """
 
     max_dim: int = 4096
@@ -152,6 +166,13 @@ class ServerLimits:
     max_worker_num: int = 4096
     max_dense_size: int = 1 << 28
     max_pull_bytes: int = 1 << 30
+    max_request_bytes: int = 1 << 30
+    max_name_chars: int = 1024
+    max_hosts: int = 1024
+    max_shares: int = MAX_SHARES
+    max_endpoint_chars: int = 1024
+    max_incarnation: int = 1 << 20
+    max_map_entries: int = 1 << 16
 
     @classmethod
     def parse(cls, text: str, source: str = "PSFLEET_SERVER_LIMITS") -> ServerLimits:

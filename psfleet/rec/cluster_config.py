@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from psfleet.replication import check_replication, check_shares
+from psfleet.replication import MAX_SHARES, check_replication, check_shares
 
 __all__ = ["PodResources", "ClusterResources", "ClusterConfig"]
 
@@ -101,7 +101,7 @@ class ClusterConfig(_Section):
     tls: Literal["self-signed"] | None = None
     resources: ClusterResources = ClusterResources()
     replication: int | None = Field(None, ge=1, le=64)
-    shares: int | None = Field(None, ge=1, le=4096)
+    shares: int | None = Field(None, ge=1, le=MAX_SHARES)
 
     @model_validator(mode="after")
     def _replication_fits(self) -> ClusterConfig:

@@ -4,7 +4,10 @@
 model, and then either serves tables (server) or trains on its share of the data
 (worker), showing a progress bar with examples/s, loss and running AUC on worker 0.
 After the last epoch every worker flushes its pushes, and worker 0 evaluates the
-test data on the final parameters and writes ``metrics.json`` to the output folder.
+test data on the final parameters and writes ``metrics.json`` to the output folder:
+past the stop barrier and before it stops the servers (``fleet.stop_worker(finish)``),
+so the other workers have left and no barrier deadline counts a long evaluation or
+export against a finished job.
 
 Worker 0 opens the run folder (:mod:`psfleet.rec.run_folder`: ``config.yaml``, the
 ``latest`` link) and records the run there (:mod:`psfleet.rec.reporting`): TensorBoard
@@ -340,11 +343,13 @@ def _work(config: TrainConfig, model: nn.Module, optimizer: DistributedOptimizer
         write_worker_tally(config, progress, index)
     fleet.flush()
     fleet.barrier_worker()  # every worker's pushes are applied past this point
-    metrics: dict[str, Any] | None = None
-    if first:
+    finished: list[dict[str, Any]] = []
+
+    def finish() -> None:  # worker 0, past the stop barrier: no one waits for it
         optimizer.refresh()
-        metrics = finish_run(config, model, progress, reader, readers, recorder)
-    fleet.stop_worker()
+        finished.append(finish_run(config, model, progress, reader, readers, recorder))
+
+    fleet.stop_worker(finish if first else None)
     if first:
         tally.summarize()
-    return metrics
+    return finished[0] if finished else None

@@ -314,7 +314,8 @@ class RunningServer:
         return self._stopped.wait(timeout_s)
 
 
-def serve(handler: ServiceHandler, host: str, port: int, config: RpcConfig) -> RunningServer:
+def serve(handler: ServiceHandler, host: str, port: int, config: RpcConfig,
+          max_request_bytes: int | None = None) -> RunningServer:
     """Start serving ``handler`` on ``host:port`` and return at once.
 
     Args:
@@ -322,6 +323,9 @@ def serve(handler: ServiceHandler, host: str, port: int, config: RpcConfig) -> R
         host: address to bind, e.g. ``127.0.0.1`` or ``0.0.0.0``.
         port: port to bind; 0 lets the OS choose (read it from the result).
         config: thread count, message limits, auth token, TLS files, storage roots.
+        max_request_bytes: the largest request gRPC receives (None:
+            ``config.max_message_bytes``); a larger one is refused with
+            RESOURCE_EXHAUSTED from its declared length, before it is decoded.
 
     Raises:
         ConfigError: the port cannot be bound (in use, or not allowed; names it), no
@@ -333,6 +337,9 @@ def serve(handler: ServiceHandler, host: str, port: int, config: RpcConfig) -> R
     tls = config.tls if config.tls is not None and config.tls.serves_tls else None
     credentials = tls.server_credentials() if tls is not None else None
     options = [*config.channel_options(), ("grpc.so_reuseport", 0)]
+    if max_request_bytes is not None:
+        options = [(key, max_request_bytes if key == "grpc.max_receive_message_length"
+                    else value) for key, value in options]
     executor = futures.ThreadPoolExecutor(max_workers=config.server_threads,
                                           thread_name_prefix="psfleet-rpc")
     server = grpc.server(executor, options=options)

@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 #: How often a draining server looks whether its shares have their copies, seconds.
 _POLL_S = 0.1
+_MAX_TIMEOUT_S = 86_400.0  # a day: the copies of a big share, with room to spare
 
 
 class Draining(Refilling):
@@ -46,6 +47,10 @@ class Draining(Refilling):
             RemoteError: the copies did not complete within ``request.timeout_s``
                 seconds (the server stays, leaving: a second ``Drain`` waits again).
         """
+        if not 0 < request.timeout_s <= _MAX_TIMEOUT_S:  # NaN too
+            raise InvalidRequestError(
+                f"Drain: timeout_s {request.timeout_s!r} is not a number of seconds in "
+                f"(0, {_MAX_TIMEOUT_S:g}]")
         with self._lock:
             share_map = self._map
             if share_map is None:

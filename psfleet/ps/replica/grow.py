@@ -24,6 +24,7 @@ import logging
 from psfleet.errors import FatalError, InvalidRequestError, MovedError, RemoteError, RpcError
 from psfleet.ps.replica.drain import Draining
 from psfleet.ps.replica.wire import map_to_message
+from psfleet.ps.request_checks import check_endpoint, check_member
 from psfleet.rpc import messages as msg
 
 __all__ = ["Growing"]
@@ -73,6 +74,9 @@ class Growing(Draining):
                 index after the job's hosts (nor an added host coming back).
             RemoteError: this server has no replicated layout yet.
         """
+        self.require_replicated("Join")
+        check_endpoint("Join", request.endpoint, self.limits)
+        check_member("Join", request.host, request.incarnation, self.limits)
         with self._lock:
             share_map = self._map
             if share_map is None:

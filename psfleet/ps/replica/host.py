@@ -34,6 +34,7 @@ from typing import Any
 from psfleet.errors import MovedError, RemoteError, RpcError, ServerUnavailableError
 from psfleet.ps.replica.grow import Growing
 from psfleet.ps.replica.members import Layout
+from psfleet.ps.request_checks import check_member, check_share
 from psfleet.replication import Member
 from psfleet.rpc import call_route
 from psfleet.rpc import messages as msg
@@ -88,6 +89,15 @@ class ReplicaHost(Growing):
         route = call_route()
         if self._layout is None:
             return None, False
+        with self._lock:
+            assert self._map is not None
+            hosts, share_num = len(self._map.hosts), self._map.share_num
+        if route.share is not None:
+            check_share("the call's psfleet-share metadata", route.share, self.limits,
+                        share_num)
+        if route.from_host is not None:
+            check_member("the call's psfleet-from-host metadata", route.from_host, 0,
+                         self.limits, hosts)
         return (self._me[0] if route.share is None else route.share,
                 route.from_host is not None)
     def _targets(self, share: int) -> list[Member]:

@@ -27,6 +27,11 @@ from psfleet.errors import InvalidRequestError, MovedError, RemoteError
 from psfleet.ps.replica.copy import chunk_bytes
 from psfleet.ps.replica.peers import MemberClients
 from psfleet.ps.replica.wire import map_from_message, map_to_message
+from psfleet.ps.request_checks import (
+    check_endpoints,
+    check_map_message,
+    check_member,
+)
 from psfleet.ps.service import TableService
 from psfleet.ps.wait_budget import WaitBudget
 from psfleet.replication import SUSPECT_RETRIES, Member, ShareMap, hosts_of
@@ -79,11 +84,19 @@ class ShareMembers:
             ``PADDLE_PSERVERS_IP_PORT_LIST``); else the first ``SetReplicas`` gives it.
         incarnation: this process's restart number; > 0 with ``layout``: a restarted
             member, which holds nothing until :meth:`rejoin` filled it.
+        replication: the job's replication when the server is told it at launch
+            (``PSFLEET_REPLICATION``): 1 refuses every call of the replication control
+            plane (FAILED_PRECONDITION), so no request can give an unreplicated server
+            a layout in which it no longer serves its own tables; None: not known (the
+            first ``SetReplicas`` gives the layout).
     """
 
     def __init__(self, own: TableService, config: RpcConfig, probe_timeout_s: float = 2.0,
-                 layout: Layout | None = None, incarnation: int = 0) -> None:
+                 layout: Layout | None = None, incarnation: int = 0,
+                 replication: int | None = None) -> None:
         self.own = own
+        self.limits = own.limits
+        self._replicated = replication is None or replication > 1
         self.stop_requested = own.stop_requested
         self._patience = config.max_retries
         self._config = dataclasses.replace(config, max_retries=min(config.max_retries,
@@ -142,18 +155,32 @@ class ShareMembers:
             InvalidRequestError: a replication outside ``[1, hosts]``, a host index
                 outside the list, or a layout other than the one set first.
         """
+        self.require_replicated("SetReplicas")
+        limits = self.limits
+        # Every count is checked before any work per endpoint or share, and before the
+        # lock: the layout's work (a service per share held) runs under it.
+        check_endpoints("SetReplicas", request.endpoints, limits)
+        if request.shares > limits.max_shares:
+            raise InvalidRequestError(
+                f"SetReplicas: {request.shares} shares is above {limits.max_shares}, the "
+                "most this server accepts (ServerLimits.max_shares; PSFLEET_SHARES, "
+                "fleetrun --shares and cluster.shares have the same bound)")
+        check_map_message("SetReplicas", request.map, limits)
         layout = Layout(tuple(request.endpoints), request.host_index, request.replication,
                         request.shares)
+        hosts = len(layout.endpoints)
         with self._lock:
-            if self._layout != layout and (
-                    not 1 <= layout.replication <= len(layout.endpoints)
-                    or layout.index >= len(layout.endpoints)
-                    or layout.share_num < len(layout.endpoints)):
-                raise InvalidRequestError(
-                    f"SetReplicas: replication {layout.replication} with "
-                    f"{len(layout.endpoints)} hosts, {layout.share_num} shares and host "
-                    f"index {layout.index}; replication must be in [1, hosts] "
-                    "(PSFLEET_REPLICATION) and shares at least the hosts (PSFLEET_SHARES)")
+            known = self._layout == layout  # an added host's own index is past the hosts
+        if not known and (not 1 <= layout.replication <= hosts or layout.index >= hosts
+                          or layout.share_num < hosts
+                          or (layout.share_num != hosts and layout.replication < 2)):
+            raise InvalidRequestError(
+                f"SetReplicas: replication {layout.replication} with {hosts} hosts, "
+                f"{layout.share_num} shares and host index {layout.index}; replication must "
+                "be in [1, hosts] (PSFLEET_REPLICATION), the host index below the hosts, and "
+                "the shares at least the hosts (PSFLEET_SHARES), more only with replication "
+                ">= 2")
+        with self._lock:
             if self._layout is None:
                 self._configure(layout)
             elif self._layout != layout:
@@ -166,8 +193,22 @@ class ShareMembers:
                     "PADDLE_PSERVERS_IP_PORT_LIST, PSFLEET_REPLICATION and PSFLEET_SHARES")
             return self._merge_message(request.map)
 
+    def require_replicated(self, method: str) -> None:
+        """Refuse a call of the replication control plane on a server launched without
+        replication.
+
+        Raises:
+            RemoteError: this server was started with replication 1 (FAILED_PRECONDITION).
+        """
+        if not self._replicated:
+            raise RemoteError(
+                f"{method}: this server was started without replication "
+                "(PSFLEET_REPLICATION=1): its tables are its own and it takes no layout or "
+                "share map; start the job with fleetrun --replication 2 to replicate it")
+
     def _merge_message(self, message: msg.ShareMapMessage) -> msg.ShareMapMessage:
-        """Merge a map from the wire; return this host's (the caller holds ``_lock``)."""
+        """Merge a map from the wire, checked by the caller (:func:`check_map_message`,
+        outside the lock); return this host's (the caller holds ``_lock``)."""
         assert self._map is not None
         self._merge(map_from_message(message, self._map.host_num, self._map.replication,
                                      self._map.share_num))
@@ -210,6 +251,8 @@ class ShareMembers:
 
     def MergeMap(self, request: msg.ShareMapMessage) -> msg.ShareMapMessage:  # noqa: N802
         """Merge another host's map (a union: it only grows); returns this host's."""
+        self.require_replicated("MergeMap")
+        check_map_message("MergeMap", request, self.limits)
         with self._lock:
             if self._map is None:
                 return request
@@ -218,10 +261,13 @@ class ShareMembers:
     def Failover(self, request: msg.FailoverRequest) -> msg.ShareMapMessage:  # noqa: N802
         """Declare ``request.host`` dead if it does not answer a health check, and tell
         every live host; returns the map (``request.host`` live in it when it answered)."""
+        self.require_replicated("Failover")
+        check_map_message("Failover", request.map, self.limits)
         with self._lock:
             if self._map is None:
                 raise RemoteError("Failover: this server has no replicated layout "
                                   "(no worker sent SetReplicas)")
+            check_member("Failover", request.host, 0, self.limits, len(self._map.hosts))
             self._merge_message(request.map)
         self.declare_dead(request.host)
         with self._lock:

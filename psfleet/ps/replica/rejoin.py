@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 
-from psfleet.errors import FatalError, MovedError, RemoteError, RpcError
+from psfleet.errors import FatalError, InvalidRequestError, MovedError, RemoteError, RpcError
 from psfleet.ps.replica.copy import (
     join_parts,
     share_files,
@@ -29,6 +29,7 @@ from psfleet.ps.replica.copy import (
 )
 from psfleet.ps.replica.members import ShareMembers
 from psfleet.ps.replica.wire import map_to_message
+from psfleet.ps.request_checks import check_member, check_share
 from psfleet.replication import Member, Move
 from psfleet.rpc import messages as msg
 
@@ -107,10 +108,17 @@ class Rejoining(ShareMembers):
         """Declare the older processes of the restarted member ``(host, incarnation)``
         dead and tell every live host. Returns the map, from which the member takes
         back its shares (:meth:`rejoin`)."""
+        self.require_replicated("Rejoin")
         member = (request.host, request.incarnation)
+        if request.incarnation < 1:
+            raise InvalidRequestError(
+                f"Rejoin of host {request.host}: incarnation {request.incarnation}; a "
+                "restarted member has incarnation >= 1 (PSFLEET_RESTART_NUM), whose older "
+                "processes are declared dead")
         with self._lock:
             if self._map is None or self._layout is None:
                 raise RemoteError("Rejoin: this server has no replicated layout yet")
+            check_member("Rejoin", *member, self.limits, len(self._map.hosts))
             self._merge(self._map.with_dead([(member[0], member[1] - 1)]))
         self._broadcast()
         with self._lock:
@@ -120,7 +128,21 @@ class Rejoining(ShareMembers):
         """Copy share ``request.share`` (this host must be its primary) to the member
         ``(host, incarnation)`` and add it to the map; with ``move``, in place of the
         replaced member's copy, which is released (``promote``: the new copy serves the
-        share). Returns the map."""
+        share). Returns the map.
+
+        Raises:
+            InvalidRequestError: the share, host or replaced host is not one of the job.
+        """
+        self.require_replicated("CopyShare")
+        with self._lock:
+            if self._map is None:
+                raise RemoteError("CopyShare: this server has no replicated layout yet")
+            hosts, share_num = len(self._map.hosts), self._map.share_num
+        check_share("CopyShare", request.share, self.limits, share_num)
+        check_member("CopyShare", request.host, request.incarnation, self.limits, hosts)
+        if request.move:
+            check_member("CopyShare: replaced", request.replaced_host,
+                         request.replaced_incarnation, self.limits, hosts)
         move = (Move(request.share, request.host, (request.replaced_host,
                                                    request.replaced_incarnation),
                      request.promote) if request.move else None)
@@ -192,6 +214,7 @@ class Rejoining(ShareMembers):
         """Take a part of the copy of ``request.share``; at the last part
         (``more`` false) load the whole copy into this restarted member, then apply the
         writes forwarded since the copy was taken, in order."""
+        self.require_replicated("ReceiveShare")
         share = request.share
         with self._lock:
             if request.incarnation != self._me[1] or share not in self._pending:
