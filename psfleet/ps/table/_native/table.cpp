@@ -1,0 +1,128 @@
+// Table-level kernels (table.hpp).
+#include "table.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "pool.hpp"
+
+namespace psfleet {
+namespace {
+
+// Keys grouped by shard, stable: order[offsets[s] .. offsets[s + 1]) are the positions
+// of shard s's keys, with their keys and hashes alongside.
+struct Groups {
+  std::vector<int64_t> offsets, order;
+  std::vector<uint64_t> keys, hashes;
+};
+
+Groups group_by_shard(const ShardRule& rule, const uint64_t* keys, int64_t n) {
+  Groups g;
+  const int64_t s = rule.shards;
+  g.offsets.assign(static_cast<size_t>(s + 1), 0);
+  std::vector<uint64_t> hashes(static_cast<size_t>(n));
+  std::vector<int32_t> shard(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    hashes[i] = mix64(keys[i]);
+    shard[i] = static_cast<int32_t>(rule.of(hashes[i]));
+    ++g.offsets[shard[i] + 1];
+  }
+  for (int64_t i = 0; i < s; ++i) g.offsets[i + 1] += g.offsets[i];
+  std::vector<int64_t> at(g.offsets.begin(), g.offsets.end() - 1);
+  g.order.resize(static_cast<size_t>(n));
+  g.keys.resize(static_cast<size_t>(n));
+  g.hashes.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t to = at[shard[i]]++;
+    g.order[to] = i;
+    g.keys[to] = keys[i];
+    g.hashes[to] = hashes[i];
+  }
+  return g;
+}
+
+// Runs body(shard, begin, end, misses) for every shard that has keys, each under its
+// mutex, on the pool; returns the concatenated misses, ascending.
+template <class Body>
+std::vector<int64_t> per_shard(const std::vector<ShardState*>& shards, const Groups& g,
+                               int threads, Body body) {
+  std::vector<int> busy;
+  for (size_t s = 0; s + 1 < g.offsets.size(); ++s)
+    if (g.offsets[s + 1] > g.offsets[s]) busy.push_back(static_cast<int>(s));
+  std::vector<std::vector<int64_t>> misses(busy.size());
+  run_tasks(static_cast<int>(busy.size()), threads, [&](int task) {
+    const int s = busy[task];
+    std::lock_guard<std::timed_mutex> lock(shards[s]->mu);
+    body(*shards[s], g.offsets[s], g.offsets[s + 1], misses[task]);
+  });
+  std::vector<int64_t> out;
+  for (auto& m : misses) out.insert(out.end(), m.begin(), m.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+inline void prefetch_floats(const float* p, int64_t count) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < count * 4; b += 64) __builtin_prefetch(c + b);
+}
+
+}  // namespace
+
+bool any_reserved(const uint64_t* keys, int64_t n) {
+  bool found = false;
+  for (int64_t i = 0; i < n; ++i) found |= keys[i] == ~uint64_t{0};
+  return found;
+}
+
+std::vector<int64_t> pull_rows(const std::vector<ShardState*>& shards, const ShardRule& rule,
+                               const uint64_t* keys, int64_t n, float* out, int64_t width,
+                               int threads) {
+  const Groups g = group_by_shard(rule, keys, n);
+  return per_shard(shards, g, threads, [&](ShardState& st, int64_t begin, int64_t end,
+                                           std::vector<int64_t>& miss) {
+    if (st.data_width < width) throw std::runtime_error("row width below the pull's width");
+    const float* data = st.data;
+    const int64_t dw = st.data_width, rows = st.data_rows;
+    probe_pipelined(
+        st.index, end - begin, [&](int64_t i) { return g.keys[begin + i]; },
+        [&](int64_t i) { return g.hashes[begin + i]; },
+        [&](int64_t r) {
+          if (r < rows) prefetch_floats(data + r * dw, width);
+        },
+        [&](int64_t i, int64_t, int64_t r) {
+          const int64_t at = g.order[begin + i];
+          if (r < 0 || r >= rows) {
+            miss.push_back(at);
+            return;
+          }
+          std::copy(data + r * dw, data + r * dw + width, out + at * width);
+        });
+  });
+}
+
+std::vector<int64_t> update_rows(const std::vector<ShardState*>& shards, const ShardRule& rule,
+                                 const uint64_t* keys, int64_t n, const float* values,
+                                 const RuleParams& p, int threads) {
+  const Groups g = group_by_shard(rule, keys, n);
+  const int64_t vw = p.value_width;
+  return per_shard(shards, g, threads, [&](ShardState& st, int64_t begin, int64_t end,
+                                           std::vector<int64_t>& miss) {
+    if (st.data_width < row_width_needed(p) || st.data_width < p.dim)
+      throw std::runtime_error("row width below the update's width");
+    float* data = st.data;
+    const int64_t dw = st.data_width, rows = st.data_rows;
+    probe_pipelined(
+        st.index, end - begin, [&](int64_t i) { return g.keys[begin + i]; },
+        [&](int64_t i) { return g.hashes[begin + i]; },
+        [&](int64_t r) {
+          if (r < rows) prefetch_floats(data + r * dw, dw);
+        },
+        [&](int64_t i, int64_t, int64_t r) {
+          const int64_t at = g.order[begin + i];
+          if (r < 0 || r >= rows || !update_row(p, data + r * dw, values + at * vw))
+            miss.push_back(at);
+        });
+  });
+}
+
+}  // namespace psfleet
