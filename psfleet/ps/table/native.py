@@ -29,8 +29,8 @@ import os
 
 import numpy as np
 
-from psfleet.errors import InvalidRequestError
 import psfleet.ps.table._core as _core
+from psfleet.errors import InvalidRequestError
 from psfleet.ps.table.hash_index import HashIndex
 from psfleet.ps.table.rules import Rule
 from psfleet.ps.table.shard import Shard
