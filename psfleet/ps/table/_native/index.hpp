@@ -43,7 +43,11 @@ struct IndexView {
 template <class KeyAt, class HashAt, class PrefetchRow, class Visit>
 void probe_pipelined(const IndexView& ix, int64_t n, KeyAt key_at, HashAt hash_at,
                      PrefetchRow prefetch_row, Visit visit) {
-  constexpr int64_t kRing = 32, kRowAhead = 8, kSlotAhead = 16;
+#ifndef PSF_ROW_AHEAD
+#define PSF_ROW_AHEAD 8
+#define PSF_SLOT_AHEAD 16
+#endif
+  constexpr int64_t kRing = 64, kRowAhead = PSF_ROW_AHEAD, kSlotAhead = PSF_SLOT_AHEAD;
   int64_t home[kRing];
   int32_t first[kRing];
   const int64_t mask = ix.nslots - 1;

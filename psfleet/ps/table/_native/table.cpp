@@ -61,9 +61,13 @@ std::vector<int64_t> per_shard(const std::vector<ShardState*>& shards, const Gro
   return out;
 }
 
+// Prefetches every cache line of p[0 .. count), which may straddle one more line
+// than count * 4 / 64 (a row of 28 floats can touch 3).
 inline void prefetch_floats(const float* p, int64_t count) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t b = 0; b < count * 4; b += 64) __builtin_prefetch(c + b);
+  const auto begin = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const auto end = reinterpret_cast<uintptr_t>(p + count);
+  for (uintptr_t line = begin; line < end; line += 64)
+    __builtin_prefetch(reinterpret_cast<const void*>(line));
 }
 
 }  // namespace
