@@ -207,3 +207,45 @@ def test_native_refuses_bad_arrays_with_the_tables_name() -> None:
     for table in (reference, native):
         table.push(np.array([1, 2], dtype=np.uint64), np.ones((2, DIM)))  # float64
     assert observe(native) == observe(reference)
+
+
+def test_threads_on_disjoint_keys_with_saves_in_between() -> None:
+    """Four threads push and pull their own keys (pool of 2 native threads per call)
+    while a fifth reads every row under the shard locks (as saves do) and ages the
+    table: no deadlock, and the rows equal those of the numpy table that ran each
+    thread's calls one after another."""
+    import threading
+
+    config = SparseTableConfig(name="threads", dim=DIM, rule=RULES["adam"], num_shards=3)
+    reference, native = (SparseTable(config, backend=b) for b in ("numpy", "native"))
+    assert native._native is not None
+    native._native.threads = 2
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(0, 2**63, size=4000, dtype=np.uint64))[:3600]
+    parts = np.array_split(rng.permutation(keys), 4)
+    grads = [rng.standard_normal((p.size, DIM)).astype(np.float32) for p in parts]
+
+    def work(table: SparseTable, part: np.ndarray, grad: np.ndarray) -> None:
+        for i in range(6):
+            table.pull(part[: 200 * (i + 1)])
+            table.push(part, grad * np.float32(i + 1))
+    for part, grad in zip(parts, grads, strict=True):
+        work(reference, part, grad)
+    done = threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            native.items()
+            native.age_one_day()
+    threads = [threading.Thread(target=work, args=(native, p, g))
+               for p, g in zip(parts, grads, strict=True)]
+    watcher = threading.Thread(target=reader)
+    watcher.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    done.set()
+    watcher.join(timeout=120)
+    assert not any(t.is_alive() for t in [*threads, watcher]), "deadlock"
+    assert [bits(a) for a in native.items()] == [bits(a) for a in reference.items()]

@@ -12,11 +12,15 @@ variable is read then.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from psfleet import env
 from psfleet.errors import ConfigError
+from psfleet.ps.merge import distinct_summed
 from psfleet.ps.table.rules import Rule
 from psfleet.ps.table.shard import Shard
 
@@ -30,11 +34,13 @@ BACKENDS = ("native", "numpy")
 
 @dataclass(frozen=True)
 class TableBackend:
-    """A backend: its name, the shard class its tables use, pool threads per call
-    (native; 0: min(cores, shards))."""
+    """A backend: its name, the shard class its tables use, the merge of repeated
+    keys' values (``psfleet.ps.merge.distinct_summed``'s contract), pool threads per
+    call (native; 0: min(cores, shards))."""
 
     name: str
     shard_type: type[Shard]
+    merge: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] = distinct_summed
     threads: int = 0
 
     def kernels(self, shards: list[Shard], dim: int, rule: Rule, label: str,
@@ -74,10 +80,11 @@ def make_backend(name: str | None = None) -> TableBackend:
                           f"{', '.join(BACKENDS)}")
     try:
         from psfleet.ps.table.native import NativeShard
+        from psfleet.ps.table.native import distinct_summed as native_merge
     except ImportError as exc:
         raise ConfigError(
             f"PSFLEET_TABLE_BACKEND: 'native' needs the C++ core psfleet.ps.table._core, "
             f"which does not import ({exc}); reinstall psfleet (pip install -e ., needs "
             "g++) or set PSFLEET_TABLE_BACKEND=numpy") from None
     threads = env.int_var(os.environ, "PSFLEET_TABLE_THREADS", 0) or 0
-    return TableBackend("native", NativeShard, threads)
+    return TableBackend("native", NativeShard, native_merge, threads)

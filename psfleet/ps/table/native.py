@@ -31,11 +31,13 @@ import numpy as np
 
 import psfleet.ps.table._core as _core
 from psfleet.errors import InvalidRequestError
+from psfleet.ps.merge import sum_equal_keys
 from psfleet.ps.table.hash_index import HashIndex
 from psfleet.ps.table.rules import Rule
 from psfleet.ps.table.shard import Shard
 
-__all__ = ["NativeHashIndex", "NativeShard", "NativeKernels", "adam_factors"]
+__all__ = ["NativeHashIndex", "NativeShard", "NativeKernels", "adam_factors",
+           "distinct_summed"]
 
 #: Op codes of ``_core.table_update`` (rules.hpp's Op).
 OPS = {"sgd": 0, "adagrad": 1, "adam": 2, "add": 3, "assign": 4, "set": 5}
@@ -105,6 +107,21 @@ class NativeShard(Shard):
     def data(self, data: np.ndarray) -> None:
         self._data = data
         self.core.bind_data(data)
+
+
+def distinct_summed(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``psfleet.ps.merge.distinct_summed`` with the check for repeated keys native
+    (one pass through a hash set instead of numpy's sort): distinct ``keys``
+    (uint64[N]) come back as they are with their ``values`` (float32[N, D]); with a
+    repeat, :func:`~psfleet.ps.merge.sum_equal_keys` sums them (the same bits)."""
+    if keys.size < 2:
+        return keys, values
+    if keys.dtype == np.uint64 and keys.ndim == 1:
+        repeated = _core.has_duplicates(np.ascontiguousarray(keys))
+    else:
+        ordered = np.sort(keys)
+        repeated = bool((ordered[1:] == ordered[:-1]).any())
+    return sum_equal_keys(keys, values) if repeated else (keys, values)
 
 
 def adam_factors(rule: Rule) -> tuple[np.ndarray, bool]:

@@ -23,7 +23,6 @@ import numpy as np
 
 from psfleet.errors import InvalidRequestError, RemoteError, clip_text
 from psfleet.ps.hashing import init_rows, mix64
-from psfleet.ps.merge import distinct_summed
 from psfleet.ps.table.backend import make_backend
 from psfleet.ps.table.disk_tier import DiskTier
 from psfleet.ps.table.lifecycle import Lifecycle, LifecycleCounts
@@ -282,13 +281,13 @@ class SparseTable(LifecycleOps):
         """
         self._check_shape(keys, grads, "gradients")
         if self._life is None or self._life.accessor is None:
-            self._apply(*distinct_summed(keys, grads), self.rule.update, "rule")
+            self._apply(*self.backend.merge(keys, grads), self.rule.update, "rule")
             return
         counts = self._counts(keys, shows, clicks, "push")
         life = self._life
         assert life.accessor is not None  # checked above
         if life.config.admission != "show_click_score":
-            merged_keys, merged = distinct_summed(keys, np.hstack([grads, counts]))
+            merged_keys, merged = self.backend.merge(keys, np.hstack([grads, counts]))
             self._update(merged_keys, np.ascontiguousarray(merged[:, : self.dim]),
                          self.rule.update, counts=merged[:, self.dim: self.dim + 2])
             return
@@ -296,7 +295,7 @@ class SparseTable(LifecycleOps):
         ones = np.ones(keys.size, np.float32)
         score = (life.accessor.score(counts[:, 0], counts[:, 1]) if shows is not None
                  else life.accessor.score(ones, ones * 0))
-        merged_keys, merged = distinct_summed(keys, np.hstack([grads, counts,
+        merged_keys, merged = self.backend.merge(keys, np.hstack([grads, counts,
                                                                score[:, None]]))
         self._update(merged_keys, np.ascontiguousarray(merged[:, : self.dim]),
                      self.rule.update, counts=merged[:, self.dim: self.dim + 2],
@@ -321,7 +320,7 @@ class SparseTable(LifecycleOps):
             if with_state:
                 state += d[:, self.dim:]
 
-        self._apply(*distinct_summed(keys, deltas), add_values, "add")
+        self._apply(*self.backend.merge(keys, deltas), add_values, "add")
 
     def assign(self, keys: np.ndarray, values: np.ndarray) -> None:
         """Set the values of distinct ``keys`` (float32[N, dim]); rule state is kept.

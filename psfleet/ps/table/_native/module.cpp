@@ -212,13 +212,21 @@ py::tuple probe(const py::array& slots, const py::array& row_keys, const py::arr
     py::gil_scoped_release nogil;
     psfleet::probe_pipelined(
         ix, n, [&](int64_t i) { return k[i]; }, [&](int64_t i) { return h[i]; },
-        [](int64_t) {},
+        [](int64_t, int64_t) {},
         [&](int64_t i, int64_t slot, int64_t row) {
           so[i] = slot;
           ro[i] = row;
         });
   }
   return py::make_tuple(slot_out, row_out);
+}
+
+bool has_duplicates(const py::array& keys) {
+  check<uint64_t>(keys, "(merge)", "keys", 1, false);
+  const auto* k = static_cast<const uint64_t*>(keys.data());
+  const int64_t n = keys.shape(0);
+  py::gil_scoped_release nogil;
+  return psfleet::has_duplicates(k, n);
 }
 
 void place(py::array slots, const py::array& rows, const py::array& hashes) {
@@ -260,6 +268,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("table_update", &table_update);
   m.def("probe", &probe);
   m.def("place", &place);
+  m.def("has_duplicates", &has_duplicates);
   m.def("set_threads", &psfleet::set_pool_threads);
   m.def("threads", &psfleet::pool_threads);
 }

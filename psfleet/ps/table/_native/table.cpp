@@ -10,33 +10,49 @@ namespace psfleet {
 namespace {
 
 // Keys grouped by shard, stable: order[offsets[s] .. offsets[s + 1]) are the positions
-// of shard s's keys, with their keys and hashes alongside.
+// of shard s's keys, with their keys and hashes alongside. The buffers are the calling
+// thread's, reused call after call: fresh ones would cost page faults and zeroing on
+// every call, about as much as the lookups themselves.
 struct Groups {
-  std::vector<int64_t> offsets, order;
+  std::vector<int64_t> offsets, order, at;
   std::vector<uint64_t> keys, hashes;
+  std::vector<int32_t> shard;
 };
 
-Groups group_by_shard(const ShardRule& rule, const uint64_t* keys, int64_t n) {
-  Groups g;
+template <class T>
+void ensure(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+}
+
+const Groups& group_by_shard(const ShardRule& rule, const uint64_t* keys, int64_t n) {
+  thread_local Groups g;
   const int64_t s = rule.shards;
   g.offsets.assign(static_cast<size_t>(s + 1), 0);
-  std::vector<uint64_t> hashes(static_cast<size_t>(n));
-  std::vector<int32_t> shard(static_cast<size_t>(n));
+  ensure(g.order, n);
+  ensure(g.keys, n);
+  ensure(g.hashes, n);
+  if (s == 1) {  // one shard: the keys in their order
+    for (int64_t i = 0; i < n; ++i) {
+      g.order[i] = i;
+      g.keys[i] = keys[i];
+      g.hashes[i] = mix64(keys[i]);
+    }
+    g.offsets[1] = n;
+    return g;
+  }
+  ensure(g.shard, n);
   for (int64_t i = 0; i < n; ++i) {
-    hashes[i] = mix64(keys[i]);
-    shard[i] = static_cast<int32_t>(rule.of(hashes[i]));
-    ++g.offsets[shard[i] + 1];
+    const uint64_t h = mix64(keys[i]);
+    g.shard[i] = static_cast<int32_t>(rule.of(h));
+    ++g.offsets[g.shard[i] + 1];
   }
   for (int64_t i = 0; i < s; ++i) g.offsets[i + 1] += g.offsets[i];
-  std::vector<int64_t> at(g.offsets.begin(), g.offsets.end() - 1);
-  g.order.resize(static_cast<size_t>(n));
-  g.keys.resize(static_cast<size_t>(n));
-  g.hashes.resize(static_cast<size_t>(n));
+  g.at.assign(g.offsets.begin(), g.offsets.end() - 1);
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t to = at[shard[i]]++;
+    const int64_t to = g.at[g.shard[i]]++;
     g.order[to] = i;
     g.keys[to] = keys[i];
-    g.hashes[to] = hashes[i];
+    g.hashes[to] = mix64(keys[i]);
   }
   return g;
 }
@@ -78,10 +94,38 @@ bool any_reserved(const uint64_t* keys, int64_t n) {
   return found;
 }
 
+bool has_duplicates(const uint64_t* keys, int64_t n) {
+  if (n < 2) return false;
+  int bits = 4;
+  while ((int64_t{1} << bits) < 2 * n) ++bits;
+  const uint64_t mask = (uint64_t{1} << bits) - 1;
+  // Slots hold key + 1 (0: empty); the key 2^64 - 1 (+1 = 0) is tracked on its own.
+  std::vector<uint64_t> set(static_cast<size_t>(mask + 1), 0);
+  bool saw_top = false;
+  constexpr int64_t kAhead = 16;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) __builtin_prefetch(set.data() + (mix64(keys[i + kAhead]) & mask));
+    const uint64_t key = keys[i];
+    if (key == ~uint64_t{0}) {
+      if (saw_top) return true;
+      saw_top = true;
+      continue;
+    }
+    for (uint64_t s = mix64(key) & mask;; s = (s + 1) & mask) {
+      if (set[s] == 0) {
+        set[s] = key + 1;
+        break;
+      }
+      if (set[s] == key + 1) return true;
+    }
+  }
+  return false;
+}
+
 std::vector<int64_t> pull_rows(const std::vector<ShardState*>& shards, const ShardRule& rule,
                                const uint64_t* keys, int64_t n, float* out, int64_t width,
                                int threads) {
-  const Groups g = group_by_shard(rule, keys, n);
+  const Groups& g = group_by_shard(rule, keys, n);
   return per_shard(shards, g, threads, [&](ShardState& st, int64_t begin, int64_t end,
                                            std::vector<int64_t>& miss) {
     if (st.data_width < width) throw std::runtime_error("row width below the pull's width");
@@ -90,8 +134,9 @@ std::vector<int64_t> pull_rows(const std::vector<ShardState*>& shards, const Sha
     probe_pipelined(
         st.index, end - begin, [&](int64_t i) { return g.keys[begin + i]; },
         [&](int64_t i) { return g.hashes[begin + i]; },
-        [&](int64_t r) {
+        [&](int64_t i, int64_t r) {
           if (r < rows) prefetch_floats(data + r * dw, width);
+          (void)i;
         },
         [&](int64_t i, int64_t, int64_t r) {
           const int64_t at = g.order[begin + i];
@@ -107,7 +152,7 @@ std::vector<int64_t> pull_rows(const std::vector<ShardState*>& shards, const Sha
 std::vector<int64_t> update_rows(const std::vector<ShardState*>& shards, const ShardRule& rule,
                                  const uint64_t* keys, int64_t n, const float* values,
                                  const RuleParams& p, int threads) {
-  const Groups g = group_by_shard(rule, keys, n);
+  const Groups& g = group_by_shard(rule, keys, n);
   const int64_t vw = p.value_width;
   return per_shard(shards, g, threads, [&](ShardState& st, int64_t begin, int64_t end,
                                            std::vector<int64_t>& miss) {
@@ -118,7 +163,7 @@ std::vector<int64_t> update_rows(const std::vector<ShardState*>& shards, const S
     probe_pipelined(
         st.index, end - begin, [&](int64_t i) { return g.keys[begin + i]; },
         [&](int64_t i) { return g.hashes[begin + i]; },
-        [&](int64_t r) {
+        [&](int64_t, int64_t r) {
           if (r < rows) prefetch_floats(data + r * dw, dw);
         },
         [&](int64_t i, int64_t, int64_t r) {

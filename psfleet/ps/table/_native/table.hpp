@@ -39,6 +39,10 @@ struct ShardRule {
 // Whether any of keys[0..n) is 2^64 - 1 (the reserved key).
 bool any_reserved(const uint64_t* keys, int64_t n);
 
+// Whether two of keys[0..n) are equal: one pass through an open-addressing set of
+// 2-4n slots (linear probing on mix64), O(n), where numpy's check sorts the keys.
+bool has_duplicates(const uint64_t* keys, int64_t n);
+
 // out[i, :width] = the first width floats of the row of keys[i], for every key present;
 // returns the positions of absent keys, ascending (out's rows there are untouched).
 std::vector<int64_t> pull_rows(const std::vector<ShardState*>& shards, const ShardRule& rule,
