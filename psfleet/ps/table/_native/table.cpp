@@ -2,6 +2,7 @@
 #include "table.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <stdexcept>
 
 #include "pool.hpp"
@@ -59,12 +60,23 @@ const Groups& group_by_shard(const ShardRule& rule, const uint64_t* keys, int64_
 
 // Runs body(shard, begin, end, misses) for every shard that has keys, each under its
 // mutex, on the pool; returns the concatenated misses, ascending.
+//
+// Each call starts at another shard (a rotating offset), so that calls running at the
+// same time, which mostly touch every shard, do not queue behind each other on shard
+// 0, then shard 1, ... but work on different shards side by side.
+std::atomic<unsigned> g_rotation{0};
+
 template <class Body>
 std::vector<int64_t> per_shard(const std::vector<ShardState*>& shards, const Groups& g,
                                int threads, Body body) {
   std::vector<int> busy;
-  for (size_t s = 0; s + 1 < g.offsets.size(); ++s)
+  const size_t count = g.offsets.size() - 1;
+  // Consecutive calls start about half the table apart.
+  const size_t start = (g_rotation.fetch_add(1) * (count / 2 + 1)) % count;
+  for (size_t i = 0; i < count; ++i) {
+    const size_t s = (start + i) % count;
     if (g.offsets[s + 1] > g.offsets[s]) busy.push_back(static_cast<int>(s));
+  }
   std::vector<std::vector<int64_t>> misses(busy.size());
   run_tasks(static_cast<int>(busy.size()), threads, [&](int task) {
     const int s = busy[task];
