@@ -249,3 +249,40 @@ def test_threads_on_disjoint_keys_with_saves_in_between() -> None:
     watcher.join(timeout=120)
     assert not any(t.is_alive() for t in [*threads, watcher]), "deadlock"
     assert [bits(a) for a in native.items()] == [bits(a) for a in reference.items()]
+
+
+def test_backend_variable_is_checked() -> None:
+    """PSFLEET_TABLE_BACKEND: native (default) or numpy; anything else names both."""
+    from psfleet.errors import ConfigError
+    from psfleet.ps.table.backend import backend_name
+
+    assert backend_name({}) == "native"
+    assert backend_name({"PSFLEET_TABLE_BACKEND": " NumPy "}) == "numpy"
+    with pytest.raises(ConfigError, match="PSFLEET_TABLE_BACKEND: 'cuda' is not one of "
+                                          "native, numpy"):
+        backend_name({"PSFLEET_TABLE_BACKEND": "cuda"})
+    with pytest.raises(ConfigError, match="PSFLEET_TABLE_BACKEND"):
+        SparseTable(SparseTableConfig(name="t", dim=2), backend="cuda")
+
+
+def test_shard_lock_behaves_as_a_lock() -> None:
+    """A native shard's lock: acquire (blocking, non-blocking, timeout), release,
+    locked, and ``with``; releasing an unlocked one is an error, not a crash."""
+    import threading
+
+    from psfleet.ps.table import _core
+
+    lock = _core.ShardCore()
+    assert lock.acquire() and lock.locked()
+    tried: list[bool] = []
+    other = threading.Thread(target=lambda: tried.extend(
+        [lock.acquire(blocking=False), lock.acquire(timeout=0.01)]))
+    other.start()
+    other.join()
+    assert tried == [False, False]
+    lock.release()
+    with lock:
+        assert lock.locked()
+    assert not lock.locked()
+    with pytest.raises(ValueError, match="unlocked"):
+        lock.release()
