@@ -98,6 +98,14 @@ inline void prefetch_floats(const float* p, int64_t count) {
     __builtin_prefetch(reinterpret_cast<const void*>(line));
 }
 
+// dst[0 .. n) = src[0 .. n) inline: rows are short (dim 9: 36 bytes), where a call to
+// memmove per row (what std::copy becomes) cost 16% of a pull (perf).
+inline void copy_floats(float* dst, const float* src, int64_t n) {
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) __builtin_memcpy(dst + j, src + j, 16);
+  for (; j < n; ++j) dst[j] = src[j];
+}
+
 }  // namespace
 
 bool any_reserved(const uint64_t* keys, int64_t n) {
@@ -156,7 +164,7 @@ std::vector<int64_t> pull_rows(const std::vector<ShardState*>& shards, const Sha
             miss.push_back(at);
             return;
           }
-          std::copy(data + r * dw, data + r * dw + width, out + at * width);
+          copy_floats(out + at * width, data + r * dw, width);
         });
   });
 }
