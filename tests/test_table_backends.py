@@ -286,3 +286,25 @@ def test_shard_lock_behaves_as_a_lock() -> None:
     assert not lock.locked()
     with pytest.raises(ValueError, match="unlocked"):
         lock.release()
+
+
+@pytest.mark.parametrize("shards", [1, 3, 8])
+def test_native_kernels_pick_the_shards_split_picks(shards: int) -> None:
+    """The native kernels' shard of a key (``SparseTable._shard_rule``) is the one
+    ``shard_of`` / ``_split`` store it in: every row created by the numpy path is found
+    natively. (A mismatch would not change results, only send every key back to the
+    numpy path, so the differential test alone would not see it.)"""
+    config = SparseTableConfig(name="rule", dim=DIM, num_shards=shards, num_buckets=4096)
+    table = SparseTable(config, backend="native")
+    assert table._native is not None
+    keys = np.unique(np.random.default_rng(shards).integers(0, 2**64 - 1, 3000,
+                                                            dtype=np.uint64))
+    created = table.pull(keys)  # absent: created by the numpy path
+    present = table._native.pull(keys, DIM)
+    assert present is not None
+    rows, missing = present
+    assert missing.size == 0
+    assert bits(rows) == bits(created)
+    owner = table.shard_of(keys)
+    for number, shard in enumerate(table.shards):
+        assert (shard.index.lookup(keys[owner == number]) >= 0).all()
