@@ -17,7 +17,10 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
-COPY pyproject.toml README.md /opt/psfleet/
+# g++ compiles the sparse table's native core (setup.py) at the install below.
+RUN apt-get update && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml README.md setup.py /opt/psfleet/
 COPY psfleet /opt/psfleet/psfleet
 RUN pip install /opt/psfleet && rm -rf /opt/psfleet
 

@@ -204,6 +204,49 @@ def _table_section(table: list[Record]) -> str:
             + _table(["op", "keys/call", "dim", "keys", "M rows/s", "GB/s", "ms/call"], rows))
 
 
+def _backends_section(backends: list[Record]) -> str:
+    """Section 2a: the table's numpy and native backends against the references
+    (``benchmarks/table_ops.py --compare_backends``)."""
+    if not backends:
+        return "_not run_"
+    r = backends[-1]
+    rates, cpu = r["rows_per_s"], r.get("rows_per_cpu_s", {})
+    names = [("numpy_pull", "pull, numpy backend"), ("native_pull", "pull, native backend"),
+             ("native_pull_pool1", "pull, native, 1 pool thread"),
+             ("native_pull_pool2", "pull, native, 2 pool threads"),
+             ("pandas_lookup_take", "pandas Index.get_indexer + np.take"),
+             ("np_take", "np.take alone (rows known)"),
+             ("numpy_push_adam", "push (Adam), numpy backend"),
+             ("native_push_adam", "push (Adam), native backend"),
+             ("native_pull_1_thread_both_halves", "pull, native, 1 caller thread, both halves"),
+             ("native_pull_2_threads_disjoint", "pull, native, 2 caller threads, a half each")]
+    rows = [[label, fmt(rates.get(name), 1e-6, 2),
+             fmt(cpu.get(name), 1e-6, 2) if name in cpu else ""] for name, label in names]
+    ratio_names = [("native_pull_vs_numpy", "native pull / numpy pull", ">= 3.5"),
+                   ("native_pull_vs_pandas_take", "native pull / pandas + np.take", ">= 1.8"),
+                   ("native_push_adam_vs_numpy", "native Adam push / numpy", ">= 2.5"),
+                   ("pool2_vs_pool1", "2 pool threads / 1 (one call)", ">= 1.6"),
+                   ("two_threads_vs_one", "2 caller threads on disjoint keys / 1", ">= 1.6")]
+    cpu_ratios = r.get("cpu_ratios", {})
+    ratio_rows = [[label, target, fmt(r["ratios"].get(name), digits=2),
+                   fmt(cpu_ratios.get(name), digits=2) if name in cpu_ratios else ""]
+                  for name, label, target in ratio_names]
+    load = ", ".join(f"{x:.2f}" for x in r["load_average"])
+    memory = ", ".join(f"{b} {x:.2f}x" for b, x in r["table_ratio_to_raw"].items())
+    return (f"`benchmarks/table_ops.py --compare_backends`: one process, a table per backend "
+            f"(dim {r['dim']}, Adam, 8 shards, {r['rows']:,} rows), batches of "
+            f"{r['keys']:,} existing keys, every variant {r['calls_per_sample']} calls per "
+            f"round, the variants alternated round after round ({rates['numpy_pull']['n']} "
+            "rounds); ratios are taken within a round. The native backend's default uses "
+            f"min(cores, shards) = {min(r['cpus'], 8)} pool threads per call; 'CPU' rates "
+            "count the whole process's CPU time (fairer on shared cores, and the cost a "
+            f"server pays). Load average at the end: {load} on {r['cpus']} cores. Rows "
+            f"identical in both tables after all pushes: {r['rows_identical_after']}. "
+            f"table.memory_bytes / raw row: {memory}.\n\n"
+            + _table(["variant", "M rows/s", "M rows/CPU s"], rows) + "\n\n"
+            + _table(["ratio", "target", "wall", "CPU"], ratio_rows))
+
+
 def _memory_section(memory: list[Record]) -> str:
     if not memory:
         return "_not run_"
@@ -466,6 +509,8 @@ def write_report(out: Path, *, records: dict[str, list[Record]], machine: dict[s
     ops = records.get("table_ops", [])
     table = [r for r in ops if r.get("bench") == "table_ops"]
     memory = [r for r in ops if r.get("bench") == "table_memory"]
+    backends = [r for r in records.get("table_backends", [])
+                if r.get("bench") == "table_backends"]
     wire = records.get("wire_ops", [])
     steps = records.get("step_profile", [])
     reader = [r for r in records.get("reader_throughput", [])
@@ -530,6 +575,8 @@ def write_report(out: Path, *, records: dict[str, list[Record]], machine: dict[s
                 + _table(["step", "seconds"], timing_rows)),
         section("1. End-to-end training throughput", _e2e_section(e2e)),
         section("2. Sparse table in process", _table_section(table)),
+        section("2a. Sparse table backends: numpy and native (issue 41)",
+                _backends_section(backends)),
         section("2b. Memory per sparse row", _memory_section(memory)),
         section("3. Over the wire (gRPC, 127.0.0.1)", _wire_section(wire)),
         section("4. Where the time goes in one PS training step", _step_section(steps)),

@@ -41,6 +41,8 @@ def script_commands(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     table = ["--pool_rows", str(args.pool_rows), "--memory_rows", str(args.memory_rows)]
     return [
         ("table_ops", ["benchmarks/table_ops.py", *repeats, *table]),
+        ("table_backends", ["benchmarks/table_ops.py", "--compare_backends", "--repeats",
+                            str(max(7, args.repeats)), "--pool_rows", str(args.pool_rows)]),
         ("wire_ops", ["benchmarks/wire_ops.py", *repeats, "--pool_rows",
                       str(args.wire_pool_rows)]),
         ("step_profile", ["benchmarks/step_profile.py", *repeats, "--steps",
@@ -109,9 +111,9 @@ def main() -> None:
                             help=f"default {value:,}; {QUICK_SIZES[name]:,} with --quick")
     parser.add_argument("--cache_dir", type=Path, default=DEFAULT_CACHE_DIR)
     parser.add_argument("--only", default="", help="comma-separated script names to run "
-                        "(table_ops, wire_ops, step_profile, reader_throughput, e2e_throughput, "
-                        "pooled_embedding, multihot_parity, table_lifecycle, capped_auc, "
-                        "tiered_table)")
+                        "(table_ops, table_backends, wire_ops, step_profile, "
+                        "reader_throughput, e2e_throughput, pooled_embedding, multihot_parity, "
+                        "table_lifecycle, capped_auc, tiered_table)")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes, 1 repeat: checks the harness, not the figures "
                         "(sizes given explicitly are kept)")

@@ -356,6 +356,19 @@ VARIABLES: tuple[EnvVar, ...] = (
         "process measures what that much async staleness costs the model, "
         "deterministically (docs/modes.md). Unset or 0: off.",
     ),
+    EnvVar(
+        "PSFLEET_TABLE_BACKEND",
+        "native",
+        "Kernels of the sparse tables (psfleet/ps/table): native (the C++ core built at "
+        "install, GIL released, shards in parallel) or numpy (the bit-exact reference). "
+        "Read when a table is created.",
+    ),
+    EnvVar(
+        "PSFLEET_TABLE_THREADS",
+        "0",
+        "Native backend: threads one table call spreads its internal shards over (the "
+        "calling thread included). 0: min(CPU cores, shards).",
+    ),
 )
 
 _BY_NAME = {v.name: v for v in VARIABLES}

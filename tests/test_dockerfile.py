@@ -35,7 +35,7 @@ def test_the_copied_files_build_psfleet_with_its_package_data(tmp_path: Path) ->
                 target = target / Path(source).name
             if (REPO / source).is_dir():
                 shutil.copytree(REPO / source, target,
-                                ignore=shutil.ignore_patterns("__pycache__"))
+                                ignore=shutil.ignore_patterns("__pycache__", "*.so"))
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(REPO / source, target)
@@ -50,8 +50,10 @@ def test_the_copied_files_build_psfleet_with_its_package_data(tmp_path: Path) ->
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("psfleet/rpc/psfleet.proto", "psfleet/py.typed",
                    "psfleet/templates/dnn_criteo.yaml", "psfleet/cluster/k8s.py",
-                   "psfleet/rpc/health_only.py"):
+                   "psfleet/rpc/health_only.py", "psfleet/ps/table/_core.pyi"):
         assert needed in names, needed
+    assert any(n.startswith("psfleet/ps/table/_core.") and n.endswith(".so") for n in names), \
+        "the wheel lacks the native core (setup.py not copied?)"
 
 
 def test_the_image_works_where_k8s_render_puts_the_config() -> None:

@@ -85,9 +85,10 @@ class Lifecycle:
         self.pending_slots = shard_pending_slots(config, num_shards)
         self._clock = itertools.count(1)
 
-    def make_shard(self, width: int, index: int) -> Shard:
-        """Shard ``index`` of the table with the arrays this lifecycle needs."""
-        return Shard(width, stats=self.accessor is not None,
+    def make_shard(self, width: int, index: int, shard_type: type[Shard] = Shard) -> Shard:
+        """Shard ``index`` of the table with the arrays this lifecycle needs
+        (``shard_type``: the backend's shard class)."""
+        return shard_type(width, stats=self.accessor is not None,
                      last_access=self.lru, cap=self.caps[index],
                      pending_slots=self.pending_slots,
                      pending_scores=self.config.admission == "show_click_score",

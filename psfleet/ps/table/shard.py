@@ -23,6 +23,8 @@ or eviction scans a few contiguous arrays instead of every row's full width.
 from __future__ import annotations
 
 import threading
+from contextlib import AbstractContextManager
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +57,8 @@ class Shard:
                  pending_slots: int = 0, pending_scores: bool = False,
                  number: int = 0) -> None:
         self.number = number
-        self.lock = threading.Lock()
+        # A context manager as threading.Lock (the native backend's is a native mutex).
+        self.lock: AbstractContextManager[Any] = threading.Lock()
         self.index = HashIndex(max_rows=cap)
         self.data = np.zeros((0, width), dtype=np.float32)
         self.stats = np.zeros((0, 4), dtype=np.float32) if stats else None

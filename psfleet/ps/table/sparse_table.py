@@ -24,7 +24,7 @@ import numpy as np
 
 from psfleet.errors import InvalidRequestError, RemoteError, clip_text
 from psfleet.ps.hashing import init_rows, mix64
-from psfleet.ps.merge import distinct_summed
+from psfleet.ps.table.backend import make_backend
 from psfleet.ps.table.disk_tier import DiskTier
 from psfleet.ps.table.lifecycle import Lifecycle, LifecycleCounts
 from psfleet.ps.table.rules import make_rule
@@ -57,9 +57,14 @@ class SparseTable(LifecycleOps):
 
     Args:
         config: dim, rule, initializer, bucket and shard counts, accessor.
+        backend: ``numpy`` or ``native`` (None: ``PSFLEET_TABLE_BACKEND``,
+            ``psfleet.ps.table.backend``); the results are the same bit for bit.
+
+    Raises:
+        ConfigError: an unknown backend, or ``native`` without the built core.
     """
 
-    def __init__(self, config: SparseTableConfig) -> None:
+    def __init__(self, config: SparseTableConfig, backend: str | None = None) -> None:
         self.config = config
         self._label = clip_text(repr(config.name))  # the name as error messages quote it
         self.dim = config.dim
@@ -72,8 +77,14 @@ class SparseTable(LifecycleOps):
         life = Lifecycle(accessor, config.num_shards, self._disk,
                          self.memory_rows(config)) if accessor.active else None
         self._life = life
-        self._shards = [Shard(width) if life is None else life.make_shard(width, i)
+        # The kernels (PSFLEET_TABLE_BACKEND): the numpy reference, or the native core
+        # for rows already present in tables without a lifecycle (psfleet.ps.table.native).
+        self.backend = make_backend(backend)
+        kind = self.backend.shard_type
+        self._shards = [kind(width) if life is None else life.make_shard(width, i, kind)
                         for i in range(config.num_shards)]
+        self._native = None if life is not None else self.backend.kernels(
+            self._shards, self.dim, self.rule, self._label, self._shard_rule())
 
     def __len__(self) -> int:
         return sum(len(s.index) for s in self._shards) + self.disk_rows
@@ -107,6 +118,12 @@ class SparseTable(LifecycleOps):
     def shard_of(self, keys: np.ndarray) -> np.ndarray:
         """int64[N]: the internal shard of each of ``keys`` (uint64[N])."""
         return shard_of_hashes(mix64(keys), len(self._shards))
+
+    def _shard_rule(self) -> tuple[int, int]:
+        """(shift, buckets): a key's shard is ``((mix64(key) >> shift) % buckets) %
+        num_shards`` (buckets 0: no bucket step), as :meth:`shard_of` and :meth:`_split`
+        compute it; the native kernels take these two numbers."""
+        return 0, self.config.num_buckets
 
     def _split(self, keys: np.ndarray) -> list[tuple[Shard, np.ndarray, np.ndarray]]:
         """(shard, positions in ``keys``, their hashes) for every shard that has keys.
@@ -148,6 +165,16 @@ class SparseTable(LifecycleOps):
             RemoteError: a key equals the reserved 2^64-1.
         """
         width = self.dim + self.state_width if with_state else self.dim
+        present = None if self._native is None else self._native.pull(keys, width)
+        if present is None:
+            return self._pull(keys, create, width)
+        out, missing = present
+        if missing.size:  # absent rows: the reference creates (or reads) them
+            out[missing] = self._pull(keys[missing], create, width)
+        return out
+
+    def _pull(self, keys: np.ndarray, create: bool, width: int) -> np.ndarray:
+        """:meth:`pull` by the numpy reference: float32[N, width]."""
         out = np.empty((keys.size, width), dtype=np.float32)
         life = self._life
         clock = 0 if life is None else life.tick()
@@ -203,6 +230,17 @@ class SparseTable(LifecycleOps):
                 f"table {self._label}: push of {keys.size} keys with {what} of "
                 f"shape {tuple(values.shape)}, expected ({keys.size}, {width})"
             )
+
+    def _apply(self, keys: np.ndarray, values: np.ndarray,
+               op: Callable[[np.ndarray, np.ndarray, np.ndarray], None], kind: str,
+               use_admission: bool = True) -> None:
+        """:meth:`_update`, the present rows first in one native call where the backend
+        has one (``kind``: "rule", "add", "assign" or "set", what ``op`` does)."""
+        left = None if self._native is None else self._native.update(keys, values, kind)
+        if left is None:
+            self._update(keys, values, op, use_admission=use_admission)
+        elif left.size:
+            self._update(keys[left], values[left], op, use_admission=use_admission)
 
     def _update(self, keys: np.ndarray, values: np.ndarray,
                 op: Callable[[np.ndarray, np.ndarray, np.ndarray], None],
@@ -261,13 +299,13 @@ class SparseTable(LifecycleOps):
         """
         self._check_shape(keys, grads, "gradients")
         if self._life is None or self._life.accessor is None:
-            self._update(*distinct_summed(keys, grads), self.rule.update)
+            self._apply(*self.backend.merge(keys, grads), self.rule.update, "rule")
             return
         counts = self._counts(keys, shows, clicks, "push")
         life = self._life
         assert life.accessor is not None  # checked above
         if life.config.admission != "show_click_score":
-            merged_keys, merged = distinct_summed(keys, np.hstack([grads, counts]))
+            merged_keys, merged = self.backend.merge(keys, np.hstack([grads, counts]))
             self._update(merged_keys, np.ascontiguousarray(merged[:, : self.dim]),
                          self.rule.update, counts=merged[:, self.dim: self.dim + 2])
             return
@@ -275,7 +313,7 @@ class SparseTable(LifecycleOps):
         ones = np.ones(keys.size, np.float32)
         score = (life.accessor.score(counts[:, 0], counts[:, 1]) if shows is not None
                  else life.accessor.score(ones, ones * 0))
-        merged_keys, merged = distinct_summed(keys, np.hstack([grads, counts,
+        merged_keys, merged = self.backend.merge(keys, np.hstack([grads, counts,
                                                                score[:, None]]))
         self._update(merged_keys, np.ascontiguousarray(merged[:, : self.dim]),
                      self.rule.update, counts=merged[:, self.dim: self.dim + 2],
@@ -300,7 +338,7 @@ class SparseTable(LifecycleOps):
             if with_state:
                 state += d[:, self.dim:]
 
-        self._update(*distinct_summed(keys, deltas), add_values)
+        self._apply(*self.backend.merge(keys, deltas), add_values, "add")
 
     def assign(self, keys: np.ndarray, values: np.ndarray) -> None:
         """Set the values of distinct ``keys`` (float32[N, dim]); rule state is kept.
@@ -312,7 +350,7 @@ class SparseTable(LifecycleOps):
         def set_values(w: np.ndarray, state: np.ndarray, v: np.ndarray) -> None:
             w[...] = v
 
-        self._update(keys, values, set_values)
+        self._apply(keys, values, set_values, "assign")
 
     def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Set whole rows, values and rule state, of distinct ``keys`` (a saved table).
@@ -339,8 +377,8 @@ class SparseTable(LifecycleOps):
         step = keys.size if self._life is None or self._disk is None else \
             max(1, min(cap or 1 for cap in self._life.caps) // 2)
         for start in range(0, keys.size, max(step, 1)):
-            self._update(keys[start:start + step], rows[start:start + step], set_rows,
-                         use_admission=False)
+            self._apply(keys[start:start + step], rows[start:start + step], set_rows, "set",
+                        use_admission=False)
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         """bool[N]: which of ``keys`` (uint64[N]) have a row."""
