@@ -121,9 +121,9 @@ class SparseTable(LifecycleOps):
 
     def _shard_rule(self) -> tuple[int, int]:
         """(shift, buckets): a key's shard is ``((mix64(key) >> shift) % buckets) %
-        num_shards`` (buckets 0: no bucket step), as :meth:`shard_of` and :meth:`_split`
-        compute it; the native kernels take these two numbers."""
-        return 0, self.config.num_buckets
+        num_shards`` (buckets 0: no bucket step), as :func:`shard_of_hashes` computes
+        it; the native kernels take these two numbers."""
+        return SHARD_SHIFT, 0
 
     def _split(self, keys: np.ndarray) -> list[tuple[Shard, np.ndarray, np.ndarray]]:
         """(shard, positions in ``keys``, their hashes) for every shard that has keys.
