@@ -28,6 +28,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from test_rpc_status import _send as send_raw
 
 from psfleet.errors import ConfigError
 from psfleet.ps import RemoteClient, RuleConfig, SparseTableConfig, TableService, start_server
@@ -51,17 +52,9 @@ DEAD_PEER = "127.0.0.1:9"
 def _send(endpoint: str, method: str, request: object,
           share: int | None = None) -> tuple[str, str]:
     """Send ``request`` to ``method`` with the token; (status code name, message)."""
-    metadata = [(AUTH_METADATA_KEY, TOKEN)]
-    if share is not None:
-        metadata.append((SHARE_METADATA_KEY, str(share)))
+    extra = () if share is None else ((SHARE_METADATA_KEY, str(share)),)
     body = request.SerializeToString()  # type: ignore[attr-defined]
-    with grpc.insecure_channel(endpoint) as channel:
-        call = channel.unary_unary(f"/psfleet.ParameterServer/{method}")
-        try:
-            call(body, timeout=10.0, metadata=metadata)
-        except grpc.RpcError as exc:
-            return exc.code().name, exc.details() or ""
-    return "OK", ""
+    return send_raw(endpoint, method, body, TOKEN, extra)
 
 
 @contextlib.contextmanager

@@ -62,10 +62,11 @@ def _wire_bytes(text: str) -> int:
     return sum(1 if 0x20 <= b <= 0x7E and b != 0x25 else 3 for b in text.encode())
 
 
-def _send(endpoint: str, method: str, body: bytes,
-          token: str | None = TOKEN) -> tuple[str, str]:
-    """Send ``body`` as is to ``method``; (status code name, message)."""
-    metadata = () if token is None else ((AUTH_METADATA_KEY, token),)
+def _send(endpoint: str, method: str, body: bytes, token: str | None = TOKEN,
+          extra: tuple[tuple[str, str], ...] = ()) -> tuple[str, str]:
+    """Send ``body`` as is to ``method`` (``extra``: more metadata); (status code name,
+    message)."""
+    metadata = (() if token is None else ((AUTH_METADATA_KEY, token),)) + extra
     with grpc.insecure_channel(endpoint) as channel:
         call = channel.unary_unary(f"/psfleet.ParameterServer/{method}")
         try:
