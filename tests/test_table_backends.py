@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from psfleet.errors import InvalidRequestError
 from psfleet.ps import SparseTable, SparseTableConfig
-from psfleet.ps.table.native import NativeShard
+from psfleet.ps.table.native import NativeShard, scatter_add
 from psfleet.ps.types import RESERVED_KEY, AccessorConfig, RuleConfig
 
 pytestmark = pytest.mark.unit
@@ -308,3 +308,34 @@ def test_native_kernels_pick_the_shards_split_picks(shards: int) -> None:
     owner = table.shard_of(keys)
     for number, shard in enumerate(table.shards):
         assert (shard.index.lookup(keys[owner == number]) >= 0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 400), u=st.integers(1, 50), d=st.integers(1, 12),
+       seed=st.integers(0, 2**32 - 1))
+def test_native_scatter_add_is_numpy_add_at_bit_for_bit(n: int, u: int, d: int,
+                                                        seed: int) -> None:
+    """The sums of equal keys (``psfleet.ps.merge.sum_equal_keys``): the native kernel
+    adds in the order of the rows, as ``np.add.at`` does."""
+    rng = np.random.default_rng(seed)
+    index = rng.integers(0, u, n)
+    values = (rng.standard_normal((n, d)) * 10.0 ** rng.integers(-8, 8, (n, 1))
+              ).astype(np.float32)
+    want = np.zeros((u, d), np.float32)
+    np.add.at(want, index, values)
+    got = np.zeros((u, d), np.float32)
+    scatter_add(got, index, values)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_native_scatter_add_checks_its_arguments() -> None:
+    out = np.zeros((3, 2), np.float32)
+    with pytest.raises(ValueError, match="index: must be in 0 .. len"):
+        scatter_add(out, np.array([0, 3]), np.ones((2, 2), np.float32))
+    with pytest.raises(ValueError, match=r"values: must be \[len\(index\), out.shape\[1\]\]"):
+        scatter_add(out, np.array([0, 1]), np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match="values must have dtype float32"):
+        scatter_add(out, np.array([0, 1]), np.ones((2, 2)))
+    with pytest.raises(ValueError, match="out must be writeable"):
+        out.flags.writeable = False
+        scatter_add(out, np.array([0]), np.ones((1, 2), np.float32))

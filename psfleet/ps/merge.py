@@ -3,8 +3,8 @@ them the show and click counts of tables with the ``ctr`` accessor."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import overload
 
 import numpy as np
@@ -91,21 +91,26 @@ def sum_equal_keys(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np
     """Distinct ``keys`` (uint64[N], sorted on return) with the ``values``
     (float32[N, dim]) of equal keys summed: (uint64[U], float32[U, dim]).
 
-    The sums are added in the order of ``keys``, with torch's ``index_add_`` once torch
-    is imported (workers; servers of sync and GBA jobs) and with numpy's ``add.at``
-    otherwise (an async or GEO server, which merges only keys a client sent twice):
-    the same float32 results, ``add.at`` being 2-3x slower."""
+    The sums are added in the order of ``keys``: ``summed[inverse[i]] += values[i]``
+    by the native core's ``scatter_add`` (``psfleet.ps.table._core``), or by numpy's
+    ``add.at`` under ``PSFLEET_TABLE_BACKEND=numpy`` (the reference, 2-3x slower):
+    the same float32 results. Neither needs torch, so a sync server never imports it."""
     uniq, inverse = np.unique(keys, return_inverse=True)
     summed = np.zeros((uniq.size, values.shape[1]), dtype=np.float32)
-    torch = sys.modules.get("torch")
-    if torch is None:
+    if values.dtype == np.float32 and values.ndim == 2:
+        _scatter_add()(summed, inverse.astype(np.int64, copy=False).reshape(-1),
+                       np.ascontiguousarray(values))
+    else:
         np.add.at(summed, inverse, values)
-        return uniq, summed
-    source = values if values.flags.writeable else values.copy()  # torch wants writable
-    # summed[inverse[i]] += values[i], vectorised.
-    torch.from_numpy(summed).index_add_(0, torch.from_numpy(inverse.astype(np.int64)),
-                                        torch.from_numpy(np.ascontiguousarray(source)))
     return uniq, summed
+
+
+@functools.cache
+def _scatter_add() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+    """The backend's ``out[index[i]] += values[i]``, chosen once per process."""
+    from psfleet.ps.table.backend import scatter_add_kernel
+
+    return scatter_add_kernel()
 
 
 def distinct_summed(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

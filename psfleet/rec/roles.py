@@ -9,7 +9,6 @@ process training alone) import the trainer.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any
 
@@ -66,10 +65,6 @@ def serve(config: TrainConfig, server: ProcessRole) -> None:
         server: this process's role, initialized (``ProcessRole.init``) as a server.
     """
     runner = config.runner
-    if mode_spec(runner.sync_mode).rounds or runner.a_sync_configs.global_batch_aggregation:
-        # Their rounds merge the workers' pushes, with torch's index_add_ once torch is
-        # imported (2-3x faster than numpy's add.at, psfleet.ps.merge): import it now.
-        importlib.import_module("torch")
     checkpoint = runner.checkpoint
     server.init_server(checkpoint_dir=checkpoint.checkpoint_dir if checkpoint else None,
                        storage_roots=[str(runner.model_save_path), str(runner.model_dir)])

@@ -27,7 +27,7 @@ from psfleet.ps.table.shard import Shard
 if TYPE_CHECKING:
     from psfleet.ps.table.native import NativeKernels
 
-__all__ = ["BACKENDS", "TableBackend", "backend_name", "make_backend"]
+__all__ = ["BACKENDS", "TableBackend", "backend_name", "make_backend", "scatter_add_kernel"]
 
 BACKENDS = ("native", "numpy")
 
@@ -63,6 +63,21 @@ def backend_name(environ: dict[str, str] | None = None) -> str:
         raise ConfigError(f"PSFLEET_TABLE_BACKEND: {raw!r} is not one of "
                           f"{', '.join(BACKENDS)}")
     return raw
+
+
+def scatter_add_kernel() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+    """``out[index[i]] += values[i]`` for i in order (out float32[U, D], index int64[N],
+    values float32[N, D]): the native core's kernel, or numpy's ``add.at`` (the same
+    bits) under the numpy backend or without the built core (tables then refuse the
+    native backend, naming the cause)."""
+    if backend_name() == "native":
+        try:
+            from psfleet.ps.table.native import scatter_add
+        except ImportError:
+            pass
+        else:
+            return scatter_add
+    return np.add.at
 
 
 def make_backend(name: str | None = None) -> TableBackend:

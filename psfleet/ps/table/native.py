@@ -37,7 +37,11 @@ from psfleet.ps.table.rules import Rule
 from psfleet.ps.table.shard import Shard
 
 __all__ = ["NativeHashIndex", "NativeShard", "NativeKernels", "adam_factors",
-           "distinct_summed"]
+           "distinct_summed", "scatter_add"]
+
+#: ``out[index[i]] += values[i]`` in the order of ``index`` (``psfleet.ps.merge``'s sums
+#: of equal keys): numpy's ``add.at``, bit for bit, natively with the GIL released.
+scatter_add = _core.scatter_add
 
 #: Op codes of ``_core.table_update`` (rules.hpp's Op).
 OPS = {"sgd": 0, "adagrad": 1, "adam": 2, "add": 3, "assign": 4, "set": 5}

@@ -229,6 +229,29 @@ bool has_duplicates(const py::array& keys) {
   return psfleet::has_duplicates(k, n);
 }
 
+// out[index[i]] += values[i] for i = 0 .. N-1 in that order: the sums of equal keys'
+// rows (merge.sum_equal_keys), bit for bit numpy's add.at (float32 adds in the order
+// of the rows; -ffp-contract=off keeps them unfused).
+void scatter_add(py::array out, const py::array& index, const py::array& values) {
+  check<float>(out, "(merge)", "out", 2, true);
+  check<int64_t>(index, "(merge)", "index", 1, false);
+  check<float>(values, "(merge)", "values", 2, false);
+  const int64_t n = index.shape(0), u = out.shape(0), d = out.shape(1);
+  if (values.shape(0) != n || values.shape(1) != d)
+    throw py::value_error("values: must be [len(index), out.shape[1]]");
+  const auto* ix = static_cast<const int64_t*>(index.data());
+  for (int64_t i = 0; i < n; ++i)
+    if (ix[i] < 0 || ix[i] >= u) throw py::value_error("index: must be in 0 .. len(out)-1");
+  auto* o = static_cast<float*>(out.mutable_data());
+  const auto* v = static_cast<const float*>(values.data());
+  py::gil_scoped_release nogil;
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = o + ix[i] * d;
+    const float* src = v + i * d;
+    for (int64_t j = 0; j < d; ++j) row[j] += src[j];
+  }
+}
+
 void place(py::array slots, const py::array& rows, const py::array& hashes) {
   check<int32_t>(slots, "(index)", "slots", 1, true);
   check<int64_t>(rows, "(index)", "rows", 1, false);
@@ -269,6 +292,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("probe", &probe);
   m.def("place", &place);
   m.def("has_duplicates", &has_duplicates);
+  m.def("scatter_add", &scatter_add);
   m.def("set_threads", &psfleet::set_pool_threads);
   m.def("threads", &psfleet::pool_threads);
 }
