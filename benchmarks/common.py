@@ -32,6 +32,8 @@ DATA_SEED = 7
 _JOB_VARIABLES = ("TRAINING_ROLE", "POD_IP", "RANK", "LOCAL_RANK", "WORLD_SIZE",
                   "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 _JOB_PREFIXES = ("PADDLE_", "PSFLEET_")
+#: PSFLEET_ variables that choose how this machine runs, not a job: kept for children.
+_KEPT = ("PSFLEET_TABLE_BACKEND", "PSFLEET_TABLE_THREADS")
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -130,9 +132,10 @@ def machine_info() -> dict[str, Any]:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without job variables, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in _JOB_VARIABLES and not k.startswith(_JOB_PREFIXES)}
+    """This process's environment without job variables (the table backend's are kept:
+    ``PSFLEET_TABLE_BACKEND`` picks what a benchmark's children run), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k in _KEPT or (
+        k not in _JOB_VARIABLES and not k.startswith(_JOB_PREFIXES))}
     env.update(extra)
     return env
 
