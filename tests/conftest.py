@@ -47,6 +47,9 @@ LEAK_GRACE_S = 5.0
 JOB_VARIABLES = ("TRAINING_ROLE", "POD_IP", "RANK", "LOCAL_RANK", "WORLD_SIZE",
                  "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 JOB_PREFIXES = ("PADDLE_", "PSFLEET_")
+#: PSFLEET_ variables that choose the table kernels, not a job: children keep them, so a
+#: run under PSFLEET_TABLE_BACKEND=numpy tests the reference in every process.
+KEPT_VARIABLES = ("PSFLEET_TABLE_BACKEND", "PSFLEET_TABLE_THREADS")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -312,8 +315,8 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
     PYTHONPATH starts with the repository so children import this checkout.
     """
-    env = {k: v for k, v in os.environ.items()
-           if k not in JOB_VARIABLES and not k.startswith(JOB_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if k in KEPT_VARIABLES or (
+        k not in JOB_VARIABLES and not k.startswith(JOB_PREFIXES))}
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
